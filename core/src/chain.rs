@@ -1,0 +1,342 @@
+//! One node's replica of one partition: a link of a ChainReaction chain.
+//!
+//! ChainReaction §3.3 changes classic chain replication (§2.3.4) in two ways:
+//!
+//! * A write is ordered at the head, forwarded *eagerly* down to position
+//!   k-1 (0-based), which answers the client, and then *lazily* to the tail.
+//!   When it reaches the tail it is *stable* and a `StableUpTo` flows back to
+//!   the head. Any prefix of the chain holds every write that any later
+//!   position holds ("the update invariant"), so a client that saw a version
+//!   at position i may read from any position <= i, and from anywhere once
+//!   that version is stable.
+//! * Reads are served by every replica, each returning its own latest
+//!   version, its chain position and whether that version is stable; the
+//!   client library (`session`) turns that into the metadata that keeps its
+//!   reads causal+.
+//!
+//! Updates carry a per-partition sequence number. A replica applies them in
+//! order, parks early arrivals and drops duplicates, and keeps every update it
+//! forwarded until it is known stable, resending them when the successor goes
+//! quiet. Acknowledgements are cumulative (`StableUpTo`), so a lost
+//! acknowledgement is repaired by the next one, and a duplicate update is
+//! answered with the receiver's stable watermark. This is what lets the
+//! simulator drop and reorder messages, and what chain repair (issue 3) will
+//! use to retransmit in-flight writes after a failure.
+//!
+//! Get-transactions (ChainReaction §3.5) are served by heads: see
+//! `snapshot_read`.
+
+use crate::hlc::{Clock, Timestamp};
+use crate::message::{send, Condition, Dest, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::store::{PartitionStore, Stored};
+use crate::version::{SiteId, Version};
+use ahash::AHashMap;
+use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Resend unacknowledged updates to the successor after this long without
+/// progress.
+pub const RETRANSMIT_MS: u64 = 200;
+
+/// A write as the head receives it.
+#[derive(Clone, Debug)]
+pub struct PutRequest {
+    pub op: OpId,
+    pub key: Bytes,
+    pub value: Option<Bytes>,
+    pub ttl_ms: Option<u64>,
+    pub condition: Condition,
+    pub after: Timestamp,
+    pub ack_at: u8,
+}
+
+/// This node's replica of one partition.
+#[derive(Debug)]
+pub struct ChainReplica {
+    partition: PartitionId,
+    epoch: u64,
+    site: SiteId,
+    /// The chain, head first, and this replica's position in it.
+    chain: Vec<NodeId>,
+    index: usize,
+    store: PartitionStore,
+    /// Orders writes at the head.
+    clock: Clock,
+    /// Highest seq applied (all below it are applied too).
+    applied: u64,
+    /// Highest seq known to have reached the tail.
+    stable: u64,
+    /// Applied here, forwarded, not yet known stable: resent on silence.
+    unstable: VecDeque<Update>,
+    /// Arrived ahead of a gap.
+    early: BTreeMap<u64, Update>,
+    /// Dependency-stabilization requests waiting at the tail, by key.
+    waiters: AHashMap<Bytes, Vec<(OpId, Version)>>,
+    /// When the successor last made progress (or we last resent).
+    last_progress_ms: u64,
+    /// The clock when FLUSHALL last ran: versions up to it are gone, so
+    /// dependencies on them count as stable.
+    flushed_at: Timestamp,
+}
+
+impl ChainReplica {
+    /// `me`'s replica of `partition`, if `me` is in its chain.
+    pub fn new(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
+        let chain = topology.chain(partition);
+        let index = chain.index_of(me)?;
+        Some(ChainReplica {
+            partition,
+            epoch: topology.epoch,
+            site,
+            chain: chain.nodes.clone(),
+            index,
+            store: PartitionStore::default(),
+            clock: Clock::default(),
+            applied: 0,
+            stable: 0,
+            unstable: VecDeque::new(),
+            early: BTreeMap::new(),
+            waiters: AHashMap::new(),
+            last_progress_ms: 0,
+            flushed_at: Timestamp::ZERO,
+        })
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn is_tail(&self) -> bool {
+        self.index + 1 == self.chain.len()
+    }
+
+    fn successor(&self) -> Option<NodeId> {
+        self.chain.get(self.index + 1).copied()
+    }
+
+    fn predecessor(&self) -> Option<NodeId> {
+        self.index.checked_sub(1).map(|i| self.chain[i])
+    }
+
+    fn refuse(&self, out: &mut Outbox, op: OpId, reason: Refusal) {
+        send(out, Dest::Client(op.client), Message::Refused { op, reason });
+    }
+
+    fn not_responsible(&self, out: &mut Outbox, op: OpId) {
+        self.refuse(out, op, Refusal::NotResponsible { epoch: self.epoch });
+    }
+
+    /// A write at the head: order it, apply it, start it down the chain.
+    pub fn put(&mut self, req: PutRequest, now_ms: u64, out: &mut Outbox) {
+        if self.index != 0 {
+            return self.not_responsible(out, req.op);
+        }
+        let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
+        let holds = match req.condition {
+            Condition::Always => true,
+            Condition::IfAbsent => !current,
+            Condition::IfPresent => current,
+        };
+        if !holds {
+            let msg = Message::PutDone { op: req.op, version: None, chain_index: 0, stable: false };
+            return send(out, Dest::Client(req.op.client), msg);
+        }
+        let ts = self.clock.tick(now_ms, req.after);
+        let update = Update {
+            seq: self.applied + 1,
+            key: req.key,
+            version: Version::local(self.site, ts),
+            value: req.value,
+            expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
+            ack: Some((req.op, req.ack_at.min(self.chain.len() as u8 - 1))),
+        };
+        let mut forward = Vec::with_capacity(1);
+        self.apply(update, now_ms, &mut forward, out);
+        self.flush(forward, now_ms, out);
+    }
+
+    /// Updates from the predecessor.
+    pub fn forward(&mut self, updates: Vec<Update>, now_ms: u64, out: &mut Outbox) {
+        let mut forward = Vec::with_capacity(updates.len());
+        let mut duplicate = false;
+        for u in updates {
+            if u.seq <= self.applied {
+                duplicate = true;
+            } else if u.seq == self.applied + 1 {
+                self.apply(u, now_ms, &mut forward, out);
+                while let Some(next) = self.early.remove(&(self.applied + 1)) {
+                    self.apply(next, now_ms, &mut forward, out);
+                }
+            } else {
+                self.early.insert(u.seq, u);
+            }
+        }
+        if duplicate && self.stable > 0 {
+            // The predecessor resent what we have: our acknowledgement may
+            // have been lost.
+            self.ack_upwards(out);
+        }
+        self.flush(forward, now_ms, out);
+    }
+
+    fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
+        self.applied = u.seq;
+        self.clock.observe(u.version.ts);
+        let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
+        self.store.apply(u.key.clone(), stored, now_ms);
+        if let Some((op, at)) = u.ack {
+            if at as usize == self.index {
+                let msg = Message::PutDone { op, version: Some(u.version.clone()), chain_index: self.index as u8, stable: self.is_tail() };
+                send(out, Dest::Client(op.client), msg);
+            }
+        }
+        if self.is_tail() {
+            self.stable = u.seq;
+            self.wake_waiters(&u.key, out);
+        } else {
+            forward.push(u);
+        }
+    }
+
+    /// Sends what `apply` produced on to the successor, or, at the tail,
+    /// acknowledges it.
+    fn flush(&mut self, forward: Vec<Update>, now_ms: u64, out: &mut Outbox) {
+        if self.is_tail() {
+            if self.applied > 0 {
+                self.ack_upwards(out);
+            }
+            return;
+        }
+        if forward.is_empty() {
+            return;
+        }
+        if self.unstable.is_empty() {
+            self.last_progress_ms = now_ms;
+        }
+        self.unstable.extend(forward.iter().cloned());
+        self.send_forward(forward, out);
+    }
+
+    fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
+        let next = self.index + 1;
+        let lazy = updates.iter().all(|u| u.ack.is_none_or(|(_, at)| (at as usize) < next));
+        let msg = Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy };
+        send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
+    }
+
+    fn ack_upwards(&self, out: &mut Outbox) {
+        if let Some(prev) = self.predecessor() {
+            send(out, Dest::Node(prev), Message::StableUpTo { epoch: self.epoch, partition: self.partition, seq: self.stable });
+        }
+    }
+
+    /// The successor says everything up to `seq` reached the tail.
+    pub fn stable_up_to(&mut self, seq: u64, now_ms: u64, out: &mut Outbox) {
+        if seq <= self.stable {
+            return;
+        }
+        self.stable = seq.min(self.applied);
+        while self.unstable.front().is_some_and(|u| u.seq <= self.stable) {
+            self.unstable.pop_front();
+        }
+        self.last_progress_ms = now_ms;
+        self.ack_upwards(out);
+    }
+
+    /// Periodic work: resend unacknowledged updates if the successor has made
+    /// no progress for `RETRANSMIT_MS`.
+    pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
+            self.last_progress_ms = now_ms;
+            self.send_forward(self.unstable.iter().cloned().collect(), out);
+        }
+    }
+
+    /// A client read of the latest version held here.
+    pub fn get(&self, op: OpId, key: &[u8], min: Option<&Version>, now_ms: u64, out: &mut Outbox) {
+        let latest = self.store.latest(key);
+        if let Some(min) = min {
+            if latest.is_none_or(|s| s.version < *min) {
+                return self.refuse(out, op, Refusal::Behind);
+            }
+        }
+        let item = self.item(latest, now_ms);
+        send(out, Dest::Client(op.client), Message::Value { op, item, chain_index: self.index as u8 });
+    }
+
+    fn item(&self, stored: Option<&Stored>, now_ms: u64) -> Item {
+        match stored {
+            None => Item { value: None, version: None, stable: true },
+            Some(s) => Item { value: s.live_value(now_ms).cloned(), version: Some(s.version.clone()), stable: s.seq <= self.stable },
+        }
+    }
+
+    /// Dependency stabilization at the tail: answer once `version` of `key`,
+    /// or a newer one, has arrived here.
+    pub fn wait_stable(&mut self, op: OpId, key: Bytes, version: Version, out: &mut Outbox) {
+        if !self.is_tail() {
+            return self.not_responsible(out, op);
+        }
+        if version.ts <= self.flushed_at || self.store.latest(&key).is_some_and(|s| s.version >= version) {
+            send(out, Dest::Client(op.client), Message::Stable { op });
+        } else {
+            self.waiters.entry(key).or_default().push((op, version));
+        }
+    }
+
+    fn wake_waiters(&mut self, key: &Bytes, out: &mut Outbox) {
+        let Some(waiting) = self.waiters.get_mut(key) else { return };
+        let latest = self.store.latest(key).map(|s| s.version.clone());
+        waiting.retain(|(op, version)| {
+            let ready = latest.as_ref().is_some_and(|l| l >= version);
+            if ready {
+                send(out, Dest::Client(op.client), Message::Stable { op: *op });
+            }
+            !ready
+        });
+        if waiting.is_empty() {
+            self.waiters.remove(key);
+        }
+    }
+
+    /// One key of a get-transaction, read at the head at snapshot time `at`.
+    ///
+    /// The head first moves its clock past `at`, so every write it orders
+    /// from now on is timestamped after the snapshot; every write it ordered
+    /// before is already in its store. So "latest version <= at" here is
+    /// final. A version included this way was written after all of its
+    /// dependencies were stable (dependency stabilization), and those have
+    /// smaller timestamps (the client passes its causal past as `after`), so
+    /// they are at their heads too and inside the same snapshot: no
+    /// fractured reads (the ACL / photo-album example of §3.5).
+    pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, now_ms: u64) -> Result<Item, Refusal> {
+        if self.index != 0 {
+            return Err(Refusal::NotResponsible { epoch: self.epoch });
+        }
+        self.clock.observe(at);
+        let stored = self.store.at(key, at).map_err(|_| Refusal::SnapshotTooOld)?;
+        Ok(self.item(stored, now_ms))
+    }
+
+    /// Live keys held here.
+    pub fn live_keys(&self, now_ms: u64) -> u64 {
+        self.store.live_keys(now_ms)
+    }
+
+    /// FLUSHALL: forget every key. Sequence numbers carry on so that updates
+    /// in flight still line up.
+    pub fn flush_all(&mut self, out: &mut Outbox) {
+        self.store.clear();
+        self.flushed_at = self.clock.last();
+        for (_, waiting) in self.waiters.drain() {
+            for (op, _) in waiting {
+                send(out, Dest::Client(op.client), Message::Stable { op });
+            }
+        }
+    }
+}

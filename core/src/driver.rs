@@ -1,0 +1,488 @@
+//! The client side of ChainReaction: one session's requests as a state
+//! machine. `start` a request, feed it the replies with `on_message`, call
+//! `tick` so it can give up; it says what to send and, eventually, the
+//! response. The node's Redis front end runs one `Driver` per connection
+//! (the node acting as the paper's client proxy), the native client library
+//! runs one per client, and the simulator runs many.
+//!
+//! Per request:
+//! * GET: pick a replica the session may read (`Session::read_limit`),
+//!   preferring the local node when it is one, send `Get` with the version
+//!   the session already saw; if that replica is behind, retry at the head.
+//! * SET / DEL: dependency stabilization first (a `WaitStable` to the tail of
+//!   every accessed, unstable version), then `Put` to the head, answered at
+//!   chain position k-1 (ChainReaction §3.3.1).
+//! * MGET: a get-transaction at snapshot time `at` = max(now, the session's
+//!   latest timestamp), one `SnapshotRead` per head; see
+//!   `ChainReplica::snapshot_read` for why this never fractures.
+//! * a `NotResponsible` answer refreshes the topology and starts over.
+
+use crate::hlc::Timestamp;
+use crate::message::{ClientId, Condition, Item, Message, OpId, Refusal};
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::session::Session;
+use crate::version::Version;
+use ahash::AHashMap;
+use bytes::Bytes;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// How many times one request may be redirected (topology refreshes) before
+/// it fails.
+const MAX_REDIRECTS: u8 = 5;
+
+/// The guarantee a session asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// ChainReaction causal+: reads anywhere the metadata allows, writes
+    /// acknowledged at k.
+    #[default]
+    Causal,
+    /// Writes acknowledged by the head, reads from any replica, no session
+    /// metadata.
+    Eventual,
+    /// Writes acknowledged by the tail, reads at the tail (classic chain
+    /// replication).
+    Linearizable,
+}
+
+impl FromStr for Consistency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "causal" => Ok(Consistency::Causal),
+            "eventual" => Ok(Consistency::Eventual),
+            "linearizable" => Ok(Consistency::Linearizable),
+            _ => Err(format!("unknown consistency '{s}' (expected causal, eventual or linearizable)")),
+        }
+    }
+}
+
+impl fmt::Display for Consistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Consistency::Causal => "causal",
+            Consistency::Eventual => "eventual",
+            Consistency::Linearizable => "linearizable",
+        })
+    }
+}
+
+/// What a client asks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Get(Bytes),
+    /// `value: None` deletes.
+    Put { key: Bytes, value: Option<Bytes>, ttl_ms: Option<u64>, condition: Condition },
+    /// A get-transaction: a causally consistent snapshot of several keys.
+    MultiGet(Vec<Bytes>),
+    /// Live keys in the whole site.
+    Count,
+    /// Drop every key on every node.
+    Flush,
+    /// Fetch the current topology.
+    Topology,
+}
+
+/// What a client gets back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    /// `chain_index`: the chain position that served the read.
+    Read { value: Option<Bytes>, chain_index: u8 },
+    /// Whether the write happened (false: the NX/XX condition did not hold).
+    Written(bool),
+    Values(Vec<Option<Bytes>>),
+    Count(u64),
+    Flushed,
+    Topology(Arc<Topology>),
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientError {
+    /// No answer in time (a node is down or overloaded).
+    Timeout,
+    /// The topology kept changing under the request.
+    TooManyRedirects,
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Timeout => f.write_str("timed out waiting for the replicas"),
+            ClientError::TooManyRedirects => f.write_str("the partition map kept changing; retry"),
+        }
+    }
+}
+
+/// What the driver wants done after a step.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub send: Vec<(NodeId, Message)>,
+    pub done: Option<Result<Response, ClientError>>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Waiting for the tails to confirm these dependencies are stable.
+    Stabilizing { deps: AHashMap<u64, (Bytes, Version)> },
+    Writing,
+    Reading,
+    Snapshot { items: Vec<Option<Item>>, parts: AHashMap<u64, Vec<usize>> },
+    Counting { remaining: usize, total: u64 },
+    Flushing { remaining: usize },
+    Refreshing,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    request: Request,
+    started_ms: u64,
+    redirects: u8,
+    phase: Phase,
+    /// Op sequence numbers whose replies we still expect.
+    outstanding: Vec<u64>,
+}
+
+/// One session's request state machine.
+#[derive(Debug)]
+pub struct Driver {
+    id: ClientId,
+    topology: Arc<Topology>,
+    /// The node this driver runs on, preferred for reads when legal.
+    local: Option<NodeId>,
+    consistency: Consistency,
+    session: Session,
+    timeout_ms: u64,
+    next_seq: u64,
+    rng: u64,
+    op: Option<InFlight>,
+}
+
+impl Driver {
+    pub fn new(id: ClientId, topology: Arc<Topology>, local: Option<NodeId>, timeout_ms: u64) -> Self {
+        Driver {
+            id,
+            topology,
+            local,
+            consistency: Consistency::Causal,
+            session: Session::default(),
+            timeout_ms,
+            next_seq: 0,
+            rng: id ^ 0x9E37_79B9_7F4A_7C15,
+            op: None,
+        }
+    }
+
+    pub fn id(&self) -> ClientId {
+        self.id
+    }
+
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topology
+    }
+
+    pub fn set_topology(&mut self, topology: Arc<Topology>) {
+        self.topology = topology;
+    }
+
+    pub fn consistency(&self) -> Consistency {
+        self.consistency
+    }
+
+    pub fn set_consistency(&mut self, c: Consistency) {
+        self.consistency = c;
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub fn set_session(&mut self, s: Session) {
+        self.session = s;
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.op.is_some()
+    }
+
+    /// Starts `request`. One request at a time: a session is sequential.
+    pub fn start(&mut self, request: Request, now_ms: u64) -> Progress {
+        assert!(self.op.is_none(), "a driver runs one request at a time");
+        self.op = Some(InFlight { request, started_ms: now_ms, redirects: 0, phase: Phase::Writing, outstanding: Vec::new() });
+        self.begin(now_ms)
+    }
+
+    /// Gives up on a request that has taken longer than the timeout.
+    pub fn tick(&mut self, now_ms: u64) -> Progress {
+        match &self.op {
+            Some(op) if now_ms.saturating_sub(op.started_ms) >= self.timeout_ms => {
+                self.op = None;
+                Progress { send: Vec::new(), done: Some(Err(ClientError::Timeout)) }
+            }
+            _ => Progress::default(),
+        }
+    }
+
+    fn next_op(&mut self) -> OpId {
+        self.next_seq += 1;
+        if let Some(op) = &mut self.op {
+            op.outstanding.push(self.next_seq);
+        }
+        OpId { client: self.id, seq: self.next_seq }
+    }
+
+    fn random(&mut self, n: usize) -> usize {
+        // xorshift64*: deterministic per client, good enough to spread reads.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        if let Some(op) = &mut self.op {
+            op.phase = phase;
+        }
+    }
+
+    fn request(&self) -> &Request {
+        &self.op.as_ref().expect("in flight").request
+    }
+
+    fn begin(&mut self, now_ms: u64) -> Progress {
+        let mut p = Progress::default();
+        match self.request().clone() {
+            Request::Get(key) => self.read(&key, false, &mut p),
+            Request::Put { .. } => {
+                let deps: Vec<(Bytes, Version)> = match self.consistency {
+                    Consistency::Causal => self.session.dependencies().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    _ => Vec::new(),
+                };
+                if deps.is_empty() {
+                    self.write(&mut p);
+                } else {
+                    let mut waiting = AHashMap::new();
+                    for (key, version) in deps {
+                        let partition = self.topology.partition_of(&key);
+                        let op = self.next_op();
+                        let msg = Message::WaitStable { op, epoch: self.topology.epoch, partition, key: key.clone(), version: version.clone() };
+                        p.send.push((self.topology.chain(partition).tail(), msg));
+                        waiting.insert(op.seq, (key, version));
+                    }
+                    self.set_phase(Phase::Stabilizing { deps: waiting });
+                }
+            }
+            Request::MultiGet(keys) => self.snapshot(&keys, now_ms, &mut p),
+            Request::Count => {
+                let mut by_node: AHashMap<NodeId, Vec<PartitionId>> = AHashMap::new();
+                for (partition, chain) in self.topology.chains.iter().enumerate() {
+                    by_node.entry(chain.tail()).or_default().push(partition as PartitionId);
+                }
+                self.set_phase(Phase::Counting { remaining: by_node.len(), total: 0 });
+                for (node, partitions) in by_node {
+                    let op = self.next_op();
+                    p.send.push((node, Message::Count { op, epoch: self.topology.epoch, partitions }));
+                }
+            }
+            Request::Flush => {
+                let nodes: Vec<NodeId> = self.topology.nodes.iter().map(|n| n.id).collect();
+                self.set_phase(Phase::Flushing { remaining: nodes.len() });
+                for node in nodes {
+                    let op = self.next_op();
+                    p.send.push((node, Message::Flush { op }));
+                }
+            }
+            Request::Topology => self.refresh(&mut p),
+        }
+        p
+    }
+
+    fn write(&mut self, p: &mut Progress) {
+        let Request::Put { key, value, ttl_ms, condition } = self.request().clone() else { unreachable!("write() runs for puts") };
+        let partition = self.topology.partition_of(&key);
+        let chain = self.topology.chain(partition);
+        let ack_at = match self.consistency {
+            Consistency::Causal => self.topology.shape.k.min(chain.len()) - 1,
+            Consistency::Eventual => 0,
+            Consistency::Linearizable => chain.len() - 1,
+        } as u8;
+        let head = chain.head();
+        let after = self.session.max_ts();
+        let op = self.next_op();
+        let epoch = self.topology.epoch;
+        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at }));
+        self.set_phase(Phase::Writing);
+    }
+
+    fn read(&mut self, key: &Bytes, at_head: bool, p: &mut Progress) {
+        let partition = self.topology.partition_of(key);
+        let chain = self.topology.chain(partition).clone();
+        let (target, min) = if at_head {
+            (chain.head(), None)
+        } else {
+            match self.consistency {
+                Consistency::Linearizable => (chain.tail(), None),
+                Consistency::Eventual => (self.pick(&chain.nodes), None),
+                Consistency::Causal => {
+                    let legal = match self.session.read_limit(key) {
+                        Some(limit) => &chain.nodes[..=(limit as usize).min(chain.len() - 1)],
+                        None => &chain.nodes[..],
+                    };
+                    (self.pick(legal), self.session.min_version(key).cloned())
+                }
+            }
+        };
+        let op = self.next_op();
+        p.send.push((target, Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min }));
+        self.set_phase(Phase::Reading);
+    }
+
+    /// The local node if it may serve, else a random legal one.
+    fn pick(&mut self, legal: &[NodeId]) -> NodeId {
+        match self.local {
+            Some(me) if legal.contains(&me) => me,
+            _ => legal[self.random(legal.len())],
+        }
+    }
+
+    fn snapshot(&mut self, keys: &[Bytes], now_ms: u64, p: &mut Progress) {
+        let at = self.session.max_ts().max(Timestamp::new(now_ms, 0));
+        let mut by_head: AHashMap<NodeId, (Vec<(PartitionId, Bytes)>, Vec<usize>)> = AHashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let partition = self.topology.partition_of(key);
+            let entry = by_head.entry(self.topology.chain(partition).head()).or_default();
+            entry.0.push((partition, key.clone()));
+            entry.1.push(i);
+        }
+        let mut parts = AHashMap::new();
+        for (head, (keys, positions)) in by_head {
+            let op = self.next_op();
+            p.send.push((head, Message::SnapshotRead { op, epoch: self.topology.epoch, at, keys }));
+            parts.insert(op.seq, positions);
+        }
+        self.set_phase(Phase::Snapshot { items: vec![None; keys.len()], parts });
+        if keys.is_empty() {
+            p.done = self.finish(Ok(Response::Values(Vec::new())));
+        }
+    }
+
+    fn refresh(&mut self, p: &mut Progress) {
+        let nodes: Vec<NodeId> = self.topology.nodes.iter().map(|n| n.id).collect();
+        let node = self.pick(&nodes);
+        let op = self.next_op();
+        p.send.push((node, Message::GetTopology { op }));
+        self.set_phase(Phase::Refreshing);
+    }
+
+    fn finish(&mut self, result: Result<Response, ClientError>) -> Option<Result<Response, ClientError>> {
+        self.op = None;
+        Some(result)
+    }
+
+    /// A reply from a node. Replies to earlier or abandoned requests are
+    /// ignored.
+    pub fn on_message(&mut self, msg: Message, now_ms: u64) -> Progress {
+        let mut p = Progress::default();
+        let Some(op) = msg.op() else { return p };
+        let Some(inflight) = &mut self.op else { return p };
+        let Some(pos) = inflight.outstanding.iter().position(|&s| s == op.seq) else { return p };
+        if op.client != self.id {
+            return p;
+        }
+        inflight.outstanding.swap_remove(pos);
+        match msg {
+            Message::Refused { reason: Refusal::NotResponsible { .. }, .. } | Message::Refused { reason: Refusal::SnapshotTooOld, .. } => {
+                let inflight = self.op.as_mut().expect("in flight");
+                inflight.redirects += 1;
+                inflight.outstanding.clear();
+                if inflight.redirects > MAX_REDIRECTS {
+                    p.done = self.finish(Err(ClientError::TooManyRedirects));
+                } else if matches!(msg, Message::Refused { reason: Refusal::SnapshotTooOld, .. }) {
+                    return self.begin(now_ms);
+                } else {
+                    self.refresh(&mut p);
+                }
+            }
+            Message::Refused { reason: Refusal::Behind, .. } => {
+                let Request::Get(key) = self.request().clone() else { return p };
+                // The replica's chain index is stale: go to the head, which
+                // has every version (ChainReaction §3.3.3). If even the head
+                // lacks it, the data is gone (FLUSHALL) and the head's answer
+                // is the truth.
+                self.read(&key, true, &mut p);
+            }
+            Message::TopologyIs { topology, .. } => {
+                self.topology = Arc::new(topology);
+                if matches!(self.request(), Request::Topology) {
+                    let t = self.topology.clone();
+                    p.done = self.finish(Ok(Response::Topology(t)));
+                } else {
+                    return self.begin(now_ms);
+                }
+            }
+            Message::Stable { .. } => {
+                let Some(InFlight { phase: Phase::Stabilizing { deps }, .. }) = &mut self.op else { return p };
+                if let Some((key, version)) = deps.remove(&op.seq) {
+                    self.session.forget(&key, &version);
+                }
+                if deps.is_empty() {
+                    self.write(&mut p);
+                }
+            }
+            Message::PutDone { version, chain_index, stable, .. } => {
+                let Request::Put { key, .. } = self.request().clone() else { return p };
+                if let Some(version) = &version {
+                    if self.consistency == Consistency::Causal {
+                        self.session.observe_write(&key, version, chain_index, stable);
+                    }
+                }
+                p.done = self.finish(Ok(Response::Written(version.is_some())));
+            }
+            Message::Value { item, chain_index, .. } => {
+                let Request::Get(key) = self.request().clone() else { return p };
+                if self.consistency == Consistency::Causal {
+                    self.session.observe_read(&key, &item, chain_index);
+                }
+                p.done = self.finish(Ok(Response::Read { value: item.value, chain_index }));
+            }
+            Message::Snapshot { items: got, .. } => {
+                let Some(InFlight { phase: Phase::Snapshot { items, parts, .. }, .. }) = &mut self.op else { return p };
+                let Some(positions) = parts.remove(&op.seq) else { return p };
+                for (pos, item) in positions.into_iter().zip(got) {
+                    items[pos] = Some(item);
+                }
+                if parts.is_empty() {
+                    let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
+                    let Request::MultiGet(keys) = self.request().clone() else { return p };
+                    if self.consistency == Consistency::Causal {
+                        for (key, item) in keys.iter().zip(&items) {
+                            self.session.observe_read(key, item, 0);
+                        }
+                    }
+                    p.done = self.finish(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
+                }
+            }
+            Message::Counted { keys, .. } => {
+                let Some(InFlight { phase: Phase::Counting { remaining, total }, .. }) = &mut self.op else { return p };
+                *remaining -= 1;
+                *total += keys;
+                if *remaining == 0 {
+                    let total = *total;
+                    p.done = self.finish(Ok(Response::Count(total)));
+                }
+            }
+            Message::Flushed { .. } => {
+                let Some(InFlight { phase: Phase::Flushing { remaining }, .. }) = &mut self.op else { return p };
+                *remaining -= 1;
+                if *remaining == 0 {
+                    self.session.clear();
+                    p.done = self.finish(Ok(Response::Flushed));
+                }
+            }
+            _ => {}
+        }
+        p
+    }
+}

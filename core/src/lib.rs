@@ -1,0 +1,27 @@
+//! Causeway's protocols as plain state machines.
+//!
+//! Nothing here opens a socket, starts a thread or reads a clock: callers
+//! pass messages in, pass the time in, and get messages out. The TCP node
+//! (`causeway-node`), the native client (`causeway-client`) and the
+//! deterministic simulator (`causeway-sim`) are thin shells around this.
+//!
+//! * `hlc`, `version`: hybrid timestamps and versions ready for several sites.
+//! * `ring`: partitions, the consistent-hashing ring, chains, epochs.
+//! * `store`: one partition's versions at one replica.
+//! * `chain`: ChainReaction's chain replica (head/middle/tail, k-of-R acks,
+//!   lazy propagation, stability, get-transaction reads).
+//! * `session`, `driver`: the client library side (metadata, routing,
+//!   dependency stabilization, retries).
+//! * `node`: a node's message dispatch to its replicas.
+//! * `message`, `wire`: what crosses the network and how it is encoded.
+
+pub mod chain;
+pub mod driver;
+pub mod hlc;
+pub mod message;
+pub mod node;
+pub mod ring;
+pub mod session;
+pub mod store;
+pub mod version;
+pub mod wire;

@@ -1,0 +1,176 @@
+//! Everything nodes and clients say to each other. One enum, so that the
+//! simulator, the TCP transport and the native client carry the same thing.
+//!
+//! Client requests name the topology `epoch` they were routed with; a node
+//! that does not serve the partition at that epoch refuses with
+//! `Refusal::NotResponsible` and the caller refreshes its map.
+
+use crate::hlc::Timestamp;
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::version::Version;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// A client session (a Redis connection's proxy session or a native client).
+/// The top 16 bits are 1 + the node the session lives on, or 0 for a native
+/// client (connected to every node), so replies can be routed without a
+/// lookup service.
+pub type ClientId = u64;
+
+/// The node a client id lives on, if it is a proxy session.
+pub fn home_node(client: ClientId) -> Option<NodeId> {
+    match client >> 48 {
+        0 => None,
+        n => Some((n - 1) as NodeId),
+    }
+}
+
+/// A client id for the `n`th session of `node`.
+pub fn session_id(node: NodeId, n: u64) -> ClientId {
+    ((node as u64 + 1) << 48) | (n & ((1 << 48) - 1))
+}
+
+/// One request of one client; replies carry it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpId {
+    pub client: ClientId,
+    pub seq: u64,
+}
+
+/// SET's NX / XX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Condition {
+    Always,
+    IfAbsent,
+    IfPresent,
+}
+
+/// A write as it travels down a chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Update {
+    /// Position in the partition's update order, from 1, assigned by the head.
+    pub seq: u64,
+    pub key: Bytes,
+    pub version: Version,
+    /// `None` deletes.
+    pub value: Option<Bytes>,
+    pub expires_at_ms: Option<u64>,
+    /// Who to answer, and at which chain position (k-1 for causal writes).
+    pub ack: Option<(OpId, u8)>,
+}
+
+/// A value as read, with what the client library needs to keep its metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item {
+    pub value: Option<Bytes>,
+    /// `None` if the key was never written (or flushed).
+    pub version: Option<Version>,
+    /// Whether the version is known to have reached the tail.
+    pub stable: bool,
+}
+
+/// Why a node did not serve a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// This node does not serve that partition at the caller's epoch; `epoch`
+    /// is the node's own.
+    NotResponsible { epoch: u64 },
+    /// This replica has not yet received the version the client already saw
+    /// (its chain index is stale); ChainReaction §3.3.3: try nearer the head.
+    Behind,
+    /// A snapshot read asked for history this replica no longer keeps.
+    SnapshotTooOld,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    // ---- client -> node -------------------------------------------------
+    /// Write `key` (sent to the head). `after` is the session's causal past:
+    /// the new version's timestamp will be greater. The node at chain
+    /// position `ack_at` answers.
+    Put {
+        op: OpId,
+        epoch: u64,
+        partition: PartitionId,
+        key: Bytes,
+        value: Option<Bytes>,
+        ttl_ms: Option<u64>,
+        condition: Condition,
+        after: Timestamp,
+        ack_at: u8,
+    },
+    /// Read the latest version of `key` at this replica; refused as `Behind`
+    /// if older than `min` (the version the session already saw).
+    Get { op: OpId, epoch: u64, partition: PartitionId, key: Bytes, min: Option<Version> },
+    /// Answer once `version` of `key` (or a newer one) is stable (sent to the
+    /// tail): dependency stabilization, ChainReaction §3.3.1.
+    WaitStable { op: OpId, epoch: u64, partition: PartitionId, key: Bytes, version: Version },
+    /// Read each key's latest version with timestamp <= `at` (sent to heads):
+    /// one part of a get-transaction.
+    SnapshotRead { op: OpId, epoch: u64, at: Timestamp, keys: Vec<(PartitionId, Bytes)> },
+    /// Count live keys in these partitions.
+    Count { op: OpId, epoch: u64, partitions: Vec<PartitionId> },
+    /// Drop every key this node holds (FLUSHALL; for tests, not causal).
+    Flush { op: OpId },
+    GetTopology { op: OpId },
+
+    // ---- node -> client -------------------------------------------------
+    /// The write reached chain position `chain_index`. `version` is `None`
+    /// when the SET condition (NX/XX) did not hold and nothing was written.
+    PutDone { op: OpId, version: Option<Version>, chain_index: u8, stable: bool },
+    Value { op: OpId, item: Item, chain_index: u8 },
+    Stable { op: OpId },
+    Snapshot { op: OpId, items: Vec<Item> },
+    Counted { op: OpId, keys: u64 },
+    Flushed { op: OpId },
+    TopologyIs { op: OpId, topology: Topology },
+    Refused { op: OpId, reason: Refusal },
+
+    // ---- node -> node (one chain) ---------------------------------------
+    /// Updates for the successor, in seq order. `lazy` when none of them
+    /// still has to reach its acknowledging node: the transport sends lazy
+    /// traffic after eager traffic (ChainReaction §3.3.1, lazy phase).
+    Forward { epoch: u64, partition: PartitionId, updates: Vec<Update>, lazy: bool },
+    /// Everything up to `seq` has reached the tail; flows head-wards.
+    StableUpTo { epoch: u64, partition: PartitionId, seq: u64 },
+}
+
+impl Message {
+    /// The request a reply answers, or a request's own id.
+    pub fn op(&self) -> Option<OpId> {
+        use Message::*;
+        match self {
+            Put { op, .. } | Get { op, .. } | WaitStable { op, .. } | SnapshotRead { op, .. } | Count { op, .. } | Flush { op } | GetTopology { op } => Some(*op),
+            PutDone { op, .. } | Value { op, .. } | Stable { op } | Snapshot { op, .. } | Counted { op, .. } | Flushed { op } | TopologyIs { op, .. } | Refused { op, .. } => Some(*op),
+            Forward { .. } | StableUpTo { .. } => None,
+        }
+    }
+
+    /// Whether this goes from a node to a client.
+    pub fn is_reply(&self) -> bool {
+        use Message::*;
+        matches!(self, PutDone { .. } | Value { .. } | Stable { .. } | Snapshot { .. } | Counted { .. } | Flushed { .. } | TopologyIs { .. } | Refused { .. })
+    }
+}
+
+/// Where a message goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dest {
+    Node(NodeId),
+    Client(ClientId),
+}
+
+/// A message and where it goes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Envelope {
+    pub to: Dest,
+    pub msg: Message,
+}
+
+/// Where a state machine puts what it wants sent.
+pub type Outbox = Vec<Envelope>;
+
+/// Sends `msg` to `to`.
+pub fn send(out: &mut Outbox, to: Dest, msg: Message) {
+    out.push(Envelope { to, msg });
+}

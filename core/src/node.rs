@@ -1,0 +1,104 @@
+//! A data node's message dispatch: which partition replica a message is for,
+//! and the node-wide requests (topology, count, flush, get-transaction parts
+//! spanning partitions). The TCP node and the simulator both call `handle`,
+//! each with its own way of reaching a partition (`Partitions`): the real
+//! node locks one partition at a time so connections on different cores do
+//! not contend; the simulator owns them outright.
+
+use crate::chain::{ChainReplica, PutRequest};
+use crate::message::{send, Dest, Message, Outbox, Refusal};
+use crate::ring::{PartitionId, Topology};
+
+/// Access to a node's partition replicas.
+pub trait Partitions {
+    /// Runs `f` on this node's replica of `partition`, if it has one.
+    fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R>;
+}
+
+/// Handles one message addressed to node `me`.
+pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms: u64, out: &mut Outbox) {
+    let stale = |epoch: u64| epoch != topology.epoch;
+    let refuse = |out: &mut Outbox, op: crate::message::OpId| {
+        send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NotResponsible { epoch: topology.epoch } })
+    };
+    match msg {
+        Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at } => {
+            let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at };
+            if stale(epoch) || parts.with(partition, |r| r.put(req, now_ms, out)).is_none() {
+                refuse(out, op);
+            }
+        }
+        Message::Get { op, epoch, partition, key, min } => {
+            if stale(epoch) || parts.with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out)).is_none() {
+                refuse(out, op);
+            }
+        }
+        Message::WaitStable { op, epoch, partition, key, version } => {
+            if stale(epoch) || parts.with(partition, |r| r.wait_stable(op, key, version, out)).is_none() {
+                refuse(out, op);
+            }
+        }
+        Message::SnapshotRead { op, epoch, at, keys } => {
+            if stale(epoch) {
+                return refuse(out, op);
+            }
+            let mut items = Vec::with_capacity(keys.len());
+            for (partition, key) in keys {
+                match parts.with(partition, |r| r.snapshot_read(&key, at, now_ms)) {
+                    Some(Ok(item)) => items.push(item),
+                    Some(Err(reason)) => return send(out, Dest::Client(op.client), Message::Refused { op, reason }),
+                    None => return refuse(out, op),
+                }
+            }
+            send(out, Dest::Client(op.client), Message::Snapshot { op, items });
+        }
+        Message::Count { op, epoch, partitions } => {
+            if stale(epoch) {
+                return refuse(out, op);
+            }
+            let mut keys = 0;
+            for p in partitions {
+                match parts.with(p, |r| r.live_keys(now_ms)) {
+                    Some(n) => keys += n,
+                    None => return refuse(out, op),
+                }
+            }
+            send(out, Dest::Client(op.client), Message::Counted { op, keys });
+        }
+        Message::Flush { op } => {
+            for p in 0..topology.shape.partitions {
+                parts.with(p, |r| r.flush_all(out));
+            }
+            send(out, Dest::Client(op.client), Message::Flushed { op });
+        }
+        Message::GetTopology { op } => {
+            send(out, Dest::Client(op.client), Message::TopologyIs { op, topology: topology.clone() });
+        }
+        Message::Forward { epoch, partition, updates, .. } => {
+            if !stale(epoch) {
+                parts.with(partition, |r| r.forward(updates, now_ms, out));
+            }
+        }
+        Message::StableUpTo { epoch, partition, seq } => {
+            if !stale(epoch) {
+                parts.with(partition, |r| r.stable_up_to(seq, now_ms, out));
+            }
+        }
+        // Replies are for clients, never for nodes.
+        Message::PutDone { .. }
+        | Message::Value { .. }
+        | Message::Stable { .. }
+        | Message::Snapshot { .. }
+        | Message::Counted { .. }
+        | Message::Flushed { .. }
+        | Message::TopologyIs { .. }
+        | Message::Refused { .. } => {}
+    }
+}
+
+/// Periodic work for every replica of the node.
+pub fn tick(topology: &Topology, parts: &impl Partitions, now_ms: u64, out: &mut Outbox) {
+    for p in 0..topology.shape.partitions {
+        parts.with(p, |r| r.tick(now_ms, out));
+    }
+}

@@ -1,0 +1,196 @@
+//! Where keys live: partitions, the consistent-hashing ring, and chains.
+//!
+//! Keys hash to a fixed number of partitions (the unit of replication and,
+//! later, of state transfer). Nodes are placed on a consistent-hashing ring
+//! with virtual points; a partition's chain is the first `replicas` distinct
+//! nodes clockwise from the partition's own point (ChainReaction §3.2: "each
+//! data item is placed in R consecutive data servers in the DHT ring"). Adding
+//! or removing a node therefore only moves the partitions next to it.
+//!
+//! A `Topology` is immutable and carries an `epoch`; every request names the
+//! epoch it was routed with so a node can answer "not responsible" to callers
+//! with an old map (the p2p store's `server-not-responsible` + `keyrange`).
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// A data node of one site.
+pub type NodeId = u16;
+/// A partition of the key space.
+pub type PartitionId = u32;
+
+/// Virtual points per node on the ring: enough that 3 nodes share 64
+/// partitions evenly, few enough that computing chains is instant.
+const POINTS_PER_NODE: u32 = 64;
+
+/// A node as the rest of the site knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    /// Where it serves clients and peers (host:port).
+    pub addr: String,
+}
+
+/// The nodes replicating one partition, head first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chain {
+    pub nodes: Vec<NodeId>,
+}
+
+impl Chain {
+    pub fn head(&self) -> NodeId {
+        self.nodes[0]
+    }
+
+    pub fn tail(&self) -> NodeId {
+        *self.nodes.last().expect("a chain has at least one node")
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The position of `node` in this chain (0 = head).
+    pub fn index_of(&self, node: NodeId) -> Option<usize> {
+        self.nodes.iter().position(|&n| n == node)
+    }
+}
+
+/// The shape of a site's replication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    pub partitions: u32,
+    /// R: the length of every chain.
+    pub replicas: usize,
+    /// k: a causal write is acknowledged once this many nodes of its chain
+    /// hold it (ChainReaction §3.3.1, the eager phase).
+    pub k: usize,
+}
+
+impl Shape {
+    pub fn validate(&self, nodes: usize) -> Result<(), String> {
+        if self.partitions == 0 {
+            return Err("partitions must be at least 1".into());
+        }
+        if self.replicas == 0 || self.replicas > nodes {
+            return Err(format!("replicas must be between 1 and the number of nodes ({nodes}), got {}", self.replicas));
+        }
+        if self.k == 0 || self.k > self.replicas {
+            return Err(format!("k must be between 1 and replicas ({}), got {}", self.replicas, self.k));
+        }
+        Ok(())
+    }
+}
+
+/// The partition map of a site at one epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    pub epoch: u64,
+    pub shape: Shape,
+    pub nodes: Vec<NodeInfo>,
+    pub chains: Vec<Chain>,
+}
+
+impl Topology {
+    /// Places `shape.partitions` partitions on a ring of `nodes`.
+    pub fn new(epoch: u64, shape: Shape, nodes: Vec<NodeInfo>) -> Result<Self, String> {
+        shape.validate(nodes.len())?;
+        let mut ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err("node ids must be distinct".into());
+        }
+        let mut ring: Vec<(u64, NodeId)> = ids
+            .iter()
+            .flat_map(|&id| (0..POINTS_PER_NODE).map(move |p| (point(&[b"node", &id.to_le_bytes()[..], &p.to_le_bytes()[..]]), id)))
+            .collect();
+        ring.sort_unstable();
+        let chains = (0..shape.partitions)
+            .map(|p| {
+                let at = point(&[b"partition", &p.to_le_bytes()[..]]);
+                let start = ring.partition_point(|&(h, _)| h < at);
+                let mut chain = Vec::with_capacity(shape.replicas);
+                for i in 0..ring.len() {
+                    let node = ring[(start + i) % ring.len()].1;
+                    if !chain.contains(&node) {
+                        chain.push(node);
+                        if chain.len() == shape.replicas {
+                            break;
+                        }
+                    }
+                }
+                Chain { nodes: chain }
+            })
+            .collect();
+        Ok(Topology { epoch, shape, nodes, chains })
+    }
+
+    /// The partition a key belongs to.
+    pub fn partition_of(&self, key: &[u8]) -> PartitionId {
+        (xxh3_64(key) % self.shape.partitions as u64) as PartitionId
+    }
+
+    pub fn chain(&self, partition: PartitionId) -> &Chain {
+        &self.chains[partition as usize]
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<&NodeInfo> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The partitions `node` replicates, with its position in each chain.
+    pub fn roles_of(&self, node: NodeId) -> impl Iterator<Item = (PartitionId, usize)> + '_ {
+        self.chains.iter().enumerate().filter_map(move |(p, c)| c.index_of(node).map(|i| (p as PartitionId, i)))
+    }
+}
+
+fn point(parts: &[&[u8]]) -> u64 {
+    xxh3_64(&parts.concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(n: u16) -> Vec<NodeInfo> {
+        (0..n).map(|id| NodeInfo { id, addr: format!("127.0.0.1:{}", 6380 + id) }).collect()
+    }
+
+    #[test]
+    fn chains_are_distinct_consecutive_nodes() {
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(5)).unwrap();
+        for c in &t.chains {
+            assert_eq!(c.len(), 3);
+            let mut s = c.nodes.clone();
+            s.sort();
+            s.dedup();
+            assert_eq!(s.len(), 3);
+        }
+        // Every node heads some partitions.
+        for n in 0..5 {
+            assert!(t.chains.iter().any(|c| c.head() == n), "node {n} heads nothing");
+        }
+    }
+
+    #[test]
+    fn adding_a_node_moves_only_some_partitions() {
+        let shape = Shape { partitions: 256, replicas: 1, k: 1 };
+        let a = Topology::new(1, shape, nodes(4)).unwrap();
+        let b = Topology::new(2, shape, nodes(5)).unwrap();
+        let moved = a.chains.iter().zip(&b.chains).filter(|(x, y)| x != y).count();
+        assert!(moved > 0 && moved < 256 / 2, "moved {moved} of 256");
+        // Whatever moved, moved to the new node.
+        assert!(a.chains.iter().zip(&b.chains).all(|(x, y)| x == y || y.head() == 4));
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(Topology::new(1, Shape { partitions: 64, replicas: 4, k: 2 }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 64, replicas: 3, k: 0 }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 0, replicas: 1, k: 1 }, nodes(3)).is_err());
+    }
+}

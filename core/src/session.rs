@@ -1,0 +1,186 @@
+//! The client library's metadata, ChainReaction §3.2.2 and §3.3.2.
+//!
+//! * The *index table*: for each key whose observed version is not yet known
+//!   stable, that version and the deepest chain position known to hold it.
+//!   A later read of the key must go to a position <= that index; once the
+//!   version is stable it may go anywhere, and the entry is dropped (a stable
+//!   version constrains nothing, which keeps the table small).
+//! * The *accessed objects*: the unstable versions read or written since the
+//!   last write. The next write first waits for all of them to be stable
+//!   (dependency stabilization), which is what keeps version divergence one
+//!   level deep.
+//! * `max_ts`: the largest timestamp seen. Writes are ordered after it and
+//!   get-transactions read at or after it, so a session never goes back in
+//!   time.
+//!
+//! A session can be exported as a token and resumed elsewhere (another
+//! connection, another node): `CW.SESSION`.
+
+use crate::hlc::Timestamp;
+use crate::message::Item;
+use crate::version::Version;
+use ahash::AHashMap;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// What the session knows about one key's latest observed version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    pub version: Version,
+    /// The deepest chain position known to hold `version`.
+    pub chain_index: u8,
+}
+
+/// One client's causal metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    index: AHashMap<Bytes, Seen>,
+    accessed: AHashMap<Bytes, Version>,
+    max_ts: Timestamp,
+}
+
+impl Session {
+    /// The largest chain position this session may read `key` from, or
+    /// `None` if any position will do.
+    pub fn read_limit(&self, key: &[u8]) -> Option<u8> {
+        self.index.get(key).map(|s| s.chain_index)
+    }
+
+    /// The version of `key` a replica must hold to serve this session.
+    pub fn min_version(&self, key: &[u8]) -> Option<&Version> {
+        self.index.get(key).map(|s| &s.version)
+    }
+
+    pub fn max_ts(&self) -> Timestamp {
+        self.max_ts
+    }
+
+    /// Records a read served at chain position `at` (§3.3.2 rules i–iii).
+    pub fn observe_read(&mut self, key: &Bytes, item: &Item, at: u8) {
+        let Some(version) = &item.version else { return };
+        self.max_ts = self.max_ts.max(version.ts);
+        if item.stable {
+            self.forget(key, version);
+            return;
+        }
+        let chain_index = match self.index.get(key) {
+            Some(seen) if seen.version == *version => seen.chain_index.max(at),
+            Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
+            _ => at,
+        };
+        self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
+        self.note_accessed(key, version);
+    }
+
+    /// Records this session's own write, acknowledged at `chain_index`. The
+    /// accessed list restarts with just this write.
+    pub fn observe_write(&mut self, key: &Bytes, version: &Version, chain_index: u8, stable: bool) {
+        self.max_ts = self.max_ts.max(version.ts);
+        self.accessed.clear();
+        if stable {
+            self.index.remove(key);
+        } else {
+            self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
+            self.accessed.insert(key.clone(), version.clone());
+        }
+    }
+
+    fn note_accessed(&mut self, key: &Bytes, version: &Version) {
+        match self.accessed.get(key) {
+            Some(v) if v >= version => {}
+            _ => {
+                self.accessed.insert(key.clone(), version.clone());
+            }
+        }
+    }
+
+    /// `version` of `key` is known to be stable.
+    pub fn forget(&mut self, key: &[u8], version: &Version) {
+        if self.index.get(key).is_some_and(|s| s.version <= *version) {
+            self.index.remove(key);
+        }
+        if self.accessed.get(key).is_some_and(|v| v <= version) {
+            self.accessed.remove(key);
+        }
+    }
+
+    /// The versions the next write must wait for.
+    pub fn dependencies(&self) -> impl Iterator<Item = (&Bytes, &Version)> {
+        self.accessed.iter()
+    }
+
+    /// Forget everything (after FLUSHALL).
+    pub fn clear(&mut self) {
+        *self = Session::default();
+    }
+
+    /// Keys with constraints (for `CW.SESSION INFO`).
+    pub fn tracked_keys(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The session as an opaque token, to resume it elsewhere.
+    pub fn export(&self) -> Vec<u8> {
+        crate::wire::encode(self)
+    }
+
+    pub fn import(token: &[u8]) -> Result<Session, String> {
+        crate::wire::decode(token).map_err(|e| format!("invalid session token: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(ms: u64) -> Version {
+        Version::local(0, Timestamp::new(ms, 0))
+    }
+
+    fn item(ms: u64, stable: bool) -> Item {
+        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), stable }
+    }
+
+    #[test]
+    fn read_rules_follow_the_paper() {
+        let mut s = Session::default();
+        let k = Bytes::from("k");
+        s.observe_read(&k, &item(10, false), 1);
+        assert_eq!(s.read_limit(b"k"), Some(1));
+        // Same version seen deeper: index grows (rule ii).
+        s.observe_read(&k, &item(10, false), 2);
+        assert_eq!(s.read_limit(b"k"), Some(2));
+        // A newer version: index is where it was read (rule iii).
+        s.observe_read(&k, &item(20, false), 0);
+        assert_eq!(s.read_limit(b"k"), Some(0));
+        // An older version never replaces a newer one.
+        s.observe_read(&k, &item(10, false), 2);
+        assert_eq!(s.min_version(b"k"), Some(&v(20)));
+        // Stable: no constraint left (rule i).
+        s.observe_read(&k, &item(20, true), 2);
+        assert_eq!(s.read_limit(b"k"), None);
+        assert_eq!(s.dependencies().count(), 0);
+        assert_eq!(s.max_ts(), Timestamp::new(20, 0));
+    }
+
+    #[test]
+    fn a_write_resets_accessed_objects_to_itself() {
+        let mut s = Session::default();
+        s.observe_read(&Bytes::from("a"), &item(10, false), 0);
+        s.observe_read(&Bytes::from("b"), &item(11, false), 0);
+        assert_eq!(s.dependencies().count(), 2);
+        s.observe_write(&Bytes::from("c"), &v(12), 1, false);
+        let deps: Vec<_> = s.dependencies().map(|(k, _)| k.clone()).collect();
+        assert_eq!(deps, vec![Bytes::from("c")]);
+        // The reads still constrain where those keys may be read.
+        assert_eq!(s.read_limit(b"a"), Some(0));
+    }
+
+    #[test]
+    fn tokens_round_trip_and_reject_garbage() {
+        let mut s = Session::default();
+        s.observe_write(&Bytes::from("c"), &v(12), 1, false);
+        assert_eq!(Session::import(&s.export()).unwrap(), s);
+        assert!(Session::import(b"\xff\xff garbage").is_err());
+    }
+}

@@ -54,7 +54,9 @@ impl FromStr for Consistency {
             "causal" => Ok(Consistency::Causal),
             "eventual" => Ok(Consistency::Eventual),
             "linearizable" => Ok(Consistency::Linearizable),
-            _ => Err(format!("unknown consistency '{s}' (expected causal, eventual or linearizable)")),
+            _ => Err(format!(
+                "unknown consistency '{s}' (expected causal, eventual or linearizable)"
+            )),
         }
     }
 }
@@ -74,7 +76,12 @@ impl fmt::Display for Consistency {
 pub enum Request {
     Get(Bytes),
     /// `value: None` deletes.
-    Put { key: Bytes, value: Option<Bytes>, ttl_ms: Option<u64>, condition: Condition },
+    Put {
+        key: Bytes,
+        value: Option<Bytes>,
+        ttl_ms: Option<u64>,
+        condition: Condition,
+    },
     /// A get-transaction: a causally consistent snapshot of several keys.
     MultiGet(Vec<Bytes>),
     /// Live keys in the whole site.
@@ -89,7 +96,10 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Response {
     /// `chain_index`: the chain position that served the read.
-    Read { value: Option<Bytes>, chain_index: u8 },
+    Read {
+        value: Option<Bytes>,
+        chain_index: u8,
+    },
     /// Whether the write happened (false: the NX/XX condition did not hold).
     Written(bool),
     Values(Vec<Option<Bytes>>),
@@ -126,12 +136,22 @@ pub struct Progress {
 #[derive(Debug)]
 enum Phase {
     /// Waiting for the tails to confirm these dependencies are stable.
-    Stabilizing { deps: AHashMap<u64, (Bytes, Version)> },
+    Stabilizing {
+        deps: AHashMap<u64, (Bytes, Version)>,
+    },
     Writing,
     Reading,
-    Snapshot { items: Vec<Option<Item>>, parts: AHashMap<u64, Vec<usize>> },
-    Counting { remaining: usize, total: u64 },
-    Flushing { remaining: usize },
+    Snapshot {
+        items: Vec<Option<Item>>,
+        parts: AHashMap<u64, Vec<usize>>,
+    },
+    Counting {
+        remaining: usize,
+        total: u64,
+    },
+    Flushing {
+        remaining: usize,
+    },
     Refreshing,
 }
 
@@ -144,6 +164,10 @@ struct InFlight {
     /// Op sequence numbers whose replies we still expect.
     outstanding: Vec<u64>,
 }
+
+/// The keys one head serves in a get-transaction, and their positions in
+/// the request.
+type KeysAt = (Vec<(PartitionId, Bytes)>, Vec<usize>);
 
 /// One session's request state machine.
 #[derive(Debug)]
@@ -161,7 +185,12 @@ pub struct Driver {
 }
 
 impl Driver {
-    pub fn new(id: ClientId, topology: Arc<Topology>, local: Option<NodeId>, timeout_ms: u64) -> Self {
+    pub fn new(
+        id: ClientId,
+        topology: Arc<Topology>,
+        local: Option<NodeId>,
+        timeout_ms: u64,
+    ) -> Self {
         Driver {
             id,
             topology,
@@ -210,7 +239,13 @@ impl Driver {
     /// Starts `request`. One request at a time: a session is sequential.
     pub fn start(&mut self, request: Request, now_ms: u64) -> Progress {
         assert!(self.op.is_none(), "a driver runs one request at a time");
-        self.op = Some(InFlight { request, started_ms: now_ms, redirects: 0, phase: Phase::Writing, outstanding: Vec::new() });
+        self.op = Some(InFlight {
+            request,
+            started_ms: now_ms,
+            redirects: 0,
+            phase: Phase::Writing,
+            outstanding: Vec::new(),
+        });
         self.begin(now_ms)
     }
 
@@ -219,7 +254,10 @@ impl Driver {
         match &self.op {
             Some(op) if now_ms.saturating_sub(op.started_ms) >= self.timeout_ms => {
                 self.op = None;
-                Progress { send: Vec::new(), done: Some(Err(ClientError::Timeout)) }
+                Progress {
+                    send: Vec::new(),
+                    done: Some(Err(ClientError::Timeout)),
+                }
             }
             _ => Progress::default(),
         }
@@ -230,7 +268,10 @@ impl Driver {
         if let Some(op) = &mut self.op {
             op.outstanding.push(self.next_seq);
         }
-        OpId { client: self.id, seq: self.next_seq }
+        OpId {
+            client: self.id,
+            seq: self.next_seq,
+        }
     }
 
     fn random(&mut self, n: usize) -> usize {
@@ -257,7 +298,11 @@ impl Driver {
             Request::Get(key) => self.read(&key, false, &mut p),
             Request::Put { .. } => {
                 let deps: Vec<(Bytes, Version)> = match self.consistency {
-                    Consistency::Causal => self.session.dependencies().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    Consistency::Causal => self
+                        .session
+                        .dependencies()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
                     _ => Vec::new(),
                 };
                 if deps.is_empty() {
@@ -267,7 +312,13 @@ impl Driver {
                     for (key, version) in deps {
                         let partition = self.topology.partition_of(&key);
                         let op = self.next_op();
-                        let msg = Message::WaitStable { op, epoch: self.topology.epoch, partition, key: key.clone(), version: version.clone() };
+                        let msg = Message::WaitStable {
+                            op,
+                            epoch: self.topology.epoch,
+                            partition,
+                            key: key.clone(),
+                            version: version.clone(),
+                        };
                         p.send.push((self.topology.chain(partition).tail(), msg));
                         waiting.insert(op.seq, (key, version));
                     }
@@ -278,17 +329,32 @@ impl Driver {
             Request::Count => {
                 let mut by_node: AHashMap<NodeId, Vec<PartitionId>> = AHashMap::new();
                 for (partition, chain) in self.topology.chains.iter().enumerate() {
-                    by_node.entry(chain.tail()).or_default().push(partition as PartitionId);
+                    by_node
+                        .entry(chain.tail())
+                        .or_default()
+                        .push(partition as PartitionId);
                 }
-                self.set_phase(Phase::Counting { remaining: by_node.len(), total: 0 });
+                self.set_phase(Phase::Counting {
+                    remaining: by_node.len(),
+                    total: 0,
+                });
                 for (node, partitions) in by_node {
                     let op = self.next_op();
-                    p.send.push((node, Message::Count { op, epoch: self.topology.epoch, partitions }));
+                    p.send.push((
+                        node,
+                        Message::Count {
+                            op,
+                            epoch: self.topology.epoch,
+                            partitions,
+                        },
+                    ));
                 }
             }
             Request::Flush => {
                 let nodes: Vec<NodeId> = self.topology.nodes.iter().map(|n| n.id).collect();
-                self.set_phase(Phase::Flushing { remaining: nodes.len() });
+                self.set_phase(Phase::Flushing {
+                    remaining: nodes.len(),
+                });
                 for node in nodes {
                     let op = self.next_op();
                     p.send.push((node, Message::Flush { op }));
@@ -300,7 +366,15 @@ impl Driver {
     }
 
     fn write(&mut self, p: &mut Progress) {
-        let Request::Put { key, value, ttl_ms, condition } = self.request().clone() else { unreachable!("write() runs for puts") };
+        let Request::Put {
+            key,
+            value,
+            ttl_ms,
+            condition,
+        } = self.request().clone()
+        else {
+            unreachable!("write() runs for puts")
+        };
         let partition = self.topology.partition_of(&key);
         let chain = self.topology.chain(partition);
         let ack_at = match self.consistency {
@@ -312,7 +386,20 @@ impl Driver {
         let after = self.session.max_ts();
         let op = self.next_op();
         let epoch = self.topology.epoch;
-        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at }));
+        p.send.push((
+            head,
+            Message::Put {
+                op,
+                epoch,
+                partition,
+                key,
+                value,
+                ttl_ms,
+                condition,
+                after,
+                ack_at,
+            },
+        ));
         self.set_phase(Phase::Writing);
     }
 
@@ -335,7 +422,16 @@ impl Driver {
             }
         };
         let op = self.next_op();
-        p.send.push((target, Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min }));
+        p.send.push((
+            target,
+            Message::Get {
+                op,
+                epoch: self.topology.epoch,
+                partition,
+                key: key.clone(),
+                min,
+            },
+        ));
         self.set_phase(Phase::Reading);
     }
 
@@ -349,20 +445,33 @@ impl Driver {
 
     fn snapshot(&mut self, keys: &[Bytes], now_ms: u64, p: &mut Progress) {
         let at = self.session.max_ts().max(Timestamp::new(now_ms, 0));
-        let mut by_head: AHashMap<NodeId, (Vec<(PartitionId, Bytes)>, Vec<usize>)> = AHashMap::new();
+        let mut by_head: AHashMap<NodeId, KeysAt> = AHashMap::new();
         for (i, key) in keys.iter().enumerate() {
             let partition = self.topology.partition_of(key);
-            let entry = by_head.entry(self.topology.chain(partition).head()).or_default();
+            let entry = by_head
+                .entry(self.topology.chain(partition).head())
+                .or_default();
             entry.0.push((partition, key.clone()));
             entry.1.push(i);
         }
         let mut parts = AHashMap::new();
         for (head, (keys, positions)) in by_head {
             let op = self.next_op();
-            p.send.push((head, Message::SnapshotRead { op, epoch: self.topology.epoch, at, keys }));
+            p.send.push((
+                head,
+                Message::SnapshotRead {
+                    op,
+                    epoch: self.topology.epoch,
+                    at,
+                    keys,
+                },
+            ));
             parts.insert(op.seq, positions);
         }
-        self.set_phase(Phase::Snapshot { items: vec![None; keys.len()], parts });
+        self.set_phase(Phase::Snapshot {
+            items: vec![None; keys.len()],
+            parts,
+        });
         if keys.is_empty() {
             p.done = self.finish(Ok(Response::Values(Vec::new())));
         }
@@ -376,7 +485,10 @@ impl Driver {
         self.set_phase(Phase::Refreshing);
     }
 
-    fn finish(&mut self, result: Result<Response, ClientError>) -> Option<Result<Response, ClientError>> {
+    fn finish(
+        &mut self,
+        result: Result<Response, ClientError>,
+    ) -> Option<Result<Response, ClientError>> {
         self.op = None;
         Some(result)
     }
@@ -386,27 +498,49 @@ impl Driver {
     pub fn on_message(&mut self, msg: Message, now_ms: u64) -> Progress {
         let mut p = Progress::default();
         let Some(op) = msg.op() else { return p };
-        let Some(inflight) = &mut self.op else { return p };
-        let Some(pos) = inflight.outstanding.iter().position(|&s| s == op.seq) else { return p };
+        let Some(inflight) = &mut self.op else {
+            return p;
+        };
+        let Some(pos) = inflight.outstanding.iter().position(|&s| s == op.seq) else {
+            return p;
+        };
         if op.client != self.id {
             return p;
         }
         inflight.outstanding.swap_remove(pos);
         match msg {
-            Message::Refused { reason: Refusal::NotResponsible { .. }, .. } | Message::Refused { reason: Refusal::SnapshotTooOld, .. } => {
+            Message::Refused {
+                reason: Refusal::NotResponsible { .. },
+                ..
+            }
+            | Message::Refused {
+                reason: Refusal::SnapshotTooOld,
+                ..
+            } => {
                 let inflight = self.op.as_mut().expect("in flight");
                 inflight.redirects += 1;
                 inflight.outstanding.clear();
                 if inflight.redirects > MAX_REDIRECTS {
                     p.done = self.finish(Err(ClientError::TooManyRedirects));
-                } else if matches!(msg, Message::Refused { reason: Refusal::SnapshotTooOld, .. }) {
+                } else if matches!(
+                    msg,
+                    Message::Refused {
+                        reason: Refusal::SnapshotTooOld,
+                        ..
+                    }
+                ) {
                     return self.begin(now_ms);
                 } else {
                     self.refresh(&mut p);
                 }
             }
-            Message::Refused { reason: Refusal::Behind, .. } => {
-                let Request::Get(key) = self.request().clone() else { return p };
+            Message::Refused {
+                reason: Refusal::Behind,
+                ..
+            } => {
+                let Request::Get(key) = self.request().clone() else {
+                    return p;
+                };
                 // The replica's chain index is stale: go to the head, which
                 // has every version (ChainReaction §3.3.3). If even the head
                 // lacks it, the data is gone (FLUSHALL) and the head's answer
@@ -423,7 +557,13 @@ impl Driver {
                 }
             }
             Message::Stable { .. } => {
-                let Some(InFlight { phase: Phase::Stabilizing { deps }, .. }) = &mut self.op else { return p };
+                let Some(InFlight {
+                    phase: Phase::Stabilizing { deps },
+                    ..
+                }) = &mut self.op
+                else {
+                    return p;
+                };
                 if let Some((key, version)) = deps.remove(&op.seq) {
                     self.session.forget(&key, &version);
                 }
@@ -431,41 +571,77 @@ impl Driver {
                     self.write(&mut p);
                 }
             }
-            Message::PutDone { version, chain_index, stable, .. } => {
-                let Request::Put { key, .. } = self.request().clone() else { return p };
+            Message::PutDone {
+                version,
+                chain_index,
+                stable,
+                ..
+            } => {
+                let Request::Put { key, .. } = self.request().clone() else {
+                    return p;
+                };
                 if let Some(version) = &version {
                     if self.consistency == Consistency::Causal {
-                        self.session.observe_write(&key, version, chain_index, stable);
+                        self.session
+                            .observe_write(&key, version, chain_index, stable);
                     }
                 }
                 p.done = self.finish(Ok(Response::Written(version.is_some())));
             }
-            Message::Value { item, chain_index, .. } => {
-                let Request::Get(key) = self.request().clone() else { return p };
+            Message::Value {
+                item, chain_index, ..
+            } => {
+                let Request::Get(key) = self.request().clone() else {
+                    return p;
+                };
                 if self.consistency == Consistency::Causal {
                     self.session.observe_read(&key, &item, chain_index);
                 }
-                p.done = self.finish(Ok(Response::Read { value: item.value, chain_index }));
+                p.done = self.finish(Ok(Response::Read {
+                    value: item.value,
+                    chain_index,
+                }));
             }
             Message::Snapshot { items: got, .. } => {
-                let Some(InFlight { phase: Phase::Snapshot { items, parts, .. }, .. }) = &mut self.op else { return p };
-                let Some(positions) = parts.remove(&op.seq) else { return p };
+                let Some(InFlight {
+                    phase: Phase::Snapshot { items, parts, .. },
+                    ..
+                }) = &mut self.op
+                else {
+                    return p;
+                };
+                let Some(positions) = parts.remove(&op.seq) else {
+                    return p;
+                };
                 for (pos, item) in positions.into_iter().zip(got) {
                     items[pos] = Some(item);
                 }
                 if parts.is_empty() {
-                    let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
-                    let Request::MultiGet(keys) = self.request().clone() else { return p };
+                    let items: Vec<Item> = std::mem::take(items)
+                        .into_iter()
+                        .map(|i| i.expect("every key answered"))
+                        .collect();
+                    let Request::MultiGet(keys) = self.request().clone() else {
+                        return p;
+                    };
                     if self.consistency == Consistency::Causal {
                         for (key, item) in keys.iter().zip(&items) {
                             self.session.observe_read(key, item, 0);
                         }
                     }
-                    p.done = self.finish(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
+                    p.done = self.finish(Ok(Response::Values(
+                        items.into_iter().map(|i| i.value).collect(),
+                    )));
                 }
             }
             Message::Counted { keys, .. } => {
-                let Some(InFlight { phase: Phase::Counting { remaining, total }, .. }) = &mut self.op else { return p };
+                let Some(InFlight {
+                    phase: Phase::Counting { remaining, total },
+                    ..
+                }) = &mut self.op
+                else {
+                    return p;
+                };
                 *remaining -= 1;
                 *total += keys;
                 if *remaining == 0 {
@@ -474,7 +650,13 @@ impl Driver {
                 }
             }
             Message::Flushed { .. } => {
-                let Some(InFlight { phase: Phase::Flushing { remaining }, .. }) = &mut self.op else { return p };
+                let Some(InFlight {
+                    phase: Phase::Flushing { remaining },
+                    ..
+                }) = &mut self.op
+                else {
+                    return p;
+                };
                 *remaining -= 1;
                 if *remaining == 0 {
                     self.session.clear();

@@ -10,17 +10,25 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A hybrid logical clock timestamp. Ordered by physical time, then logical.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Timestamp {
     pub physical_ms: u64,
     pub logical: u32,
 }
 
 impl Timestamp {
-    pub const ZERO: Timestamp = Timestamp { physical_ms: 0, logical: 0 };
+    pub const ZERO: Timestamp = Timestamp {
+        physical_ms: 0,
+        logical: 0,
+    };
 
     pub fn new(physical_ms: u64, logical: u32) -> Self {
-        Timestamp { physical_ms, logical }
+        Timestamp {
+            physical_ms,
+            logical,
+        }
     }
 }
 

@@ -101,38 +101,97 @@ pub enum Message {
     },
     /// Read the latest version of `key` at this replica; refused as `Behind`
     /// if older than `min` (the version the session already saw).
-    Get { op: OpId, epoch: u64, partition: PartitionId, key: Bytes, min: Option<Version> },
+    Get {
+        op: OpId,
+        epoch: u64,
+        partition: PartitionId,
+        key: Bytes,
+        min: Option<Version>,
+    },
     /// Answer once `version` of `key` (or a newer one) is stable (sent to the
     /// tail): dependency stabilization, ChainReaction §3.3.1.
-    WaitStable { op: OpId, epoch: u64, partition: PartitionId, key: Bytes, version: Version },
+    WaitStable {
+        op: OpId,
+        epoch: u64,
+        partition: PartitionId,
+        key: Bytes,
+        version: Version,
+    },
     /// Read each key's latest version with timestamp <= `at` (sent to heads):
     /// one part of a get-transaction.
-    SnapshotRead { op: OpId, epoch: u64, at: Timestamp, keys: Vec<(PartitionId, Bytes)> },
+    SnapshotRead {
+        op: OpId,
+        epoch: u64,
+        at: Timestamp,
+        keys: Vec<(PartitionId, Bytes)>,
+    },
     /// Count live keys in these partitions.
-    Count { op: OpId, epoch: u64, partitions: Vec<PartitionId> },
+    Count {
+        op: OpId,
+        epoch: u64,
+        partitions: Vec<PartitionId>,
+    },
     /// Drop every key this node holds (FLUSHALL; for tests, not causal).
-    Flush { op: OpId },
-    GetTopology { op: OpId },
+    Flush {
+        op: OpId,
+    },
+    GetTopology {
+        op: OpId,
+    },
 
     // ---- node -> client -------------------------------------------------
     /// The write reached chain position `chain_index`. `version` is `None`
     /// when the SET condition (NX/XX) did not hold and nothing was written.
-    PutDone { op: OpId, version: Option<Version>, chain_index: u8, stable: bool },
-    Value { op: OpId, item: Item, chain_index: u8 },
-    Stable { op: OpId },
-    Snapshot { op: OpId, items: Vec<Item> },
-    Counted { op: OpId, keys: u64 },
-    Flushed { op: OpId },
-    TopologyIs { op: OpId, topology: Topology },
-    Refused { op: OpId, reason: Refusal },
+    PutDone {
+        op: OpId,
+        version: Option<Version>,
+        chain_index: u8,
+        stable: bool,
+    },
+    Value {
+        op: OpId,
+        item: Item,
+        chain_index: u8,
+    },
+    Stable {
+        op: OpId,
+    },
+    Snapshot {
+        op: OpId,
+        items: Vec<Item>,
+    },
+    Counted {
+        op: OpId,
+        keys: u64,
+    },
+    Flushed {
+        op: OpId,
+    },
+    TopologyIs {
+        op: OpId,
+        topology: Topology,
+    },
+    Refused {
+        op: OpId,
+        reason: Refusal,
+    },
 
     // ---- node -> node (one chain) ---------------------------------------
     /// Updates for the successor, in seq order. `lazy` when none of them
     /// still has to reach its acknowledging node: the transport sends lazy
     /// traffic after eager traffic (ChainReaction §3.3.1, lazy phase).
-    Forward { epoch: u64, partition: PartitionId, updates: Vec<Update>, lazy: bool },
+    Forward {
+        epoch: u64,
+        partition: PartitionId,
+        updates: Vec<Update>,
+        lazy: bool,
+    },
     /// Everything up to `seq` has reached the tail; flows head-wards.
-    StableUpTo { epoch: u64, partition: PartitionId, seq: u64 },
+    StableUpTo {
+        epoch: u64,
+        partition: PartitionId,
+        seq: u64,
+    },
 }
 
 impl Message {
@@ -140,8 +199,21 @@ impl Message {
     pub fn op(&self) -> Option<OpId> {
         use Message::*;
         match self {
-            Put { op, .. } | Get { op, .. } | WaitStable { op, .. } | SnapshotRead { op, .. } | Count { op, .. } | Flush { op } | GetTopology { op } => Some(*op),
-            PutDone { op, .. } | Value { op, .. } | Stable { op } | Snapshot { op, .. } | Counted { op, .. } | Flushed { op } | TopologyIs { op, .. } | Refused { op, .. } => Some(*op),
+            Put { op, .. }
+            | Get { op, .. }
+            | WaitStable { op, .. }
+            | SnapshotRead { op, .. }
+            | Count { op, .. }
+            | Flush { op }
+            | GetTopology { op } => Some(*op),
+            PutDone { op, .. }
+            | Value { op, .. }
+            | Stable { op }
+            | Snapshot { op, .. }
+            | Counted { op, .. }
+            | Flushed { op }
+            | TopologyIs { op, .. }
+            | Refused { op, .. } => Some(*op),
             Forward { .. } | StableUpTo { .. } => None,
         }
     }
@@ -149,7 +221,17 @@ impl Message {
     /// Whether this goes from a node to a client.
     pub fn is_reply(&self) -> bool {
         use Message::*;
-        matches!(self, PutDone { .. } | Value { .. } | Stable { .. } | Snapshot { .. } | Counted { .. } | Flushed { .. } | TopologyIs { .. } | Refused { .. })
+        matches!(
+            self,
+            PutDone { .. }
+                | Value { .. }
+                | Stable { .. }
+                | Snapshot { .. }
+                | Counted { .. }
+                | Flushed { .. }
+                | TopologyIs { .. }
+                | Refused { .. }
+        )
     }
 }
 

@@ -68,7 +68,13 @@ impl Session {
             Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
             _ => at,
         };
-        self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
+        self.index.insert(
+            key.clone(),
+            Seen {
+                version: version.clone(),
+                chain_index,
+            },
+        );
         self.note_accessed(key, version);
     }
 
@@ -80,7 +86,13 @@ impl Session {
         if stable {
             self.index.remove(key);
         } else {
-            self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
+            self.index.insert(
+                key.clone(),
+                Seen {
+                    version: version.clone(),
+                    chain_index,
+                },
+            );
             self.accessed.insert(key.clone(), version.clone());
         }
     }
@@ -138,7 +150,11 @@ mod tests {
     }
 
     fn item(ms: u64, stable: bool) -> Item {
-        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), stable }
+        Item {
+            value: Some(Bytes::from("x")),
+            version: Some(v(ms)),
+            stable,
+        }
     }
 
     #[test]

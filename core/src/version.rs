@@ -30,7 +30,10 @@ impl VersionVector {
     }
 
     pub fn get(&self, site: SiteId) -> Timestamp {
-        self.0.get(site as usize).copied().unwrap_or(Timestamp::ZERO)
+        self.0
+            .get(site as usize)
+            .copied()
+            .unwrap_or(Timestamp::ZERO)
     }
 }
 
@@ -44,7 +47,11 @@ pub struct Version {
 
 impl Version {
     pub fn local(site: SiteId, ts: Timestamp) -> Self {
-        Version { ts, site, vv: VersionVector::local(site, ts) }
+        Version {
+            ts,
+            site,
+            vv: VersionVector::local(site, ts),
+        }
     }
 }
 

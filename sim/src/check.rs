@@ -1,0 +1,143 @@
+//! The invariants simulated runs are judged by.
+//!
+//! Causal+ is checked against the causal order the run itself produced:
+//! every written value is unique, so a read names the write it saw. Each
+//! write carries the *frontier* of its writer when it was issued (for every
+//! key, the newest version in the writer's causal past); each client carries
+//! its own frontier, merged with the frontier of every write it reads.
+//! Then:
+//!
+//! * a read of key K must return a version >= the client's frontier for K
+//!   (never older than something it saw, wrote, or depends on), and never
+//!   "nothing" once its causal past holds a version of K;
+//! * a get-transaction must in addition be closed under the frontiers of the
+//!   writes it returns: if it returns y2 and y2's writer had seen x2, it must
+//!   return x2 or newer for x (no fractured reads, ChainReaction §3.5).
+
+use crate::Completed;
+use bytes::Bytes;
+use causeway_core::driver::{Request, Response};
+use causeway_core::message::Item;
+use causeway_core::version::Version;
+use std::collections::HashMap;
+
+/// For every key, the newest version in some causal past.
+pub type Frontier = HashMap<Bytes, Version>;
+
+fn merge(into: &mut Frontier, from: &Frontier) {
+    for (k, v) in from {
+        bump(into, k, v);
+    }
+}
+
+fn bump(into: &mut Frontier, key: &Bytes, v: &Version) {
+    match into.get(key) {
+        Some(have) if have >= v => {}
+        _ => {
+            into.insert(key.clone(), v.clone());
+        }
+    }
+}
+
+/// Tracks causality over a run and reports violations.
+#[derive(Default)]
+pub struct CausalChecker {
+    clients: HashMap<usize, Frontier>,
+    /// The writer's frontier for each written value (unique per write).
+    writes: HashMap<Bytes, Frontier>,
+    /// Acknowledged writes: (key, version).
+    pub acknowledged: Vec<(Bytes, Version)>,
+    pub violations: Vec<String>,
+    pub reads_checked: u64,
+    pub snapshots_checked: u64,
+}
+
+impl CausalChecker {
+    /// Call when a client *issues* a write of `value` to `key` (before it
+    /// completes: a write that times out may still become visible).
+    pub fn issued_write(&mut self, client: usize, value: &Bytes) {
+        let frontier = self.clients.entry(client).or_default().clone();
+        self.writes.insert(value.clone(), frontier);
+    }
+
+    /// Call for every completed operation, in completion order.
+    pub fn completed(&mut self, c: &Completed) {
+        match (&c.request, &c.result) {
+            (
+                Request::Put {
+                    key,
+                    value: Some(value),
+                    ..
+                },
+                Ok(Response::Written(true)),
+            ) => {
+                let version = c
+                    .written
+                    .clone()
+                    .expect("an acknowledged write has a version");
+                // The write itself is part of its own frontier (readers of it
+                // depend on it) and of its writer's.
+                if let Some(f) = self.writes.get_mut(value) {
+                    bump(f, key, &version);
+                }
+                bump(self.clients.entry(c.client).or_default(), key, &version);
+                self.acknowledged.push((key.clone(), version));
+            }
+            (Request::Get(_), Ok(Response::Read { .. })) => {
+                self.reads_checked += 1;
+                let items = c.items.clone();
+                self.check_reads(c.client, &items, "GET");
+            }
+            (Request::MultiGet(keys), Ok(Response::Values(values))) => {
+                self.snapshots_checked += 1;
+                let items: HashMap<Bytes, Item> = c.items.iter().cloned().collect();
+                assert_eq!(values.len(), keys.len());
+                let pairs: Vec<(Bytes, Item)> =
+                    keys.iter().map(|k| (k.clone(), items[k].clone())).collect();
+                self.check_snapshot(c.client, &pairs);
+                self.check_reads(c.client, &pairs, "MGET");
+            }
+            _ => {}
+        }
+    }
+
+    fn check_reads(&mut self, client: usize, items: &[(Bytes, Item)], what: &str) {
+        let mut learned = Frontier::new();
+        let frontier = self.clients.entry(client).or_default();
+        for (key, item) in items {
+            match (&item.version, frontier.get(key)) {
+                (None, Some(need)) => self.violations.push(format!("client {client} {what} {key:?}: read nothing, but its causal past has {need}")),
+                (Some(got), Some(need)) if got < need => self.violations.push(format!("client {client} {what} {key:?}: read {got}, older than {need} in its causal past")),
+                _ => {}
+            }
+            if let (Some(version), Some(value)) = (&item.version, &item.value) {
+                bump(&mut learned, key, version);
+                if let Some(f) = self.writes.get(value) {
+                    merge(&mut learned, f);
+                }
+            }
+        }
+        merge(frontier, &learned);
+    }
+
+    fn check_snapshot(&mut self, client: usize, items: &[(Bytes, Item)]) {
+        let got: HashMap<&Bytes, Option<&Version>> =
+            items.iter().map(|(k, i)| (k, i.version.as_ref())).collect();
+        for (key, item) in items {
+            let Some(value) = &item.value else { continue };
+            let Some(deps) = self.writes.get(value) else {
+                continue;
+            };
+            for (dep_key, dep_version) in deps {
+                if let Some(have) = got.get(dep_key) {
+                    if have.is_none_or(|h| h < dep_version) {
+                        self.violations.push(format!(
+                            "client {client} MGET fractured: {key:?} was written after its writer saw {dep_key:?}@{dep_version}, but the snapshot has {dep_key:?}@{}",
+                            have.map(|h| h.to_string()).unwrap_or("nothing".into())
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}

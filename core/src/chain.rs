@@ -39,6 +39,15 @@ use std::collections::{BTreeMap, VecDeque};
 /// progress.
 pub const RETRANSMIT_MS: u64 = 200;
 
+/// A replica's state in brief, to compare replicas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digest {
+    pub applied: u64,
+    pub stable: u64,
+    /// Every key's latest version, sorted by key.
+    pub latest: Vec<(Bytes, Stored)>,
+}
+
 /// A write as the head receives it.
 #[derive(Clone, Debug)]
 pub struct PutRequest {
@@ -403,10 +412,13 @@ impl ChainReplica {
         Ok(self.item(stored, now_ms))
     }
 
-    /// What this replica holds, to compare replicas: (applied seq, stable
-    /// seq, every key's latest version).
-    pub fn digest(&self) -> (u64, u64, Vec<(Bytes, Stored)>) {
-        (self.applied, self.stable, self.store.digest())
+    /// What this replica holds, to compare replicas.
+    pub fn digest(&self) -> Digest {
+        Digest {
+            applied: self.applied,
+            stable: self.stable,
+            latest: self.store.digest(),
+        }
     }
 
     /// Live keys held here.

@@ -387,13 +387,11 @@ impl Sim {
                 .digests()
                 .iter()
                 .flatten()
-                .all(|(applied, stable, _)| applied == stable)
+                .all(|d| d.applied == d.stable)
     }
 
     /// Every replica's digest, by partition then chain position.
-    pub fn digests(
-        &self,
-    ) -> Vec<Vec<(u64, u64, Vec<(bytes::Bytes, causeway_core::store::Stored)>)>> {
+    pub fn digests(&self) -> Vec<Vec<causeway_core::chain::Digest>> {
         (0..self.topology.shape.partitions)
             .map(|p| {
                 self.topology

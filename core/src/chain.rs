@@ -91,12 +91,7 @@ pub struct ChainReplica {
 
 impl ChainReplica {
     /// `me`'s replica of `partition`, if `me` is in its chain.
-    pub fn new(
-        topology: &Topology,
-        partition: PartitionId,
-        me: NodeId,
-        site: SiteId,
-    ) -> Option<Self> {
+    pub fn new(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
         let chain = topology.chain(partition);
         let index = chain.index_of(me)?;
         Some(ChainReplica {
@@ -138,11 +133,7 @@ impl ChainReplica {
     }
 
     fn refuse(&self, out: &mut Outbox, op: OpId, reason: Refusal) {
-        send(
-            out,
-            Dest::Client(op.client),
-            Message::Refused { op, reason },
-        );
+        send(out, Dest::Client(op.client), Message::Refused { op, reason });
     }
 
     fn not_responsible(&self, out: &mut Outbox, op: OpId) {
@@ -154,23 +145,14 @@ impl ChainReplica {
         if self.index != 0 {
             return self.not_responsible(out, req.op);
         }
-        let current = self
-            .store
-            .latest(&req.key)
-            .and_then(|s| s.live_value(now_ms))
-            .is_some();
+        let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
         let holds = match req.condition {
             Condition::Always => true,
             Condition::IfAbsent => !current,
             Condition::IfPresent => current,
         };
         if !holds {
-            let msg = Message::PutDone {
-                op: req.op,
-                version: None,
-                chain_index: 0,
-                stable: false,
-            };
+            let msg = Message::PutDone { op: req.op, version: None, chain_index: 0, stable: false };
             return send(out, Dest::Client(req.op.client), msg);
         }
         let ts = self.clock.tick(now_ms, req.after);
@@ -214,21 +196,11 @@ impl ChainReplica {
     fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
         self.applied = u.seq;
         self.clock.observe(u.version.ts);
-        let stored = Stored {
-            version: u.version.clone(),
-            seq: u.seq,
-            value: u.value.clone(),
-            expires_at_ms: u.expires_at_ms,
-        };
+        let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
         self.store.apply(u.key.clone(), stored, now_ms);
         if let Some((op, at)) = u.ack {
             if at as usize == self.index {
-                let msg = Message::PutDone {
-                    op,
-                    version: Some(u.version.clone()),
-                    chain_index: self.index as u8,
-                    stable: self.is_tail(),
-                };
+                let msg = Message::PutDone { op, version: Some(u.version.clone()), chain_index: self.index as u8, stable: self.is_tail() };
                 send(out, Dest::Client(op.client), msg);
             }
         }
@@ -261,33 +233,14 @@ impl ChainReplica {
 
     fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
         let next = self.index + 1;
-        let lazy = updates
-            .iter()
-            .all(|u| u.ack.is_none_or(|(_, at)| (at as usize) < next));
-        let msg = Message::Forward {
-            epoch: self.epoch,
-            partition: self.partition,
-            updates,
-            lazy,
-        };
-        send(
-            out,
-            Dest::Node(self.successor().expect("only non-tails forward")),
-            msg,
-        );
+        let lazy = updates.iter().all(|u| u.ack.is_none_or(|(_, at)| (at as usize) < next));
+        let msg = Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy };
+        send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
     }
 
     fn ack_upwards(&self, out: &mut Outbox) {
         if let Some(prev) = self.predecessor() {
-            send(
-                out,
-                Dest::Node(prev),
-                Message::StableUpTo {
-                    epoch: self.epoch,
-                    partition: self.partition,
-                    seq: self.stable,
-                },
-            );
+            send(out, Dest::Node(prev), Message::StableUpTo { epoch: self.epoch, partition: self.partition, seq: self.stable });
         }
     }
 
@@ -307,9 +260,7 @@ impl ChainReplica {
     /// Periodic work: resend unacknowledged updates if the successor has made
     /// no progress for `RETRANSMIT_MS`.
     pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
-        if !self.unstable.is_empty()
-            && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS
-        {
+        if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
         }
@@ -324,29 +275,13 @@ impl ChainReplica {
             }
         }
         let item = self.item(latest, now_ms);
-        send(
-            out,
-            Dest::Client(op.client),
-            Message::Value {
-                op,
-                item,
-                chain_index: self.index as u8,
-            },
-        );
+        send(out, Dest::Client(op.client), Message::Value { op, item, chain_index: self.index as u8 });
     }
 
     fn item(&self, stored: Option<&Stored>, now_ms: u64) -> Item {
         match stored {
-            None => Item {
-                value: None,
-                version: None,
-                stable: true,
-            },
-            Some(s) => Item {
-                value: s.live_value(now_ms).cloned(),
-                version: Some(s.version.clone()),
-                stable: s.seq <= self.stable,
-            },
+            None => Item { value: None, version: None, stable: true },
+            Some(s) => Item { value: s.live_value(now_ms).cloned(), version: Some(s.version.clone()), stable: s.seq <= self.stable },
         }
     }
 
@@ -356,12 +291,7 @@ impl ChainReplica {
         if !self.is_tail() {
             return self.not_responsible(out, op);
         }
-        if version.ts <= self.flushed_at
-            || self
-                .store
-                .latest(&key)
-                .is_some_and(|s| s.version >= version)
-        {
+        if version.ts <= self.flushed_at || self.store.latest(&key).is_some_and(|s| s.version >= version) {
             send(out, Dest::Client(op.client), Message::Stable { op });
         } else {
             self.waiters.entry(key).or_default().push((op, version));
@@ -395,30 +325,18 @@ impl ChainReplica {
     /// smaller timestamps (the client passes its causal past as `after`), so
     /// they are at their heads too and inside the same snapshot: no
     /// fractured reads (the ACL / photo-album example of §3.5).
-    pub fn snapshot_read(
-        &mut self,
-        key: &[u8],
-        at: Timestamp,
-        now_ms: u64,
-    ) -> Result<Item, Refusal> {
+    pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, now_ms: u64) -> Result<Item, Refusal> {
         if self.index != 0 {
             return Err(Refusal::NotResponsible { epoch: self.epoch });
         }
         self.clock.observe(at);
-        let stored = self
-            .store
-            .at(key, at)
-            .map_err(|_| Refusal::SnapshotTooOld)?;
+        let stored = self.store.at(key, at).map_err(|_| Refusal::SnapshotTooOld)?;
         Ok(self.item(stored, now_ms))
     }
 
     /// What this replica holds, to compare replicas.
     pub fn digest(&self) -> Digest {
-        Digest {
-            applied: self.applied,
-            stable: self.stable,
-            latest: self.store.digest(),
-        }
+        Digest { applied: self.applied, stable: self.stable, latest: self.store.digest() }
     }
 
     /// Live keys held here.

@@ -54,9 +54,7 @@ impl FromStr for Consistency {
             "causal" => Ok(Consistency::Causal),
             "eventual" => Ok(Consistency::Eventual),
             "linearizable" => Ok(Consistency::Linearizable),
-            _ => Err(format!(
-                "unknown consistency '{s}' (expected causal, eventual or linearizable)"
-            )),
+            _ => Err(format!("unknown consistency '{s}' (expected causal, eventual or linearizable)")),
         }
     }
 }
@@ -185,12 +183,7 @@ pub struct Driver {
 }
 
 impl Driver {
-    pub fn new(
-        id: ClientId,
-        topology: Arc<Topology>,
-        local: Option<NodeId>,
-        timeout_ms: u64,
-    ) -> Self {
+    pub fn new(id: ClientId, topology: Arc<Topology>, local: Option<NodeId>, timeout_ms: u64) -> Self {
         Driver {
             id,
             topology,
@@ -239,13 +232,7 @@ impl Driver {
     /// Starts `request`. One request at a time: a session is sequential.
     pub fn start(&mut self, request: Request, now_ms: u64) -> Progress {
         assert!(self.op.is_none(), "a driver runs one request at a time");
-        self.op = Some(InFlight {
-            request,
-            started_ms: now_ms,
-            redirects: 0,
-            phase: Phase::Writing,
-            outstanding: Vec::new(),
-        });
+        self.op = Some(InFlight { request, started_ms: now_ms, redirects: 0, phase: Phase::Writing, outstanding: Vec::new() });
         self.begin(now_ms)
     }
 
@@ -254,10 +241,7 @@ impl Driver {
         match &self.op {
             Some(op) if now_ms.saturating_sub(op.started_ms) >= self.timeout_ms => {
                 self.op = None;
-                Progress {
-                    send: Vec::new(),
-                    done: Some(Err(ClientError::Timeout)),
-                }
+                Progress { send: Vec::new(), done: Some(Err(ClientError::Timeout)) }
             }
             _ => Progress::default(),
         }
@@ -268,10 +252,7 @@ impl Driver {
         if let Some(op) = &mut self.op {
             op.outstanding.push(self.next_seq);
         }
-        OpId {
-            client: self.id,
-            seq: self.next_seq,
-        }
+        OpId { client: self.id, seq: self.next_seq }
     }
 
     fn random(&mut self, n: usize) -> usize {
@@ -298,11 +279,7 @@ impl Driver {
             Request::Get(key) => self.read(&key, false, &mut p),
             Request::Put { .. } => {
                 let deps: Vec<(Bytes, Version)> = match self.consistency {
-                    Consistency::Causal => self
-                        .session
-                        .dependencies()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect(),
+                    Consistency::Causal => self.session.dependencies().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     _ => Vec::new(),
                 };
                 if deps.is_empty() {
@@ -312,13 +289,8 @@ impl Driver {
                     for (key, version) in deps {
                         let partition = self.topology.partition_of(&key);
                         let op = self.next_op();
-                        let msg = Message::WaitStable {
-                            op,
-                            epoch: self.topology.epoch,
-                            partition,
-                            key: key.clone(),
-                            version: version.clone(),
-                        };
+                        let msg =
+                            Message::WaitStable { op, epoch: self.topology.epoch, partition, key: key.clone(), version: version.clone() };
                         p.send.push((self.topology.chain(partition).tail(), msg));
                         waiting.insert(op.seq, (key, version));
                     }
@@ -329,32 +301,17 @@ impl Driver {
             Request::Count => {
                 let mut by_node: AHashMap<NodeId, Vec<PartitionId>> = AHashMap::new();
                 for (partition, chain) in self.topology.chains.iter().enumerate() {
-                    by_node
-                        .entry(chain.tail())
-                        .or_default()
-                        .push(partition as PartitionId);
+                    by_node.entry(chain.tail()).or_default().push(partition as PartitionId);
                 }
-                self.set_phase(Phase::Counting {
-                    remaining: by_node.len(),
-                    total: 0,
-                });
+                self.set_phase(Phase::Counting { remaining: by_node.len(), total: 0 });
                 for (node, partitions) in by_node {
                     let op = self.next_op();
-                    p.send.push((
-                        node,
-                        Message::Count {
-                            op,
-                            epoch: self.topology.epoch,
-                            partitions,
-                        },
-                    ));
+                    p.send.push((node, Message::Count { op, epoch: self.topology.epoch, partitions }));
                 }
             }
             Request::Flush => {
                 let nodes: Vec<NodeId> = self.topology.nodes.iter().map(|n| n.id).collect();
-                self.set_phase(Phase::Flushing {
-                    remaining: nodes.len(),
-                });
+                self.set_phase(Phase::Flushing { remaining: nodes.len() });
                 for node in nodes {
                     let op = self.next_op();
                     p.send.push((node, Message::Flush { op }));
@@ -366,15 +323,7 @@ impl Driver {
     }
 
     fn write(&mut self, p: &mut Progress) {
-        let Request::Put {
-            key,
-            value,
-            ttl_ms,
-            condition,
-        } = self.request().clone()
-        else {
-            unreachable!("write() runs for puts")
-        };
+        let Request::Put { key, value, ttl_ms, condition } = self.request().clone() else { unreachable!("write() runs for puts") };
         let partition = self.topology.partition_of(&key);
         let chain = self.topology.chain(partition);
         let ack_at = match self.consistency {
@@ -386,20 +335,7 @@ impl Driver {
         let after = self.session.max_ts();
         let op = self.next_op();
         let epoch = self.topology.epoch;
-        p.send.push((
-            head,
-            Message::Put {
-                op,
-                epoch,
-                partition,
-                key,
-                value,
-                ttl_ms,
-                condition,
-                after,
-                ack_at,
-            },
-        ));
+        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at }));
         self.set_phase(Phase::Writing);
     }
 
@@ -422,16 +358,7 @@ impl Driver {
             }
         };
         let op = self.next_op();
-        p.send.push((
-            target,
-            Message::Get {
-                op,
-                epoch: self.topology.epoch,
-                partition,
-                key: key.clone(),
-                min,
-            },
-        ));
+        p.send.push((target, Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min }));
         self.set_phase(Phase::Reading);
     }
 
@@ -448,30 +375,17 @@ impl Driver {
         let mut by_head: AHashMap<NodeId, KeysAt> = AHashMap::new();
         for (i, key) in keys.iter().enumerate() {
             let partition = self.topology.partition_of(key);
-            let entry = by_head
-                .entry(self.topology.chain(partition).head())
-                .or_default();
+            let entry = by_head.entry(self.topology.chain(partition).head()).or_default();
             entry.0.push((partition, key.clone()));
             entry.1.push(i);
         }
         let mut parts = AHashMap::new();
         for (head, (keys, positions)) in by_head {
             let op = self.next_op();
-            p.send.push((
-                head,
-                Message::SnapshotRead {
-                    op,
-                    epoch: self.topology.epoch,
-                    at,
-                    keys,
-                },
-            ));
+            p.send.push((head, Message::SnapshotRead { op, epoch: self.topology.epoch, at, keys }));
             parts.insert(op.seq, positions);
         }
-        self.set_phase(Phase::Snapshot {
-            items: vec![None; keys.len()],
-            parts,
-        });
+        self.set_phase(Phase::Snapshot { items: vec![None; keys.len()], parts });
         if keys.is_empty() {
             p.done = self.finish(Ok(Response::Values(Vec::new())));
         }
@@ -485,10 +399,7 @@ impl Driver {
         self.set_phase(Phase::Refreshing);
     }
 
-    fn finish(
-        &mut self,
-        result: Result<Response, ClientError>,
-    ) -> Option<Result<Response, ClientError>> {
+    fn finish(&mut self, result: Result<Response, ClientError>) -> Option<Result<Response, ClientError>> {
         self.op = None;
         Some(result)
     }
@@ -509,35 +420,19 @@ impl Driver {
         }
         inflight.outstanding.swap_remove(pos);
         match msg {
-            Message::Refused {
-                reason: Refusal::NotResponsible { .. },
-                ..
-            }
-            | Message::Refused {
-                reason: Refusal::SnapshotTooOld,
-                ..
-            } => {
+            Message::Refused { reason: Refusal::NotResponsible { .. }, .. } | Message::Refused { reason: Refusal::SnapshotTooOld, .. } => {
                 let inflight = self.op.as_mut().expect("in flight");
                 inflight.redirects += 1;
                 inflight.outstanding.clear();
                 if inflight.redirects > MAX_REDIRECTS {
                     p.done = self.finish(Err(ClientError::TooManyRedirects));
-                } else if matches!(
-                    msg,
-                    Message::Refused {
-                        reason: Refusal::SnapshotTooOld,
-                        ..
-                    }
-                ) {
+                } else if matches!(msg, Message::Refused { reason: Refusal::SnapshotTooOld, .. }) {
                     return self.begin(now_ms);
                 } else {
                     self.refresh(&mut p);
                 }
             }
-            Message::Refused {
-                reason: Refusal::Behind,
-                ..
-            } => {
+            Message::Refused { reason: Refusal::Behind, .. } => {
                 let Request::Get(key) = self.request().clone() else {
                     return p;
                 };
@@ -557,11 +452,7 @@ impl Driver {
                 }
             }
             Message::Stable { .. } => {
-                let Some(InFlight {
-                    phase: Phase::Stabilizing { deps },
-                    ..
-                }) = &mut self.op
-                else {
+                let Some(InFlight { phase: Phase::Stabilizing { deps }, .. }) = &mut self.op else {
                     return p;
                 };
                 if let Some((key, version)) = deps.remove(&op.seq) {
@@ -571,43 +462,28 @@ impl Driver {
                     self.write(&mut p);
                 }
             }
-            Message::PutDone {
-                version,
-                chain_index,
-                stable,
-                ..
-            } => {
+            Message::PutDone { version, chain_index, stable, .. } => {
                 let Request::Put { key, .. } = self.request().clone() else {
                     return p;
                 };
                 if let Some(version) = &version {
                     if self.consistency == Consistency::Causal {
-                        self.session
-                            .observe_write(&key, version, chain_index, stable);
+                        self.session.observe_write(&key, version, chain_index, stable);
                     }
                 }
                 p.done = self.finish(Ok(Response::Written(version.is_some())));
             }
-            Message::Value {
-                item, chain_index, ..
-            } => {
+            Message::Value { item, chain_index, .. } => {
                 let Request::Get(key) = self.request().clone() else {
                     return p;
                 };
                 if self.consistency == Consistency::Causal {
                     self.session.observe_read(&key, &item, chain_index);
                 }
-                p.done = self.finish(Ok(Response::Read {
-                    value: item.value,
-                    chain_index,
-                }));
+                p.done = self.finish(Ok(Response::Read { value: item.value, chain_index }));
             }
             Message::Snapshot { items: got, .. } => {
-                let Some(InFlight {
-                    phase: Phase::Snapshot { items, parts, .. },
-                    ..
-                }) = &mut self.op
-                else {
+                let Some(InFlight { phase: Phase::Snapshot { items, parts, .. }, .. }) = &mut self.op else {
                     return p;
                 };
                 let Some(positions) = parts.remove(&op.seq) else {
@@ -617,10 +493,7 @@ impl Driver {
                     items[pos] = Some(item);
                 }
                 if parts.is_empty() {
-                    let items: Vec<Item> = std::mem::take(items)
-                        .into_iter()
-                        .map(|i| i.expect("every key answered"))
-                        .collect();
+                    let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
                     let Request::MultiGet(keys) = self.request().clone() else {
                         return p;
                     };
@@ -629,17 +502,11 @@ impl Driver {
                             self.session.observe_read(key, item, 0);
                         }
                     }
-                    p.done = self.finish(Ok(Response::Values(
-                        items.into_iter().map(|i| i.value).collect(),
-                    )));
+                    p.done = self.finish(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
                 }
             }
             Message::Counted { keys, .. } => {
-                let Some(InFlight {
-                    phase: Phase::Counting { remaining, total },
-                    ..
-                }) = &mut self.op
-                else {
+                let Some(InFlight { phase: Phase::Counting { remaining, total }, .. }) = &mut self.op else {
                     return p;
                 };
                 *remaining -= 1;
@@ -650,11 +517,7 @@ impl Driver {
                 }
             }
             Message::Flushed { .. } => {
-                let Some(InFlight {
-                    phase: Phase::Flushing { remaining },
-                    ..
-                }) = &mut self.op
-                else {
+                let Some(InFlight { phase: Phase::Flushing { remaining }, .. }) = &mut self.op else {
                     return p;
                 };
                 *remaining -= 1;

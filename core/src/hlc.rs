@@ -10,25 +10,17 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A hybrid logical clock timestamp. Ordered by physical time, then logical.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Timestamp {
     pub physical_ms: u64,
     pub logical: u32,
 }
 
 impl Timestamp {
-    pub const ZERO: Timestamp = Timestamp {
-        physical_ms: 0,
-        logical: 0,
-    };
+    pub const ZERO: Timestamp = Timestamp { physical_ms: 0, logical: 0 };
 
     pub fn new(physical_ms: u64, logical: u32) -> Self {
-        Timestamp {
-            physical_ms,
-            logical,
-        }
+        Timestamp { physical_ms, logical }
     }
 }
 
@@ -50,11 +42,8 @@ impl Clock {
     /// timestamped after everything it has seen, Eunomia Alg. 2 line 5).
     pub fn tick(&mut self, now_ms: u64, after: Timestamp) -> Timestamp {
         let floor = self.last.max(after);
-        self.last = if now_ms > floor.physical_ms {
-            Timestamp::new(now_ms, 0)
-        } else {
-            Timestamp::new(floor.physical_ms, floor.logical + 1)
-        };
+        self.last =
+            if now_ms > floor.physical_ms { Timestamp::new(now_ms, 0) } else { Timestamp::new(floor.physical_ms, floor.logical + 1) };
         self.last
     }
 

@@ -16,87 +16,29 @@ pub trait Partitions {
 }
 
 /// Handles one message addressed to node `me`.
-pub fn handle(
-    topology: &Topology,
-    parts: &impl Partitions,
-    msg: Message,
-    now_ms: u64,
-    out: &mut Outbox,
-) {
+pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms: u64, out: &mut Outbox) {
     let stale = |epoch: u64| epoch != topology.epoch;
     let refuse = |out: &mut Outbox, op: crate::message::OpId| {
-        send(
-            out,
-            Dest::Client(op.client),
-            Message::Refused {
-                op,
-                reason: Refusal::NotResponsible {
-                    epoch: topology.epoch,
-                },
-            },
-        )
+        send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NotResponsible { epoch: topology.epoch } })
     };
     match msg {
-        Message::Put {
-            op,
-            epoch,
-            partition,
-            key,
-            value,
-            ttl_ms,
-            condition,
-            after,
-            ack_at,
-        } => {
-            let req = PutRequest {
-                op,
-                key,
-                value,
-                ttl_ms,
-                condition,
-                after,
-                ack_at,
-            };
+        Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at } => {
+            let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at };
             if stale(epoch) || parts.with(partition, |r| r.put(req, now_ms, out)).is_none() {
                 refuse(out, op);
             }
         }
-        Message::Get {
-            op,
-            epoch,
-            partition,
-            key,
-            min,
-        } => {
-            if stale(epoch)
-                || parts
-                    .with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out))
-                    .is_none()
-            {
+        Message::Get { op, epoch, partition, key, min } => {
+            if stale(epoch) || parts.with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out)).is_none() {
                 refuse(out, op);
             }
         }
-        Message::WaitStable {
-            op,
-            epoch,
-            partition,
-            key,
-            version,
-        } => {
-            if stale(epoch)
-                || parts
-                    .with(partition, |r| r.wait_stable(op, key, version, out))
-                    .is_none()
-            {
+        Message::WaitStable { op, epoch, partition, key, version } => {
+            if stale(epoch) || parts.with(partition, |r| r.wait_stable(op, key, version, out)).is_none() {
                 refuse(out, op);
             }
         }
-        Message::SnapshotRead {
-            op,
-            epoch,
-            at,
-            keys,
-        } => {
+        Message::SnapshotRead { op, epoch, at, keys } => {
             if stale(epoch) {
                 return refuse(out, op);
             }
@@ -104,27 +46,13 @@ pub fn handle(
             for (partition, key) in keys {
                 match parts.with(partition, |r| r.snapshot_read(&key, at, now_ms)) {
                     Some(Ok(item)) => items.push(item),
-                    Some(Err(reason)) => {
-                        return send(
-                            out,
-                            Dest::Client(op.client),
-                            Message::Refused { op, reason },
-                        )
-                    }
+                    Some(Err(reason)) => return send(out, Dest::Client(op.client), Message::Refused { op, reason }),
                     None => return refuse(out, op),
                 }
             }
-            send(
-                out,
-                Dest::Client(op.client),
-                Message::Snapshot { op, items },
-            );
+            send(out, Dest::Client(op.client), Message::Snapshot { op, items });
         }
-        Message::Count {
-            op,
-            epoch,
-            partitions,
-        } => {
+        Message::Count { op, epoch, partitions } => {
             if stale(epoch) {
                 return refuse(out, op);
             }
@@ -144,30 +72,14 @@ pub fn handle(
             send(out, Dest::Client(op.client), Message::Flushed { op });
         }
         Message::GetTopology { op } => {
-            send(
-                out,
-                Dest::Client(op.client),
-                Message::TopologyIs {
-                    op,
-                    topology: topology.clone(),
-                },
-            );
+            send(out, Dest::Client(op.client), Message::TopologyIs { op, topology: topology.clone() });
         }
-        Message::Forward {
-            epoch,
-            partition,
-            updates,
-            ..
-        } => {
+        Message::Forward { epoch, partition, updates, .. } => {
             if !stale(epoch) {
                 parts.with(partition, |r| r.forward(updates, now_ms, out));
             }
         }
-        Message::StableUpTo {
-            epoch,
-            partition,
-            seq,
-        } => {
+        Message::StableUpTo { epoch, partition, seq } => {
             if !stale(epoch) {
                 parts.with(partition, |r| r.stable_up_to(seq, now_ms, out));
             }

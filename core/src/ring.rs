@@ -77,16 +77,10 @@ impl Shape {
             return Err("partitions must be at least 1".into());
         }
         if self.replicas == 0 || self.replicas > nodes {
-            return Err(format!(
-                "replicas must be between 1 and the number of nodes ({nodes}), got {}",
-                self.replicas
-            ));
+            return Err(format!("replicas must be between 1 and the number of nodes ({nodes}), got {}", self.replicas));
         }
         if self.k == 0 || self.k > self.replicas {
-            return Err(format!(
-                "k must be between 1 and replicas ({}), got {}",
-                self.replicas, self.k
-            ));
+            return Err(format!("k must be between 1 and replicas ({}), got {}", self.replicas, self.k));
         }
         Ok(())
     }
@@ -112,14 +106,7 @@ impl Topology {
         }
         let mut ring: Vec<(u64, NodeId)> = ids
             .iter()
-            .flat_map(|&id| {
-                (0..POINTS_PER_NODE).map(move |p| {
-                    (
-                        point(&[b"node", &id.to_le_bytes()[..], &p.to_le_bytes()[..]]),
-                        id,
-                    )
-                })
-            })
+            .flat_map(|&id| (0..POINTS_PER_NODE).map(move |p| (point(&[b"node", &id.to_le_bytes()[..], &p.to_le_bytes()[..]]), id)))
             .collect();
         ring.sort_unstable();
         let chains = (0..shape.partitions)
@@ -139,12 +126,7 @@ impl Topology {
                 Chain { nodes: chain }
             })
             .collect();
-        Ok(Topology {
-            epoch,
-            shape,
-            nodes,
-            chains,
-        })
+        Ok(Topology { epoch, shape, nodes, chains })
     }
 
     /// The partition a key belongs to.
@@ -162,10 +144,7 @@ impl Topology {
 
     /// The partitions `node` replicates, with its position in each chain.
     pub fn roles_of(&self, node: NodeId) -> impl Iterator<Item = (PartitionId, usize)> + '_ {
-        self.chains
-            .iter()
-            .enumerate()
-            .filter_map(move |(p, c)| c.index_of(node).map(|i| (p as PartitionId, i)))
+        self.chains.iter().enumerate().filter_map(move |(p, c)| c.index_of(node).map(|i| (p as PartitionId, i)))
     }
 }
 
@@ -178,26 +157,12 @@ mod tests {
     use super::*;
 
     fn nodes(n: u16) -> Vec<NodeInfo> {
-        (0..n)
-            .map(|id| NodeInfo {
-                id,
-                addr: format!("127.0.0.1:{}", 6380 + id),
-            })
-            .collect()
+        (0..n).map(|id| NodeInfo { id, addr: format!("127.0.0.1:{}", 6380 + id) }).collect()
     }
 
     #[test]
     fn chains_are_distinct_consecutive_nodes() {
-        let t = Topology::new(
-            1,
-            Shape {
-                partitions: 64,
-                replicas: 3,
-                k: 2,
-            },
-            nodes(5),
-        )
-        .unwrap();
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(5)).unwrap();
         for c in &t.chains {
             assert_eq!(c.len(), 3);
             let mut s = c.nodes.clone();
@@ -207,68 +172,25 @@ mod tests {
         }
         // Every node heads some partitions.
         for n in 0..5 {
-            assert!(
-                t.chains.iter().any(|c| c.head() == n),
-                "node {n} heads nothing"
-            );
+            assert!(t.chains.iter().any(|c| c.head() == n), "node {n} heads nothing");
         }
     }
 
     #[test]
     fn adding_a_node_moves_only_some_partitions() {
-        let shape = Shape {
-            partitions: 256,
-            replicas: 1,
-            k: 1,
-        };
+        let shape = Shape { partitions: 256, replicas: 1, k: 1 };
         let a = Topology::new(1, shape, nodes(4)).unwrap();
         let b = Topology::new(2, shape, nodes(5)).unwrap();
-        let moved = a
-            .chains
-            .iter()
-            .zip(&b.chains)
-            .filter(|(x, y)| x != y)
-            .count();
+        let moved = a.chains.iter().zip(&b.chains).filter(|(x, y)| x != y).count();
         assert!(moved > 0 && moved < 256 / 2, "moved {moved} of 256");
         // Whatever moved, moved to the new node.
-        assert!(a
-            .chains
-            .iter()
-            .zip(&b.chains)
-            .all(|(x, y)| x == y || y.head() == 4));
+        assert!(a.chains.iter().zip(&b.chains).all(|(x, y)| x == y || y.head() == 4));
     }
 
     #[test]
     fn rejects_bad_shapes() {
-        assert!(Topology::new(
-            1,
-            Shape {
-                partitions: 64,
-                replicas: 4,
-                k: 2
-            },
-            nodes(3)
-        )
-        .is_err());
-        assert!(Topology::new(
-            1,
-            Shape {
-                partitions: 64,
-                replicas: 3,
-                k: 0
-            },
-            nodes(3)
-        )
-        .is_err());
-        assert!(Topology::new(
-            1,
-            Shape {
-                partitions: 0,
-                replicas: 1,
-                k: 1
-            },
-            nodes(3)
-        )
-        .is_err());
+        assert!(Topology::new(1, Shape { partitions: 64, replicas: 4, k: 2 }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 64, replicas: 3, k: 0 }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 0, replicas: 1, k: 1 }, nodes(3)).is_err());
     }
 }

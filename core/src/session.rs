@@ -68,13 +68,7 @@ impl Session {
             Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
             _ => at,
         };
-        self.index.insert(
-            key.clone(),
-            Seen {
-                version: version.clone(),
-                chain_index,
-            },
-        );
+        self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
         self.note_accessed(key, version);
     }
 
@@ -86,13 +80,7 @@ impl Session {
         if stable {
             self.index.remove(key);
         } else {
-            self.index.insert(
-                key.clone(),
-                Seen {
-                    version: version.clone(),
-                    chain_index,
-                },
-            );
+            self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
             self.accessed.insert(key.clone(), version.clone());
         }
     }
@@ -150,11 +138,7 @@ mod tests {
     }
 
     fn item(ms: u64, stable: bool) -> Item {
-        Item {
-            value: Some(Bytes::from("x")),
-            version: Some(v(ms)),
-            stable,
-        }
+        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), stable }
     }
 
     #[test]

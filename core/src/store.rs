@@ -70,10 +70,7 @@ impl PartitionStore {
     pub fn apply(&mut self, key: Bytes, stored: Stored, now_ms: u64) {
         let h = self.keys.entry(key).or_default();
         let pos = h.versions.partition_point(|s| s.version < stored.version);
-        if h.versions
-            .get(pos)
-            .is_some_and(|s| s.version == stored.version)
-        {
+        if h.versions.get(pos).is_some_and(|s| s.version == stored.version) {
             return;
         }
         h.versions.insert(pos, stored);
@@ -108,23 +105,12 @@ impl PartitionStore {
 
     /// Keys with a live value at `now_ms`.
     pub fn live_keys(&self, now_ms: u64) -> u64 {
-        self.keys
-            .values()
-            .filter(|h| {
-                h.versions
-                    .last()
-                    .is_some_and(|s| s.live_value(now_ms).is_some())
-            })
-            .count() as u64
+        self.keys.values().filter(|h| h.versions.last().is_some_and(|s| s.live_value(now_ms).is_some())).count() as u64
     }
 
     /// Every key's latest version, sorted by key (to compare replicas).
     pub fn digest(&self) -> Vec<(Bytes, Stored)> {
-        let mut all: Vec<_> = self
-            .keys
-            .iter()
-            .filter_map(|(k, h)| h.versions.last().map(|s| (k.clone(), s.clone())))
-            .collect();
+        let mut all: Vec<_> = self.keys.iter().filter_map(|(k, h)| h.versions.last().map(|s| (k.clone(), s.clone()))).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
@@ -166,10 +152,7 @@ mod tests {
         put(&mut s, "k", 200, 2, 200);
         put(&mut s, "k", 10_000, 3, 10_000);
         assert_eq!(s.at(b"k", Timestamp::new(150, 0)), Err(TooOld));
-        assert_eq!(
-            s.at(b"k", Timestamp::new(10_001, 0)).unwrap().unwrap().seq,
-            3
-        );
+        assert_eq!(s.at(b"k", Timestamp::new(10_001, 0)).unwrap().unwrap().seq, 3);
         for i in 0..20 {
             put(&mut s, "k", 10_001 + i, 4 + i, 10_001 + i);
         }
@@ -189,12 +172,8 @@ mod tests {
     #[test]
     fn expired_values_read_as_absent() {
         let mut s = PartitionStore::default();
-        let stored = Stored {
-            version: Version::local(0, Timestamp::new(1, 0)),
-            seq: 1,
-            value: Some(Bytes::from("x")),
-            expires_at_ms: Some(50),
-        };
+        let stored =
+            Stored { version: Version::local(0, Timestamp::new(1, 0)), seq: 1, value: Some(Bytes::from("x")), expires_at_ms: Some(50) };
         s.apply(Bytes::from("k"), stored, 1);
         assert!(s.latest(b"k").unwrap().live_value(49).is_some());
         assert!(s.latest(b"k").unwrap().live_value(50).is_none());

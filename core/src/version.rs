@@ -30,10 +30,7 @@ impl VersionVector {
     }
 
     pub fn get(&self, site: SiteId) -> Timestamp {
-        self.0
-            .get(site as usize)
-            .copied()
-            .unwrap_or(Timestamp::ZERO)
+        self.0.get(site as usize).copied().unwrap_or(Timestamp::ZERO)
     }
 }
 
@@ -47,11 +44,7 @@ pub struct Version {
 
 impl Version {
     pub fn local(site: SiteId, ts: Timestamp) -> Self {
-        Version {
-            ts,
-            site,
-            vv: VersionVector::local(site, ts),
-        }
+        Version { ts, site, vv: VersionVector::local(site, ts) }
     }
 }
 

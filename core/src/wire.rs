@@ -14,17 +14,13 @@ fn options() -> impl bincode::Options {
 
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     use bincode::Options;
-    options()
-        .serialize(value)
-        .expect("in-memory values always encode")
+    options().serialize(value).expect("in-memory values always encode")
 }
 
 /// Appends the encoding of `value` to `out` (no intermediate buffer).
 pub fn encode_into<T: Serialize>(value: &T, out: &mut impl std::io::Write) {
     use bincode::Options;
-    options()
-        .serialize_into(out, value)
-        .expect("in-memory values always encode")
+    options().serialize_into(out, value).expect("in-memory values always encode")
 }
 
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {

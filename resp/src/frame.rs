@@ -85,11 +85,7 @@ pub struct Limits {
 impl Default for Limits {
     /// `max_bulk_len` = 512 MiB, `max_array_len` = 1024 * 1024, `max_inline_len` = 64 KiB.
     fn default() -> Self {
-        Limits {
-            max_bulk_len: 512 * 1024 * 1024,
-            max_array_len: 1024 * 1024,
-            max_inline_len: 64 * 1024,
-        }
+        Limits { max_bulk_len: 512 * 1024 * 1024, max_array_len: 1024 * 1024, max_inline_len: 64 * 1024 }
     }
 }
 
@@ -177,13 +173,7 @@ fn expect_crlf(buf: &[u8], pos: usize, msg: &str) -> Result<Option<usize>, Parse
 /// Accepts `0..=max`, plus `-1` when `allow_null` (returned as `None`).
 /// Exceeding `max` is reported as soon as the digits show it.
 /// Returns the length and the position after `\r\n`.
-fn parse_len(
-    buf: &[u8],
-    pos: usize,
-    max: usize,
-    allow_null: bool,
-    msg: &str,
-) -> Result<Option<(Option<usize>, usize)>, ParseError> {
+fn parse_len(buf: &[u8], pos: usize, max: usize, allow_null: bool, msg: &str) -> Result<Option<(Option<usize>, usize)>, ParseError> {
     let mut i = pos;
     if buf.get(i) == Some(&b'-') {
         if !allow_null {
@@ -204,10 +194,7 @@ fn parse_len(
                 if i - pos >= MAX_LEN_DIGITS {
                     return Err(protocol(msg));
                 }
-                n = match n
-                    .checked_mul(10)
-                    .and_then(|n| n.checked_add((c - b'0') as usize))
-                {
+                n = match n.checked_mul(10).and_then(|n| n.checked_add((c - b'0') as usize)) {
                     Some(n) if n <= max => n,
                     _ => return Err(too_large(msg)),
                 };
@@ -311,10 +298,7 @@ fn is_space(b: u8) -> bool {
 /// This function is stateless: if a request with very many arguments arrives
 /// in many small reads, the already-received headers are re-scanned on every
 /// call. [`RequestDecoder`] remembers its progress instead.
-pub fn parse_request(
-    buf: &mut BytesMut,
-    limits: &Limits,
-) -> Result<Option<Vec<Bytes>>, ParseError> {
+pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ParseError> {
     RequestDecoder::new().decode(buf, limits)
 }
 
@@ -352,11 +336,7 @@ impl RequestDecoder {
 
     /// Same contract as [`parse_request`]: `*1\r\n$4\r\nPING\r\n` or `PING\r\n`
     /// -> `Ok(Some(vec!["PING"]))`; `Ok(None)` when incomplete.
-    pub fn decode(
-        &mut self,
-        buf: &mut BytesMut,
-        limits: &Limits,
-    ) -> Result<Option<Vec<Bytes>>, ParseError> {
+    pub fn decode(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ParseError> {
         let res = self.decode_inner(buf, limits);
         if !matches!(res, Ok(None)) {
             self.reset();
@@ -364,11 +344,7 @@ impl RequestDecoder {
         res
     }
 
-    fn decode_inner(
-        &mut self,
-        buf: &mut BytesMut,
-        limits: &Limits,
-    ) -> Result<Option<Vec<Bytes>>, ParseError> {
+    fn decode_inner(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Option<Vec<Bytes>>, ParseError> {
         if self.active && self.pos > buf.len() {
             // The caller broke the "append only" contract; start over.
             self.reset();
@@ -433,15 +409,9 @@ fn bulk_header(buf: &[u8], pos: usize, max: usize) -> Result<Option<(usize, usiz
     match buf.get(pos) {
         None => return Ok(None),
         Some(b'$') => {}
-        Some(&c) => {
-            return Err(protocol(format!(
-                "expected '$', got '{}'",
-                (c as char).escape_default()
-            )))
-        }
+        Some(&c) => return Err(protocol(format!("expected '$', got '{}'", (c as char).escape_default()))),
     }
-    Ok(parse_len(buf, pos + 1, max, false, MSG_BULK)?
-        .map(|(len, body)| (len.unwrap_or_default(), body)))
+    Ok(parse_len(buf, pos + 1, max, false, MSG_BULK)?.map(|(len, body)| (len.unwrap_or_default(), body)))
 }
 
 enum InlineResult {
@@ -456,11 +426,7 @@ fn parse_inline(buf: &mut BytesMut, limits: &Limits) -> Result<InlineResult, Par
     let max = limits.max_inline_len;
     let window = &buf[..buf.len().min(max.saturating_add(1))];
     let Some(nl) = window.iter().position(|&b| b == b'\n') else {
-        return if buf.len() > max {
-            Err(too_large(MSG_INLINE))
-        } else {
-            Ok(InlineResult::Incomplete)
-        };
+        return if buf.len() > max { Err(too_large(MSG_INLINE)) } else { Ok(InlineResult::Incomplete) };
     };
     // nl <= max here: the line (without '\n') fits the limit.
     let mut end = nl;
@@ -595,11 +561,7 @@ fn read_item(buf: &[u8], pos: usize, limits: &Limits) -> Result<Option<(Item, us
             let Some((end, next)) = read_line(buf, p, line_max)? else {
                 return Ok(None);
             };
-            let s = if t == b'-' {
-                Scalar::Error(p, end)
-            } else {
-                Scalar::Simple(p, end)
-            };
+            let s = if t == b'-' { Scalar::Error(p, end) } else { Scalar::Simple(p, end) };
             (Item::Scalar(s), next)
         }
         b':' => match parse_i64_line(buf, p)? {
@@ -608,8 +570,7 @@ fn read_item(buf: &[u8], pos: usize, limits: &Limits) -> Result<Option<(Item, us
         },
         b'$' | b'=' | b'!' => {
             let allow_null = t == b'$';
-            let Some((len, body)) = parse_len(buf, p, limits.max_bulk_len, allow_null, MSG_BULK)?
-            else {
+            let Some((len, body)) = parse_len(buf, p, limits.max_bulk_len, allow_null, MSG_BULK)? else {
                 return Ok(None);
             };
             let Some(len) = len else {
@@ -634,9 +595,7 @@ fn read_item(buf: &[u8], pos: usize, limits: &Limits) -> Result<Option<(Item, us
         }
         b'*' | b'~' | b'>' | b'%' | b'|' => {
             let allow_null = t == b'*';
-            let Some((n, next)) =
-                parse_len(buf, p, limits.max_array_len, allow_null, MSG_MULTIBULK)?
-            else {
+            let Some((n, next)) = parse_len(buf, p, limits.max_array_len, allow_null, MSG_MULTIBULK)? else {
                 return Ok(None);
             };
             let item = match (t, n) {
@@ -663,12 +622,7 @@ fn read_item(buf: &[u8], pos: usize, limits: &Limits) -> Result<Option<(Item, us
                 Some(next) => (Item::Scalar(Scalar::Boolean(v)), next),
             }
         }
-        other => {
-            return Err(protocol(format!(
-                "invalid frame type '{}'",
-                (other as char).escape_default()
-            )))
-        }
+        other => return Err(protocol(format!("invalid frame type '{}'", (other as char).escape_default()))),
     };
     Ok(Some(item))
 }
@@ -714,11 +668,7 @@ impl FrameDecoder {
     }
 
     /// Same contract as [`parse_frame`]: `+OK\r\n` -> `Ok(Some(Frame::Simple("OK")))`.
-    pub fn decode(
-        &mut self,
-        buf: &mut BytesMut,
-        limits: &Limits,
-    ) -> Result<Option<Frame>, ParseError> {
+    pub fn decode(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, ParseError> {
         if self.pos > buf.len() {
             self.reset();
         }
@@ -729,11 +679,7 @@ impl FrameDecoder {
         res
     }
 
-    fn decode_inner(
-        &mut self,
-        buf: &mut BytesMut,
-        limits: &Limits,
-    ) -> Result<Option<Frame>, ParseError> {
+    fn decode_inner(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, ParseError> {
         // Pass 1: find the end of the frame.
         loop {
             let Some((item, next)) = read_item(buf, self.pos, limits)? else {
@@ -793,8 +739,7 @@ fn build_frame(data: Bytes, limits: &Limits) -> Result<Frame, ParseError> {
     let mut stack: Vec<(Open, usize)> = Vec::new();
     let mut pos = 0;
     loop {
-        let (item, next) = read_item(&data, pos, limits)?
-            .ok_or_else(|| protocol("reply changed while parsing"))?;
+        let (item, next) = read_item(&data, pos, limits)?.ok_or_else(|| protocol("reply changed while parsing"))?;
         pos = next;
         let mut value = match item {
             Item::Scalar(s) => Some(match s {
@@ -879,10 +824,7 @@ fn put_line(out: &mut BytesMut, prefix: u8, text: &[u8]) {
     out.reserve(text.len() + 3);
     out.put_u8(prefix);
     if text.iter().any(|&b| b == b'\r' || b == b'\n') {
-        out.extend(
-            text.iter()
-                .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
-        );
+        out.extend(text.iter().map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
     } else {
         out.extend_from_slice(text);
     }
@@ -1035,9 +977,7 @@ mod tests {
     }
 
     fn args(v: &[&str]) -> Vec<Bytes> {
-        v.iter()
-            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
-            .collect()
+        v.iter().map(|s| Bytes::copy_from_slice(s.as_bytes())).collect()
     }
 
     /// Parses every request in `input` at once.
@@ -1051,11 +991,7 @@ mod tests {
     }
 
     /// Feeds `input` one byte at a time, parsing after each byte.
-    fn bytewise_requests(
-        input: &[u8],
-        limits: &Limits,
-        mut decoder: Option<&mut RequestDecoder>,
-    ) -> Result<Vec<Vec<Bytes>>, ParseError> {
+    fn bytewise_requests(input: &[u8], limits: &Limits, mut decoder: Option<&mut RequestDecoder>) -> Result<Vec<Vec<Bytes>>, ParseError> {
         let mut buf = BytesMut::new();
         let mut out = Vec::new();
         for &b in input {
@@ -1099,20 +1035,14 @@ mod tests {
 
     #[test]
     fn multibulk_request() {
-        assert_eq!(
-            req(b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n").unwrap(),
-            Some(args(&["GET", "key"]))
-        );
+        assert_eq!(req(b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n").unwrap(), Some(args(&["GET", "key"])));
         assert_eq!(req(b"*1\r\n$0\r\n\r\n").unwrap(), Some(args(&[""])));
     }
 
     #[test]
     fn request_consumes_exactly_one() {
         let mut buf = BytesMut::from(&b"*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPI"[..]);
-        assert_eq!(
-            parse_request(&mut buf, &lim()).unwrap(),
-            Some(args(&["PING"]))
-        );
+        assert_eq!(parse_request(&mut buf, &lim()).unwrap(), Some(args(&["PING"])));
         assert_eq!(&buf[..], b"*1\r\n$4\r\nPI");
         assert_eq!(parse_request(&mut buf, &lim()).unwrap(), None);
         assert_eq!(&buf[..], b"*1\r\n$4\r\nPI");
@@ -1123,12 +1053,7 @@ mod tests {
         let input = b"*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
         assert_eq!(
             all_requests(input, &lim()).unwrap(),
-            vec![
-                args(&["PING"]),
-                args(&["SET", "k", "v"]),
-                args(&["PING"]),
-                args(&["GET", "k"]),
-            ]
+            vec![args(&["PING"]), args(&["SET", "k", "v"]), args(&["PING"]), args(&["GET", "k"]),]
         );
     }
 
@@ -1169,78 +1094,45 @@ mod tests {
     fn inline_requests() {
         assert_eq!(req(b"PING\r\n").unwrap(), Some(args(&["PING"])));
         assert_eq!(req(b"PING\n").unwrap(), Some(args(&["PING"])));
-        assert_eq!(
-            req(b"  SET\tk   v \r\n").unwrap(),
-            Some(args(&["SET", "k", "v"]))
-        );
+        assert_eq!(req(b"  SET\tk   v \r\n").unwrap(), Some(args(&["SET", "k", "v"])));
         assert_eq!(req(b"PING").unwrap(), None);
         assert_eq!(req(b"PING\r").unwrap(), None);
         // Empty lines are skipped (and consumed).
         let mut buf = BytesMut::from(&b"\r\n\n  \r\nPING\r\n\r\n"[..]);
-        assert_eq!(
-            parse_request(&mut buf, &lim()).unwrap(),
-            Some(args(&["PING"]))
-        );
+        assert_eq!(parse_request(&mut buf, &lim()).unwrap(), Some(args(&["PING"])));
         assert_eq!(parse_request(&mut buf, &lim()).unwrap(), None);
         assert!(buf.is_empty());
     }
 
     #[test]
     fn inline_quotes() {
-        assert_eq!(
-            req(b"SET \"hello world\" 'it''s'\r\n").unwrap_err(),
-            protocol(MSG_QUOTES)
-        );
-        assert_eq!(
-            req(b"SET \"a b\\n\\x41\\\"\" 'it\\'s' x\"y z\"\r\n").unwrap(),
-            Some(args(&["SET", "a b\nA\"", "it's", "xy z"]))
-        );
-        assert_eq!(
-            req(b"SET \"\" ''\r\n").unwrap(),
-            Some(args(&["SET", "", ""]))
-        );
+        assert_eq!(req(b"SET \"hello world\" 'it''s'\r\n").unwrap_err(), protocol(MSG_QUOTES));
+        assert_eq!(req(b"SET \"a b\\n\\x41\\\"\" 'it\\'s' x\"y z\"\r\n").unwrap(), Some(args(&["SET", "a b\nA\"", "it's", "xy z"])));
+        assert_eq!(req(b"SET \"\" ''\r\n").unwrap(), Some(args(&["SET", "", ""])));
         assert_eq!(req(b"SET \"abc\r\n").unwrap_err(), protocol(MSG_QUOTES));
         assert_eq!(req(b"SET 'abc\r\n").unwrap_err(), protocol(MSG_QUOTES));
         assert_eq!(req(b"SET \"a\"b\r\n").unwrap_err(), protocol(MSG_QUOTES));
-        assert_eq!(
-            req(b"SET \"\\xZZ\"\r\n").unwrap(),
-            Some(args(&["SET", "xZZ"]))
-        );
+        assert_eq!(req(b"SET \"\\xZZ\"\r\n").unwrap(), Some(args(&["SET", "xZZ"])));
     }
 
     #[test]
     fn inline_limit() {
-        let limits = Limits {
-            max_inline_len: 10,
-            ..Limits::default()
-        };
+        let limits = Limits { max_inline_len: 10, ..Limits::default() };
         let mut buf = BytesMut::from(&b"0123456789"[..]);
         assert_eq!(parse_request(&mut buf, &limits).unwrap(), None);
         buf.put_u8(b'a');
-        assert_eq!(
-            parse_request(&mut buf, &limits).unwrap_err(),
-            too_large(MSG_INLINE)
-        );
+        assert_eq!(parse_request(&mut buf, &limits).unwrap_err(), too_large(MSG_INLINE));
         // A complete line of exactly the limit is fine, one more byte is not.
         let mut buf = BytesMut::from(&b"012345678 \nX"[..]);
-        assert_eq!(
-            parse_request(&mut buf, &limits).unwrap(),
-            Some(args(&["012345678"]))
-        );
+        assert_eq!(parse_request(&mut buf, &limits).unwrap(), Some(args(&["012345678"])));
         let mut buf = BytesMut::from(&b"0123456789a\n"[..]);
-        assert_eq!(
-            parse_request(&mut buf, &limits).unwrap_err(),
-            too_large(MSG_INLINE)
-        );
+        assert_eq!(parse_request(&mut buf, &limits).unwrap_err(), too_large(MSG_INLINE));
     }
 
     #[test]
     fn malformed_requests() {
         let cases: &[(&[u8], ParseError)] = &[
-            (
-                b"*2\r\n$3\r\nfoo\r\n:1\r\n",
-                protocol("expected '$', got ':'"),
-            ),
+            (b"*2\r\n$3\r\nfoo\r\n:1\r\n", protocol("expected '$', got ':'")),
             (b"*x\r\n", protocol(MSG_MULTIBULK)),
             (b"*\r\n", protocol(MSG_MULTIBULK)),
             (b"*1x", protocol(MSG_MULTIBULK)),
@@ -1261,33 +1153,18 @@ mod tests {
             (b"*000000000000000000000001\r\n", protocol(MSG_MULTIBULK)),
         ];
         for (input, err) in cases {
-            assert_eq!(
-                req(input).unwrap_err(),
-                *err,
-                "input {:?}",
-                String::from_utf8_lossy(input)
-            );
+            assert_eq!(req(input).unwrap_err(), *err, "input {:?}", String::from_utf8_lossy(input));
         }
     }
 
     #[test]
     fn limits_enforced_before_body() {
         // Default limit: a 10 GB announcement is rejected without any body.
-        assert_eq!(
-            req(b"*1\r\n$10000000000\r\n").unwrap_err(),
-            too_large(MSG_BULK)
-        );
+        assert_eq!(req(b"*1\r\n$10000000000\r\n").unwrap_err(), too_large(MSG_BULK));
         // ... even before the header line is complete.
         assert_eq!(req(b"*1\r\n$10000000000").unwrap_err(), too_large(MSG_BULK));
-        assert_eq!(
-            req(b"*1\r\n$99999999999999999999999999").unwrap_err(),
-            too_large(MSG_BULK)
-        );
-        let limits = Limits {
-            max_bulk_len: 10,
-            max_array_len: 3,
-            ..Limits::default()
-        };
+        assert_eq!(req(b"*1\r\n$99999999999999999999999999").unwrap_err(), too_large(MSG_BULK));
+        let limits = Limits { max_bulk_len: 10, max_array_len: 3, ..Limits::default() };
         let parse = |input: &[u8]| parse_request(&mut BytesMut::from(input), &limits);
         assert_eq!(parse(b"*1\r\n$10\r\n").unwrap(), None);
         assert_eq!(parse(b"*1\r\n$11\r\n").unwrap_err(), too_large(MSG_BULK));
@@ -1339,10 +1216,7 @@ mod tests {
         assert_eq!(whole[4], args(&["GET", "a b", "cA"]));
         assert_eq!(bytewise_requests(&input, &lim(), None).unwrap(), whole);
         let mut dec = RequestDecoder::new();
-        assert_eq!(
-            bytewise_requests(&input, &lim(), Some(&mut dec)).unwrap(),
-            whole
-        );
+        assert_eq!(bytewise_requests(&input, &lim(), Some(&mut dec)).unwrap(), whole);
         // Arbitrary chunkings with a persistent decoder.
         for chunk in 1..input.len() {
             let mut buf = BytesMut::new();
@@ -1398,10 +1272,7 @@ mod tests {
     fn parse_error_reply() {
         let e = too_large(MSG_BULK);
         assert_eq!(e.to_string(), "Protocol error: invalid bulk length");
-        assert_eq!(
-            encoded(&e.to_frame(), Protocol::Resp2),
-            b"-ERR Protocol error: invalid bulk length\r\n"
-        );
+        assert_eq!(encoded(&e.to_frame(), Protocol::Resp2), b"-ERR Protocol error: invalid bulk length\r\n");
     }
 
     // ----- encoding -----
@@ -1410,24 +1281,12 @@ mod tests {
     fn encode_scalars() {
         for proto in [Protocol::Resp2, Protocol::Resp3] {
             assert_eq!(encoded(&Frame::ok(), proto), b"+OK\r\n");
-            assert_eq!(
-                encoded(&Frame::error("ERR unknown command 'FOO'"), proto),
-                b"-ERR unknown command 'FOO'\r\n"
-            );
-            assert_eq!(
-                encoded(&Frame::error("ERR bad\r\nline"), proto),
-                b"-ERR bad  line\r\n"
-            );
+            assert_eq!(encoded(&Frame::error("ERR unknown command 'FOO'"), proto), b"-ERR unknown command 'FOO'\r\n");
+            assert_eq!(encoded(&Frame::error("ERR bad\r\nline"), proto), b"-ERR bad  line\r\n");
             assert_eq!(encoded(&Frame::Integer(0), proto), b":0\r\n");
             assert_eq!(encoded(&Frame::Integer(-42), proto), b":-42\r\n");
-            assert_eq!(
-                encoded(&Frame::Integer(i64::MIN), proto),
-                b":-9223372036854775808\r\n"
-            );
-            assert_eq!(
-                encoded(&Frame::Integer(i64::MAX), proto),
-                b":9223372036854775807\r\n"
-            );
+            assert_eq!(encoded(&Frame::Integer(i64::MIN), proto), b":-9223372036854775808\r\n");
+            assert_eq!(encoded(&Frame::Integer(i64::MAX), proto), b":9223372036854775807\r\n");
             assert_eq!(encoded(&Frame::bulk("foo"), proto), b"$3\r\nfoo\r\n");
             assert_eq!(encoded(&Frame::bulk(""), proto), b"$0\r\n\r\n");
             assert_eq!(encoded(&Frame::Array(vec![]), proto), b"*0\r\n");
@@ -1443,18 +1302,9 @@ mod tests {
         assert_eq!(encoded(&Frame::Boolean(false), Resp2), b":0\r\n");
         assert_eq!(encoded(&Frame::Boolean(true), Resp3), b"#t\r\n");
         assert_eq!(encoded(&Frame::Boolean(false), Resp3), b"#f\r\n");
-        let map = Frame::Map(vec![
-            (Frame::bulk("a"), Frame::Integer(1)),
-            (Frame::bulk("b"), Frame::Null),
-        ]);
-        assert_eq!(
-            encoded(&map, Resp2),
-            b"*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n$-1\r\n"
-        );
-        assert_eq!(
-            encoded(&map, Resp3),
-            b"%2\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n_\r\n"
-        );
+        let map = Frame::Map(vec![(Frame::bulk("a"), Frame::Integer(1)), (Frame::bulk("b"), Frame::Null)]);
+        assert_eq!(encoded(&map, Resp2), b"*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n$-1\r\n");
+        assert_eq!(encoded(&map, Resp3), b"%2\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n_\r\n");
         let mut out = BytesMut::new();
         encode_null_array(Resp2, &mut out);
         encode_null_array(Resp3, &mut out);
@@ -1467,10 +1317,7 @@ mod tests {
         encode_request(&[b"GET", b"k"], &mut out);
         assert_eq!(&out[..], b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
         let mut buf = out.clone();
-        assert_eq!(
-            parse_request(&mut buf, &lim()).unwrap(),
-            Some(args(&["GET", "k"]))
-        );
+        assert_eq!(parse_request(&mut buf, &lim()).unwrap(), Some(args(&["GET", "k"])));
     }
 
     // ----- reply frames -----
@@ -1481,67 +1328,33 @@ mod tests {
         assert_eq!(frame(b"-ERR no\r\n").unwrap(), Some(Frame::error("ERR no")));
         assert_eq!(frame(b":-12\r\n").unwrap(), Some(Frame::Integer(-12)));
         assert_eq!(frame(b":+12\r\n").unwrap(), Some(Frame::Integer(12)));
-        assert_eq!(
-            frame(b":-9223372036854775808\r\n").unwrap(),
-            Some(Frame::Integer(i64::MIN))
-        );
+        assert_eq!(frame(b":-9223372036854775808\r\n").unwrap(), Some(Frame::Integer(i64::MIN)));
         assert_eq!(frame(b"$-1\r\n").unwrap(), Some(Frame::Null));
         assert_eq!(frame(b"*-1\r\n").unwrap(), Some(Frame::Null));
         assert_eq!(frame(b"_\r\n").unwrap(), Some(Frame::Null));
         assert_eq!(frame(b"#t\r\n").unwrap(), Some(Frame::Boolean(true)));
         assert_eq!(frame(b"#f\r\n").unwrap(), Some(Frame::Boolean(false)));
-        assert_eq!(
-            frame(b"$4\r\na\r\nb\r\n").unwrap(),
-            Some(Frame::bulk(&b"a\r\nb"[..]))
-        );
+        assert_eq!(frame(b"$4\r\na\r\nb\r\n").unwrap(), Some(Frame::bulk(&b"a\r\nb"[..])));
         assert_eq!(
             frame(b"*3\r\n:1\r\n*0\r\n$-1\r\n").unwrap(),
-            Some(Frame::Array(vec![
-                Frame::Integer(1),
-                Frame::Array(vec![]),
-                Frame::Null
-            ]))
+            Some(Frame::Array(vec![Frame::Integer(1), Frame::Array(vec![]), Frame::Null]))
         );
         assert_eq!(
             frame(b"%2\r\n+a\r\n:1\r\n+b\r\n%0\r\n").unwrap(),
-            Some(Frame::Map(vec![
-                (Frame::Simple("a".into()), Frame::Integer(1)),
-                (Frame::Simple("b".into()), Frame::Map(vec![])),
-            ]))
+            Some(Frame::Map(vec![(Frame::Simple("a".into()), Frame::Integer(1)), (Frame::Simple("b".into()), Frame::Map(vec![])),]))
         );
         // Other RESP3 types, mapped onto the existing variants.
-        assert_eq!(
-            frame(b",3.14\r\n").unwrap(),
-            Some(Frame::Simple("3.14".into()))
-        );
-        assert_eq!(
-            frame(b"(12345678901234567890\r\n").unwrap(),
-            Some(Frame::Simple("12345678901234567890".into()))
-        );
-        assert_eq!(
-            frame(b"=7\r\ntxt:abc\r\n").unwrap(),
-            Some(Frame::bulk("abc"))
-        );
-        assert_eq!(
-            frame(b"!5\r\nERR x\r\n").unwrap(),
-            Some(Frame::error("ERR x"))
-        );
-        assert_eq!(
-            frame(b"~2\r\n:1\r\n:2\r\n").unwrap(),
-            Some(Frame::Array(vec![Frame::Integer(1), Frame::Integer(2)]))
-        );
+        assert_eq!(frame(b",3.14\r\n").unwrap(), Some(Frame::Simple("3.14".into())));
+        assert_eq!(frame(b"(12345678901234567890\r\n").unwrap(), Some(Frame::Simple("12345678901234567890".into())));
+        assert_eq!(frame(b"=7\r\ntxt:abc\r\n").unwrap(), Some(Frame::bulk("abc")));
+        assert_eq!(frame(b"!5\r\nERR x\r\n").unwrap(), Some(Frame::error("ERR x")));
+        assert_eq!(frame(b"~2\r\n:1\r\n:2\r\n").unwrap(), Some(Frame::Array(vec![Frame::Integer(1), Frame::Integer(2)])));
         assert_eq!(
             frame(b">2\r\n+message\r\n:2\r\n").unwrap(),
-            Some(Frame::Array(vec![
-                Frame::Simple("message".into()),
-                Frame::Integer(2)
-            ]))
+            Some(Frame::Array(vec![Frame::Simple("message".into()), Frame::Integer(2)]))
         );
         // Attributes are skipped, at top level and inside aggregates.
-        assert_eq!(
-            frame(b"|1\r\n+ttl\r\n:3\r\n:7\r\n").unwrap(),
-            Some(Frame::Integer(7))
-        );
+        assert_eq!(frame(b"|1\r\n+ttl\r\n:3\r\n:7\r\n").unwrap(), Some(Frame::Integer(7)));
         assert_eq!(
             frame(b"*2\r\n|1\r\n+k\r\n*1\r\n:0\r\n:1\r\n|0\r\n:2\r\n").unwrap(),
             Some(Frame::Array(vec![Frame::Integer(1), Frame::Integer(2)]))
@@ -1571,18 +1384,9 @@ mod tests {
             (b"*1\r\n?", protocol("invalid frame type '?'")),
         ];
         for (input, err) in cases {
-            assert_eq!(
-                frame(input).unwrap_err(),
-                *err,
-                "input {:?}",
-                String::from_utf8_lossy(input)
-            );
+            assert_eq!(frame(input).unwrap_err(), *err, "input {:?}", String::from_utf8_lossy(input));
         }
-        let limits = Limits {
-            max_bulk_len: 3,
-            max_array_len: 2,
-            ..Limits::default()
-        };
+        let limits = Limits { max_bulk_len: 3, max_array_len: 2, ..Limits::default() };
         let parse = |input: &[u8]| parse_frame(&mut BytesMut::from(input), &limits);
         assert_eq!(parse(b"$4\r\n").unwrap_err(), too_large(MSG_BULK));
         assert_eq!(parse(b"*3\r\n").unwrap_err(), too_large(MSG_MULTIBULK));
@@ -1599,10 +1403,7 @@ mod tests {
         assert!(frame(&deep).unwrap().is_some());
         let mut deeper = b"*1\r\n".repeat(MAX_NESTING_DEPTH + 1);
         deeper.extend_from_slice(b":1\r\n");
-        assert_eq!(
-            frame(&deeper).unwrap_err(),
-            protocol("too deeply nested reply")
-        );
+        assert_eq!(frame(&deeper).unwrap_err(), protocol("too deeply nested reply"));
     }
 
     fn sample_frames() -> Vec<Frame> {
@@ -1621,10 +1422,7 @@ mod tests {
                 Frame::Array(vec![Frame::Integer(1), Frame::Null]),
                 Frame::Map(vec![(Frame::bulk("k"), Frame::Boolean(false))]),
             ]),
-            Frame::Map(vec![
-                (Frame::Simple("x".into()), Frame::Array(vec![Frame::ok()])),
-                (Frame::bulk("y"), Frame::Map(vec![])),
-            ]),
+            Frame::Map(vec![(Frame::Simple("x".into()), Frame::Array(vec![Frame::ok()])), (Frame::bulk("y"), Frame::Map(vec![]))]),
         ]
     }
 
@@ -1633,11 +1431,7 @@ mod tests {
         match f {
             Frame::Boolean(b) => Frame::Integer(*b as i64),
             Frame::Array(v) => Frame::Array(v.iter().map(downgrade).collect()),
-            Frame::Map(m) => Frame::Array(
-                m.iter()
-                    .flat_map(|(k, v)| [downgrade(k), downgrade(v)])
-                    .collect(),
-            ),
+            Frame::Map(m) => Frame::Array(m.iter().flat_map(|(k, v)| [downgrade(k), downgrade(v)]).collect()),
             other => other.clone(),
         }
     }
@@ -1670,11 +1464,7 @@ mod tests {
                     buf.extend_from_slice(piece);
                     loop {
                         let before = buf.clone();
-                        let r = if stateless {
-                            parse_frame(&mut buf, &lim()).unwrap()
-                        } else {
-                            dec.decode(&mut buf, &lim()).unwrap()
-                        };
+                        let r = if stateless { parse_frame(&mut buf, &lim()).unwrap() } else { dec.decode(&mut buf, &lim()).unwrap() };
                         match r {
                             Some(f) => got.push(f),
                             None => {
@@ -1703,10 +1493,7 @@ mod tests {
         encode_error("ERR e", &mut a);
         let mut b = BytesMut::new();
         for f in [
-            Frame::Map(vec![(
-                Frame::Simple("k".into()),
-                Frame::Array(vec![Frame::bulk("v"), Frame::Integer(-1)]),
-            )]),
+            Frame::Map(vec![(Frame::Simple("k".into()), Frame::Array(vec![Frame::bulk("v"), Frame::Integer(-1)]))]),
             Frame::Null,
             Frame::Boolean(true),
             Frame::error("ERR e"),

@@ -63,18 +63,8 @@ impl CausalChecker {
     /// Call for every completed operation, in completion order.
     pub fn completed(&mut self, c: &Completed) {
         match (&c.request, &c.result) {
-            (
-                Request::Put {
-                    key,
-                    value: Some(value),
-                    ..
-                },
-                Ok(Response::Written(true)),
-            ) => {
-                let version = c
-                    .written
-                    .clone()
-                    .expect("an acknowledged write has a version");
+            (Request::Put { key, value: Some(value), .. }, Ok(Response::Written(true))) => {
+                let version = c.written.clone().expect("an acknowledged write has a version");
                 // The write itself is part of its own frontier (readers of it
                 // depend on it) and of its writer's.
                 if let Some(f) = self.writes.get_mut(value) {
@@ -92,8 +82,7 @@ impl CausalChecker {
                 self.snapshots_checked += 1;
                 let items: HashMap<Bytes, Item> = c.items.iter().cloned().collect();
                 assert_eq!(values.len(), keys.len());
-                let pairs: Vec<(Bytes, Item)> =
-                    keys.iter().map(|k| (k.clone(), items[k].clone())).collect();
+                let pairs: Vec<(Bytes, Item)> = keys.iter().map(|k| (k.clone(), items[k].clone())).collect();
                 self.check_snapshot(c.client, &pairs);
                 self.check_reads(c.client, &pairs, "MGET");
             }
@@ -106,8 +95,12 @@ impl CausalChecker {
         let frontier = self.clients.entry(client).or_default();
         for (key, item) in items {
             match (&item.version, frontier.get(key)) {
-                (None, Some(need)) => self.violations.push(format!("client {client} {what} {key:?}: read nothing, but its causal past has {need}")),
-                (Some(got), Some(need)) if got < need => self.violations.push(format!("client {client} {what} {key:?}: read {got}, older than {need} in its causal past")),
+                (None, Some(need)) => {
+                    self.violations.push(format!("client {client} {what} {key:?}: read nothing, but its causal past has {need}"))
+                }
+                (Some(got), Some(need)) if got < need => {
+                    self.violations.push(format!("client {client} {what} {key:?}: read {got}, older than {need} in its causal past"))
+                }
                 _ => {}
             }
             if let (Some(version), Some(value)) = (&item.version, &item.value) {
@@ -121,8 +114,7 @@ impl CausalChecker {
     }
 
     fn check_snapshot(&mut self, client: usize, items: &[(Bytes, Item)]) {
-        let got: HashMap<&Bytes, Option<&Version>> =
-            items.iter().map(|(k, i)| (k, i.version.as_ref())).collect();
+        let got: HashMap<&Bytes, Option<&Version>> = items.iter().map(|(k, i)| (k, i.version.as_ref())).collect();
         for (key, item) in items {
             let Some(value) = &item.value else { continue };
             let Some(deps) = self.writes.get(value) else {

@@ -55,11 +55,7 @@ pub struct Network {
 
 impl Default for Network {
     fn default() -> Self {
-        Network {
-            min_delay_ms: 0,
-            max_delay_ms: 5,
-            drop_rate: 0.0,
-        }
+        Network { min_delay_ms: 0, max_delay_ms: 5, drop_rate: 0.0 }
     }
 }
 
@@ -70,10 +66,7 @@ struct SimNode {
 
 impl Partitions for SimNode {
     fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
-        self.parts
-            .get(partition as usize)?
-            .as_ref()
-            .map(|r| f(&mut r.borrow_mut()))
+        self.parts.get(partition as usize)?.as_ref().map(|r| f(&mut r.borrow_mut()))
     }
 }
 
@@ -146,19 +139,10 @@ pub const CLIENT_TIMEOUT_MS: u64 = 500;
 
 impl Sim {
     pub fn new(seed: u64, nodes: u16, shape: Shape, clients: usize, network: Network) -> Sim {
-        let infos = (0..nodes)
-            .map(|id| NodeInfo {
-                id,
-                addr: format!("sim-{id}"),
-            })
-            .collect();
+        let infos = (0..nodes).map(|id| NodeInfo { id, addr: format!("sim-{id}") }).collect();
         let topology = Arc::new(Topology::new(1, shape, infos).expect("valid shape"));
         let nodes = (0..nodes)
-            .map(|me| SimNode {
-                parts: (0..shape.partitions)
-                    .map(|p| ChainReplica::new(&topology, p, me, 0).map(RefCell::new))
-                    .collect(),
-            })
+            .map(|me| SimNode { parts: (0..shape.partitions).map(|p| ChainReplica::new(&topology, p, me, 0).map(RefCell::new)).collect() })
             .collect();
         let mut rng = Rng::new(seed);
         let clients = (0..clients)
@@ -227,11 +211,7 @@ impl Sim {
             }
         };
         self.order += 1;
-        self.queue.push(InFlight {
-            at_ms,
-            order: self.order,
-            envelope_index: slot,
-        });
+        self.queue.push(InFlight { at_ms, order: self.order, envelope_index: slot });
     }
 
     fn send_all(&mut self, out: Outbox) {
@@ -256,14 +236,9 @@ impl Sim {
     fn client_sends(&mut self, client: usize, send: Vec<(NodeId, Message)>) {
         for (n, msg) in send {
             if let Message::SnapshotRead { op, keys, .. } = &msg {
-                self.clients[client]
-                    .snapshot_keys
-                    .insert(op.seq, keys.iter().map(|(_, k)| k.clone()).collect());
+                self.clients[client].snapshot_keys.insert(op.seq, keys.iter().map(|(_, k)| k.clone()).collect());
             }
-            self.enqueue(Envelope {
-                to: Dest::Node(n),
-                msg,
-            });
+            self.enqueue(Envelope { to: Dest::Node(n), msg });
         }
     }
 
@@ -296,13 +271,7 @@ impl Sim {
         match env.to {
             Dest::Node(n) => {
                 let mut out = Outbox::new();
-                node::handle(
-                    &self.topology,
-                    &self.nodes[n as usize],
-                    env.msg,
-                    self.now_ms,
-                    &mut out,
-                );
+                node::handle(&self.topology, &self.nodes[n as usize], env.msg, self.now_ms, &mut out);
                 self.send_all(out);
             }
             Dest::Client(id) => {
@@ -311,23 +280,13 @@ impl Sim {
                 };
                 let c = &mut self.clients[i];
                 match (&env.msg, &c.request) {
-                    (Message::Value { item, .. }, Some(Request::Get(key))) => {
-                        c.items = vec![(key.clone(), item.clone())]
-                    }
+                    (Message::Value { item, .. }, Some(Request::Get(key))) => c.items = vec![(key.clone(), item.clone())],
                     (Message::Snapshot { op, items }, _) => {
                         if let Some(keys) = c.snapshot_keys.get(&op.seq) {
-                            c.items
-                                .extend(keys.iter().cloned().zip(items.iter().cloned()));
+                            c.items.extend(keys.iter().cloned().zip(items.iter().cloned()));
                         }
                     }
-                    (
-                        Message::PutDone {
-                            version,
-                            chain_index,
-                            ..
-                        },
-                        _,
-                    ) => {
+                    (Message::PutDone { version, chain_index, .. }, _) => {
                         c.written = version.clone();
                         c.acked_at = Some(*chain_index);
                     }
@@ -345,24 +304,9 @@ impl Sim {
     fn complete(&mut self, client: usize, result: Result<Response, ClientError>) -> Completed {
         let c = &mut self.clients[client];
         let request = c.request.take().expect("a request was in flight");
-        let items = if result.is_ok() {
-            std::mem::take(&mut c.items)
-        } else {
-            Vec::new()
-        };
-        let written = if matches!(result, Ok(Response::Written(true))) {
-            c.written.clone()
-        } else {
-            None
-        };
-        Completed {
-            client,
-            request,
-            result,
-            items,
-            written,
-            acked_at: c.acked_at.take(),
-        }
+        let items = if result.is_ok() { std::mem::take(&mut c.items) } else { Vec::new() };
+        let written = if matches!(result, Ok(Response::Written(true))) { c.written.clone() } else { None };
+        Completed { client, request, result, items, written, acked_at: c.acked_at.take() }
     }
 
     fn tick(&mut self, done: &mut Vec<Completed>) {
@@ -382,12 +326,7 @@ impl Sim {
     /// Whether no message is in flight and every write has reached its
     /// tail (nothing is left to retransmit).
     pub fn settled(&self) -> bool {
-        self.queue.is_empty()
-            && self
-                .digests()
-                .iter()
-                .flatten()
-                .all(|d| d.applied == d.stable)
+        self.queue.is_empty() && self.digests().iter().flatten().all(|d| d.applied == d.stable)
     }
 
     /// Every replica's digest, by partition then chain position.
@@ -398,11 +337,7 @@ impl Sim {
                     .chain(p)
                     .nodes
                     .iter()
-                    .map(|&n| {
-                        self.nodes[n as usize]
-                            .with(p, |r| r.digest())
-                            .expect("chain member has a replica")
-                    })
+                    .map(|&n| self.nodes[n as usize].with(p, |r| r.digest()).expect("chain member has a replica"))
                     .collect()
             })
             .collect()

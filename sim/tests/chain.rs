@@ -19,14 +19,7 @@ struct Run {
 
 /// Drives `clients` random clients over `keys` keys for `duration_ms` of
 /// virtual time, then lets the network settle and checks everything.
-fn run(
-    seed: u64,
-    shape: Shape,
-    nodes: u16,
-    network: Network,
-    keys: usize,
-    duration_ms: u64,
-) -> Run {
+fn run(seed: u64, shape: Shape, nodes: u16, network: Network, keys: usize, duration_ms: u64) -> Run {
     let clients = 6;
     let mut sim = Sim::new(seed, nodes, shape, clients, network);
     let mut rng = Rng::new(seed ^ 0xC0FFEE);
@@ -55,12 +48,7 @@ fn run(
                     writes += 1;
                     let value = Bytes::from(format!("c{client}-w{writes}"));
                     checker.issued_write(client, &value);
-                    Request::Put {
-                        key: key(rng.below(keys as u64)),
-                        value: Some(value),
-                        ttl_ms: None,
-                        condition: Condition::Always,
-                    }
+                    Request::Put { key: key(rng.below(keys as u64)), value: Some(value), ttl_ms: None, condition: Condition::Always }
                 }
                 4..=7 => Request::Get(key(rng.below(keys as u64))),
                 _ => {
@@ -89,46 +77,26 @@ fn run(
             break;
         }
     }
-    assert!(
-        checker.violations.is_empty(),
-        "seed {seed}: causal+ violated:\n{}",
-        checker.violations.join("\n")
-    );
+    assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
     check_converged(seed, &sim, &checker);
-    Run {
-        checker,
-        completed,
-        failed,
-    }
+    Run { checker, completed, failed }
 }
 
 fn check_converged(seed: u64, sim: &Sim, checker: &CausalChecker) {
     let mut latest = HashMap::new();
     for (p, replicas) in sim.digests().into_iter().enumerate() {
-        let (applied, stable, data) = &replicas[0];
+        let head = &replicas[0];
         for (i, r) in replicas.iter().enumerate() {
-            assert_eq!(
-                r.0, r.1,
-                "seed {seed}: partition {p} replica {i} applied {} but only {} stable",
-                r.0, r.1
-            );
-            assert_eq!(
-                (r.0, &r.2),
-                (*applied, data),
-                "seed {seed}: partition {p} replica {i} differs from the head"
-            );
+            assert_eq!(r.applied, r.stable, "seed {seed}: partition {p} replica {i} applied {} but only {} stable", r.applied, r.stable);
+            assert_eq!(r, head, "seed {seed}: partition {p} replica {i} differs from the head");
         }
-        assert_eq!(applied, stable);
-        for (k, s) in data {
+        for (k, s) in &head.latest {
             latest.insert(k.clone(), s.version.clone());
         }
     }
     for (key, version) in &checker.acknowledged {
         let have = latest.get(key);
-        assert!(
-            have.is_some_and(|h| h >= version),
-            "seed {seed}: acknowledged write {key:?}@{version} lost (have {have:?})"
-        );
+        assert!(have.is_some_and(|h| h >= version), "seed {seed}: acknowledged write {key:?}@{version} lost (have {have:?})");
     }
 }
 
@@ -139,33 +107,13 @@ fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
     }
 }
 
-const DEV: Shape = Shape {
-    partitions: 8,
-    replicas: 3,
-    k: 2,
-};
+const DEV: Shape = Shape { partitions: 8, replicas: 3, k: 2 };
 
 #[test]
 fn causal_plus_with_delays_and_reordering() {
     for seed in seeds(0..60) {
-        let r = run(
-            seed,
-            DEV,
-            3,
-            Network {
-                min_delay_ms: 0,
-                max_delay_ms: 20,
-                drop_rate: 0.0,
-            },
-            6,
-            2_000,
-        );
-        assert!(
-            r.completed > 200 && r.failed == 0,
-            "seed {seed}: {} completed, {} failed",
-            r.completed,
-            r.failed
-        );
+        let r = run(seed, DEV, 3, Network { min_delay_ms: 0, max_delay_ms: 20, drop_rate: 0.0 }, 6, 2_000);
+        assert!(r.completed > 200 && r.failed == 0, "seed {seed}: {} completed, {} failed", r.completed, r.failed);
         assert!(r.checker.reads_checked > 50 && r.checker.snapshots_checked > 20);
     }
 }
@@ -173,57 +121,23 @@ fn causal_plus_with_delays_and_reordering() {
 #[test]
 fn causal_plus_with_lost_messages() {
     for seed in seeds(100..140) {
-        let r = run(
-            seed,
-            DEV,
-            3,
-            Network {
-                min_delay_ms: 1,
-                max_delay_ms: 10,
-                drop_rate: 0.03,
-            },
-            6,
-            2_000,
-        );
-        assert!(
-            r.completed > 100,
-            "seed {seed}: only {} completed",
-            r.completed
-        );
+        let r = run(seed, DEV, 3, Network { min_delay_ms: 1, max_delay_ms: 10, drop_rate: 0.03 }, 6, 2_000);
+        assert!(r.completed > 100, "seed {seed}: only {} completed", r.completed);
     }
 }
 
 #[test]
 fn longer_chains_on_a_larger_ring() {
-    let shape = Shape {
-        partitions: 16,
-        replicas: 5,
-        k: 2,
-    };
+    let shape = Shape { partitions: 16, replicas: 5, k: 2 };
     for seed in seeds(200..230) {
-        let r = run(
-            seed,
-            shape,
-            7,
-            Network {
-                min_delay_ms: 0,
-                max_delay_ms: 15,
-                drop_rate: 0.01,
-            },
-            10,
-            2_000,
-        );
+        let r = run(seed, shape, 7, Network { min_delay_ms: 0, max_delay_ms: 15, drop_rate: 0.01 }, 10, 2_000);
         assert!(r.completed > 100);
     }
 }
 
 #[test]
 fn single_node() {
-    let shape = Shape {
-        partitions: 4,
-        replicas: 1,
-        k: 1,
-    };
+    let shape = Shape { partitions: 4, replicas: 1, k: 1 };
     for seed in seeds(300..310) {
         let r = run(seed, shape, 1, Network::default(), 4, 1_000);
         assert_eq!(r.failed, 0);
@@ -237,17 +151,7 @@ fn single_node() {
 #[test]
 fn acl_and_photo_album_are_never_fractured() {
     for seed in seeds(400..440) {
-        let mut sim = Sim::new(
-            seed,
-            3,
-            DEV,
-            3,
-            Network {
-                min_delay_ms: 0,
-                max_delay_ms: 25,
-                drop_rate: 0.0,
-            },
-        );
+        let mut sim = Sim::new(seed, 3, DEV, 3, Network { min_delay_ms: 0, max_delay_ms: 25, drop_rate: 0.0 });
         let (acl, album) = (Bytes::from("acl"), Bytes::from("album"));
         let mut alice_step = 0u64;
         let mut snapshots = 0;
@@ -263,11 +167,8 @@ fn acl_and_photo_album_are_never_fractured() {
                 alice_step += 1;
                 // Odd steps: ACL generation n; even steps: the album photo of generation n.
                 let generation = alice_step.div_ceil(2);
-                let r = if alice_step % 2 == 1 {
-                    put(&acl, format!("acl-{generation}"))
-                } else {
-                    put(&album, format!("photo-{generation}"))
-                };
+                let r =
+                    if alice_step % 2 == 1 { put(&acl, format!("acl-{generation}")) } else { put(&album, format!("photo-{generation}")) };
                 sim.start(0, r);
             }
             for bob in [1, 2] {
@@ -277,27 +178,14 @@ fn acl_and_photo_album_are_never_fractured() {
             }
             let until = sim.now_ms + 1;
             for c in sim.run_until(until) {
-                if let (Request::MultiGet(_), Ok(causeway_core::driver::Response::Values(v))) =
-                    (&c.request, &c.result)
-                {
+                if let (Request::MultiGet(_), Ok(causeway_core::driver::Response::Values(v))) = (&c.request, &c.result) {
                     snapshots += 1;
                     let gen = |v: &Option<Bytes>, prefix: &str| -> u64 {
-                        v.as_ref()
-                            .map(|b| {
-                                std::str::from_utf8(b)
-                                    .unwrap()
-                                    .trim_start_matches(prefix)
-                                    .parse()
-                                    .unwrap()
-                            })
-                            .unwrap_or(0)
+                        v.as_ref().map(|b| std::str::from_utf8(b).unwrap().trim_start_matches(prefix).parse().unwrap()).unwrap_or(0)
                     };
                     let (a, p) = (gen(&v[0], "acl-"), gen(&v[1], "photo-"));
                     // photo-n is written after acl-n was acknowledged.
-                    assert!(
-                        a >= p,
-                        "seed {seed}: fractured snapshot: acl-{a} with photo-{p}"
-                    );
+                    assert!(a >= p, "seed {seed}: fractured snapshot: acl-{a} with photo-{p}");
                     seen.push((a, p));
                 }
             }
@@ -305,10 +193,7 @@ fn acl_and_photo_album_are_never_fractured() {
         assert!(snapshots > 100, "seed {seed}: only {snapshots} snapshots");
         assert!(alice_step > 20);
         // Sanity: the test saw both kinds of snapshot, so it could fail.
-        assert!(
-            seen.iter().any(|(a, p)| a == p) && seen.iter().any(|(a, p)| a > p),
-            "seed {seed}: {seen:?}"
-        );
+        assert!(seen.iter().any(|(a, p)| a == p) && seen.iter().any(|(a, p)| a > p), "seed {seed}: {seen:?}");
     }
 }
 
@@ -318,33 +203,19 @@ fn acl_and_photo_album_are_never_fractured() {
 #[test]
 fn consistency_levels_acknowledge_at_their_positions() {
     let mut sim = Sim::new(7, 3, DEV, 3, Network::default());
-    let levels = [
-        Consistency::Eventual,
-        Consistency::Causal,
-        Consistency::Linearizable,
-    ];
+    let levels = [Consistency::Eventual, Consistency::Causal, Consistency::Linearizable];
     let expect_index = [0u8, 1, 2];
     for (client, level) in levels.iter().enumerate() {
         sim.set_consistency(client, *level);
         sim.start(
             client,
-            Request::Put {
-                key: Bytes::from("k"),
-                value: Some(Bytes::from("v")),
-                ttl_ms: None,
-                condition: Condition::Always,
-            },
+            Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always },
         );
     }
     let until = sim.now_ms + 500;
     let done = sim.run_until(until);
     assert_eq!(done.len(), 3);
     for c in done {
-        assert_eq!(
-            c.acked_at,
-            Some(expect_index[c.client]),
-            "{:?}",
-            levels[c.client]
-        );
+        assert_eq!(c.acked_at, Some(expect_index[c.client]), "{:?}", levels[c.client]);
     }
 }

@@ -256,3 +256,17 @@ pub type Outbox = Vec<Envelope>;
 pub fn send(out: &mut Outbox, to: Dest, msg: Message) {
     out.push(Envelope { to, msg });
 }
+
+/// The first byte of a binary (peer or native client) connection. It is not
+/// ASCII, so a node tells binary connections from Redis clients on the same
+/// port by it.
+pub const BINARY_MAGIC: u8 = 0xCA;
+
+/// The first frame of a binary connection: who is speaking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Hello {
+    /// Another node of the site: the connection carries its messages to us.
+    Node(NodeId),
+    /// A native client: replies for it go back on this connection.
+    Client(ClientId),
+}

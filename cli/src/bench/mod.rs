@@ -1,0 +1,281 @@
+//! `causeway bench`: YCSB core workloads A, B, C, D and F against Causeway
+//! (through the native client) or any RESP server (redis-server included),
+//! so one run can put both side by side. Latencies go into HDR histograms;
+//! the report is a table and, with `--json`, a JSON file.
+//!
+//! `--hot-key` instead has every client read one key and reports which
+//! chain positions served the reads: ChainReaction's point that causal
+//! reads spread over the whole chain while linearizable reads all land on
+//! the tail (`--consistency linearizable`).
+
+pub mod report;
+pub mod workload;
+
+use bytes::{Bytes, BytesMut};
+use causeway_client::Client;
+use causeway_core::driver::Consistency;
+use causeway_resp::{encode_request, Frame, FrameDecoder, Limits};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{Recorder, Report};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use workload::{key_name, value_for, Distribution, Generator, Keyspace, OpKind, Workload};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetKind {
+    /// Causeway through the native client (routes and keeps metadata itself).
+    Causeway,
+    /// Any Redis-protocol server (redis-server, or Causeway's Redis front end).
+    Resp,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value = "causeway")]
+    target: TargetKind,
+    /// A node of the site, or the Redis server.
+    #[arg(long, default_value = "127.0.0.1:6380")]
+    addr: String,
+    /// YCSB workload: a, b, c, d or f.
+    #[arg(long, default_value = "a")]
+    workload: Workload,
+    /// Override the workload's key distribution: zipfian, latest or uniform.
+    #[arg(long)]
+    distribution: Option<Distribution>,
+    /// Concurrent clients (one connection each).
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Records loaded before the run.
+    #[arg(long, default_value_t = 10_000)]
+    records: u64,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 1024)]
+    value_size: usize,
+    /// Skip the load phase (the records are already there).
+    #[arg(long)]
+    no_load: bool,
+    /// Consistency for the native client.
+    #[arg(long, default_value = "causal")]
+    consistency: String,
+    /// Read one hot key from every client and report which chain positions served it.
+    #[arg(long)]
+    hot_key: bool,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<String>,
+    /// Name for the target in the report (defaults to target@addr).
+    #[arg(long)]
+    label: Option<String>,
+}
+
+/// One benchmark connection.
+enum Target {
+    Native(Box<Client>),
+    Resp(RespConn),
+}
+
+impl Target {
+    async fn connect(args: &BenchArgs) -> Result<Target, String> {
+        Ok(match args.target {
+            TargetKind::Causeway => {
+                let mut c = Client::connect(&args.addr).await.map_err(|e| e.to_string())?;
+                c.set_consistency(args.consistency.parse::<Consistency>()?);
+                Target::Native(Box::new(c))
+            }
+            TargetKind::Resp => Target::Resp(RespConn::connect(&args.addr).await?),
+        })
+    }
+
+    /// Reads a key; the chain position that served it, if known.
+    async fn read(&mut self, key: &[u8]) -> Result<Option<u8>, String> {
+        match self {
+            Target::Native(c) => c.get_at(key).await.map(|(_, at)| Some(at)).map_err(|e| e.to_string()),
+            Target::Resp(c) => c.call(&[b"GET", key]).await.map(|_| None),
+        }
+    }
+
+    async fn write(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        match self {
+            Target::Native(c) => c.put(key, value).await.map_err(|e| e.to_string()),
+            Target::Resp(c) => c.call(&[b"SET", key, value]).await.map(|_| ()),
+        }
+    }
+}
+
+/// A minimal RESP client: one request at a time, no allocation per call
+/// beyond the reply. The same code measures every RESP server.
+struct RespConn {
+    stream: TcpStream,
+    out: BytesMut,
+    input: BytesMut,
+    decoder: FrameDecoder,
+    limits: Limits,
+}
+
+impl RespConn {
+    async fn connect(addr: &str) -> Result<RespConn, String> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        Ok(RespConn {
+            stream,
+            out: BytesMut::new(),
+            input: BytesMut::with_capacity(16 * 1024),
+            decoder: FrameDecoder::new(),
+            limits: Limits::default(),
+        })
+    }
+
+    async fn call(&mut self, args: &[&[u8]]) -> Result<Frame, String> {
+        self.out.clear();
+        encode_request(args, &mut self.out);
+        self.stream.write_all(&self.out).await.map_err(|e| e.to_string())?;
+        loop {
+            if let Some(frame) = self.decoder.decode(&mut self.input, &self.limits).map_err(|e| e.to_string())? {
+                return match frame {
+                    Frame::Error(e) => Err(e),
+                    f => Ok(f),
+                };
+            }
+            if self.stream.read_buf(&mut self.input).await.map_err(|e| e.to_string())? == 0 {
+                return Err("server closed the connection".into());
+            }
+        }
+    }
+}
+
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: BenchArgs) -> Result<(), String> {
+    if args.clients == 0 || args.records == 0 {
+        return Err("--clients and --records must be at least 1".into());
+    }
+    let args = Arc::new(args);
+    let label = args
+        .label
+        .clone()
+        .unwrap_or_else(|| format!("{}@{}", if args.target == TargetKind::Causeway { "causeway" } else { "resp" }, args.addr));
+    if !args.no_load && !args.hot_key {
+        load(&args).await?;
+    }
+    let mut mix = args.workload.mix();
+    if let Some(d) = args.distribution {
+        mix.distribution = d;
+    }
+    let keyspace = Keyspace::new(args.records);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done_ops = Arc::new(AtomicU64::new(0));
+    let hot = Bytes::from_static(b"causeway-bench-hot-key");
+    if args.hot_key {
+        Target::connect(&args).await?.write(&hot, &value_for(0, args.value_size, 0)).await?;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..args.clients {
+        let mut target = Target::connect(&args).await?;
+        let (args, stop, done_ops, keyspace, hot) = (args.clone(), stop.clone(), done_ops.clone(), keyspace.clone(), hot.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rec = Recorder::new();
+            let mut served = [0u64; 256];
+            let mut generator = Generator::new(mix, keyspace, 0x5EED ^ i as u64);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let started = Instant::now();
+                let (name, result) = if args.hot_key {
+                    let r = target.read(&hot).await;
+                    if let Ok(Some(at)) = r {
+                        served[at as usize] += 1;
+                    }
+                    ("read", r.map(|_| ()))
+                } else {
+                    let (op, k) = generator.next_op();
+                    let key = key_name(k);
+                    let r = match op {
+                        OpKind::Read => target.read(&key).await.map(|_| ()),
+                        OpKind::Update | OpKind::Insert => target.write(&key, &value_for(k, args.value_size, n)).await,
+                        OpKind::ReadModifyWrite => match target.read(&key).await {
+                            Ok(_) => target.write(&key, &value_for(k, args.value_size, n)).await,
+                            Err(e) => Err(e),
+                        },
+                    };
+                    (op.name(), r)
+                };
+                match result {
+                    Ok(()) => rec.record(name, started.elapsed().as_micros() as u64),
+                    Err(_) => rec.record_error(name),
+                }
+                done_ops.fetch_add(1, Ordering::Relaxed);
+            }
+            (rec, served)
+        }));
+    }
+    let bar = ProgressBar::new(args.duration);
+    bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len}s {msg}").map_err(|e| e.to_string())?);
+    let started = Instant::now();
+    for s in 1..=args.duration {
+        tokio::time::sleep_until((started + Duration::from_secs(s)).into()).await;
+        bar.set_position(s);
+        bar.set_message(format!("{:.0} ops/s", done_ops.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    let mut rec = Recorder::new();
+    let mut served = [0u64; 256];
+    for t in tasks {
+        let (r, s) = t.await.map_err(|e| e.to_string())?;
+        rec.merge(&r);
+        for (a, b) in served.iter_mut().zip(s) {
+            *a += b;
+        }
+    }
+    let workload = if args.hot_key { "hot-key".to_string() } else { format!("{} ({})", args.workload, mix.distribution) };
+    let mut report = Report::new(&label, &workload, args.clients, elapsed, &rec);
+    if args.target == TargetKind::Causeway {
+        report.notes.push(format!("consistency {}", args.consistency));
+    }
+    let total: u64 = served.iter().sum();
+    for (i, n) in served.iter().enumerate().filter(|(_, n)| **n > 0) {
+        report.notes.push(format!("reads served by chain position {i}: {n} ({:.1}%)", 100.0 * *n as f64 / total as f64));
+    }
+    println!("{}", report.to_table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json()).map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Inserts `records` keys, spread over the clients.
+async fn load(args: &Arc<BenchArgs>) -> Result<(), String> {
+    let bar = ProgressBar::new(args.records);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..args.clients.min(16) {
+        let mut target = Target::connect(args).await?;
+        let (args, next, bar) = (args.clone(), next.clone(), bar.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                if k >= args.records {
+                    return Ok::<(), String>(());
+                }
+                target.write(&key_name(k), &value_for(k, args.value_size, 0)).await?;
+                bar.inc(1);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    bar.finish_and_clear();
+    Ok(())
+}

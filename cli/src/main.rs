@@ -1,0 +1,132 @@
+//! `causeway`: one binary for everything.
+//!
+//! * `causeway dev`: a local site of N node processes on loopback.
+//! * `causeway node`: one data node.
+//! * `causeway cli`: an interactive client.
+//! * `causeway bench`: YCSB-style benchmarks against Causeway or any Redis.
+
+mod bench;
+mod dev;
+mod repl;
+
+use causeway_node::config::{parse_nodes, NodeConfig};
+use clap::{Args, Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "causeway", version, about = "A geo-replicated, causally consistent key-value store that speaks Redis.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a local site: one `causeway node` process per node, on loopback.
+    Dev(dev::DevArgs),
+    /// Run one data node.
+    Node(NodeArgs),
+    /// Interactive client (get, put, delete, keyrange, status, ...).
+    Cli(repl::CliArgs),
+    /// YCSB-style benchmark against Causeway or any Redis server.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// A TOML file with the node's configuration (the flags below are then ignored).
+    #[arg(long)]
+    config: Option<String>,
+    /// This node's id.
+    #[arg(long, default_value_t = 0)]
+    id: u16,
+    /// Address to serve clients and peers on.
+    #[arg(long, default_value = "127.0.0.1:6380")]
+    listen: String,
+    /// Every node of the site: id=host:port,... (defaults to just this one).
+    #[arg(long)]
+    nodes: Option<String>,
+    #[arg(long, default_value_t = 64)]
+    partitions: u32,
+    /// R: nodes per chain.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Writes are acknowledged once k nodes of the chain have them.
+    #[arg(long, default_value_t = 1)]
+    k: usize,
+    /// Require AUTH with this password.
+    #[arg(long)]
+    requirepass: Option<String>,
+    /// Largest key or value accepted, in bytes.
+    #[arg(long, default_value_t = 512 * 1024 * 1024)]
+    max_value_bytes: usize,
+    /// Most arguments in one command.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    max_args: usize,
+    /// How long a request may wait for the replicas, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    request_timeout_ms: u64,
+}
+
+impl NodeArgs {
+    fn config(self) -> Result<NodeConfig, String> {
+        if let Some(path) = self.config {
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            return NodeConfig::from_toml(&text);
+        }
+        let nodes = match &self.nodes {
+            Some(s) => parse_nodes(s)?,
+            None => parse_nodes(&format!("{}={}", self.id, self.listen))?,
+        };
+        Ok(NodeConfig {
+            id: self.id,
+            listen: self.listen,
+            nodes,
+            partitions: self.partitions,
+            replicas: self.replicas,
+            k: self.k,
+            site: 0,
+            requirepass: self.requirepass,
+            max_bulk_len: self.max_value_bytes,
+            max_array_len: self.max_args,
+            request_timeout_ms: self.request_timeout_ms,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CAUSEWAY_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Dev(args) => dev::run(args),
+        Command::Node(args) => run_node(args),
+        Command::Cli(args) => repl::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("causeway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_node(args: NodeArgs) -> Result<(), String> {
+    let config = args.config()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(causeway_node::run(config, shutdown_signal()))
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

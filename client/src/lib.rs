@@ -1,0 +1,290 @@
+//! The native Causeway client library.
+//!
+//! ChainReaction §3.2.2's client library: it keeps the session metadata
+//! (per-key version and chain index, the accessed-objects list) itself, picks
+//! the replica each request may go to, and talks to that node directly over
+//! the binary protocol, so there is no proxy hop. It connects to every node
+//! of the site (replies to a write come from chain position k-1, not from the
+//! head it was sent to) and refreshes the partition map when a node answers
+//! "not responsible".
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), causeway_client::Error> {
+//! let mut c = causeway_client::Client::connect("127.0.0.1:6380").await?;
+//! c.put(b"k", b"v").await?;
+//! assert_eq!(c.get(b"k").await?.as_deref(), Some(&b"v"[..]));
+//! # Ok(()) }
+//! ```
+
+use ahash::AHashMap;
+use bytes::{Bytes, BytesMut};
+use causeway_core::driver::{ClientError, Consistency, Driver, Request, Response};
+use causeway_core::message::{ClientId, Condition, Hello, Message, OpId, BINARY_MAGIC};
+use causeway_core::ring::{NodeId, Topology};
+use causeway_core::session::Session;
+use causeway_core::wire::{put_frame, take_frame};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// What can go wrong.
+#[derive(Debug)]
+pub enum Error {
+    /// Could not reach a node.
+    Connect(String),
+    /// The site did not complete the request.
+    Request(ClientError),
+    /// A node answered something this client does not understand.
+    Protocol(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Connect(e) => write!(f, "cannot connect: {e}"),
+            Error::Request(e) => write!(f, "{e}"),
+            Error::Protocol(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<ClientError> for Error {
+    fn from(e: ClientError) -> Self {
+        Error::Request(e)
+    }
+}
+
+/// How long a request may take by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A session with one Causeway site.
+pub struct Client {
+    driver: Driver,
+    writers: AHashMap<NodeId, OwnedWriteHalf>,
+    replies: mpsc::UnboundedReceiver<Message>,
+    tx: mpsc::UnboundedSender<Message>,
+    timeout: Duration,
+    out: BytesMut,
+}
+
+impl Client {
+    /// Connects to the site that the node at `addr` belongs to.
+    pub async fn connect(addr: &str) -> Result<Client, Error> {
+        let id: ClientId = (rand::random::<u64>() & ((1 << 48) - 1)).max(1);
+        let (tx, replies) = mpsc::unbounded_channel();
+        let mut seed = open(addr, id, tx.clone()).await?;
+        let mut out = BytesMut::new();
+        put_frame(&Message::GetTopology { op: OpId { client: id, seq: 0 } }, &mut out);
+        seed.write_all(&out).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
+        out.clear();
+        let mut client = Client {
+            driver: Driver::new(id, Arc::new(placeholder()), None, DEFAULT_TIMEOUT.as_millis() as u64),
+            writers: AHashMap::new(),
+            replies,
+            tx,
+            timeout: DEFAULT_TIMEOUT,
+            out,
+        };
+        let topology = match tokio::time::timeout(DEFAULT_TIMEOUT, client.replies.recv()).await {
+            Ok(Some(Message::TopologyIs { topology, .. })) => topology,
+            Ok(other) => return Err(Error::Protocol(format!("expected the topology, got {other:?}"))),
+            Err(_) => return Err(Error::Connect(format!("{addr} did not answer"))),
+        };
+        let seed_id = topology.nodes.iter().find(|n| n.addr == addr).map(|n| n.id);
+        if let Some(seed_id) = seed_id {
+            client.writers.insert(seed_id, seed);
+        }
+        client.driver.set_topology(Arc::new(topology));
+        client.connect_all().await?;
+        Ok(client)
+    }
+
+    async fn connect_all(&mut self) -> Result<(), Error> {
+        let nodes = self.driver.topology().nodes.clone();
+        for n in nodes {
+            if !self.writers.contains_key(&n.id) {
+                // A node that is down is skipped; requests that need it time out.
+                if let Ok(w) = open(&n.addr, self.driver.id(), self.tx.clone()).await {
+                    self.writers.insert(n.id, w);
+                }
+            }
+        }
+        if self.writers.is_empty() {
+            return Err(Error::Connect("no node of the site is reachable".into()));
+        }
+        Ok(())
+    }
+
+    pub fn topology(&self) -> &Arc<Topology> {
+        self.driver.topology()
+    }
+
+    pub fn set_consistency(&mut self, c: Consistency) {
+        self.driver.set_consistency(c);
+    }
+
+    pub fn set_timeout(&mut self, t: Duration) {
+        self.timeout = t;
+    }
+
+    /// The session's causal metadata, to resume elsewhere.
+    pub fn session(&self) -> &Session {
+        self.driver.session()
+    }
+
+    pub fn set_session(&mut self, s: Session) {
+        self.driver.set_session(s);
+    }
+
+    /// Runs one request to completion.
+    pub async fn run(&mut self, request: Request) -> Result<Response, Error> {
+        while self.replies.try_recv().is_ok() {}
+        let epoch = self.driver.topology().epoch;
+        let progress = self.driver.start(request, now_ms());
+        self.send(progress.send).await;
+        if let Some(done) = progress.done {
+            return Ok(done?);
+        }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let result = loop {
+            match tokio::time::timeout_at(deadline, self.replies.recv()).await {
+                Ok(Some(msg)) => {
+                    let progress = self.driver.on_message(msg, now_ms());
+                    self.send(progress.send).await;
+                    if let Some(done) = progress.done {
+                        break done;
+                    }
+                }
+                Ok(None) => unreachable!("the client holds a sender"),
+                Err(_) => break self.driver.tick(now_ms() + self.timeout.as_millis() as u64).done.unwrap_or(Err(ClientError::Timeout)),
+            }
+        };
+        if self.driver.topology().epoch != epoch {
+            self.connect_all().await?;
+        }
+        Ok(result?)
+    }
+
+    async fn send(&mut self, sends: Vec<(NodeId, Message)>) {
+        for (node, msg) in sends {
+            if !self.writers.contains_key(&node) {
+                if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
+                    if let Ok(w) = open(&addr, self.driver.id(), self.tx.clone()).await {
+                        self.writers.insert(node, w);
+                    }
+                }
+            }
+            let Some(w) = self.writers.get_mut(&node) else { continue };
+            self.out.clear();
+            put_frame(&msg, &mut self.out);
+            if w.write_all(&self.out).await.is_err() {
+                // Reconnect on the next request; this one will time out.
+                self.writers.remove(&node);
+            }
+        }
+    }
+
+    /// GET: the value, if any.
+    pub async fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>, Error> {
+        Ok(self.get_at(key).await?.0)
+    }
+
+    /// GET, also saying which chain position served it.
+    pub async fn get_at(&mut self, key: &[u8]) -> Result<(Option<Bytes>, u8), Error> {
+        match self.run(Request::Get(Bytes::copy_from_slice(key))).await? {
+            Response::Read { value, chain_index } => Ok((value, chain_index)),
+            other => Err(Error::Protocol(format!("GET answered {other:?}"))),
+        }
+    }
+
+    /// PUT (SET without options).
+    pub async fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        let request = Request::Put {
+            key: Bytes::copy_from_slice(key),
+            value: Some(Bytes::copy_from_slice(value)),
+            ttl_ms: None,
+            condition: Condition::Always,
+        };
+        self.run(request).await.map(|_| ())
+    }
+
+    /// DELETE: whether the key existed.
+    pub async fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
+        let request = Request::Put { key: Bytes::copy_from_slice(key), value: None, ttl_ms: None, condition: Condition::IfPresent };
+        Ok(matches!(self.run(request).await?, Response::Written(true)))
+    }
+
+    /// A get-transaction: a causally consistent snapshot of `keys`.
+    pub async fn get_transaction(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>, Error> {
+        match self.run(Request::MultiGet(keys.iter().map(|k| Bytes::copy_from_slice(k)).collect())).await? {
+            Response::Values(v) => Ok(v),
+            other => Err(Error::Protocol(format!("get-transaction answered {other:?}"))),
+        }
+    }
+
+    /// Live keys in the site.
+    pub async fn count(&mut self) -> Result<u64, Error> {
+        match self.run(Request::Count).await? {
+            Response::Count(n) => Ok(n),
+            other => Err(Error::Protocol(format!("count answered {other:?}"))),
+        }
+    }
+
+    /// Fetches the current partition map.
+    pub async fn refresh_topology(&mut self) -> Result<Arc<Topology>, Error> {
+        match self.run(Request::Topology).await? {
+            Response::Topology(t) => Ok(t),
+            other => Err(Error::Protocol(format!("topology answered {other:?}"))),
+        }
+    }
+}
+
+/// An empty map used only until the seed node answers.
+fn placeholder() -> Topology {
+    Topology { epoch: 0, shape: causeway_core::ring::Shape { partitions: 1, replicas: 1, k: 1 }, nodes: Vec::new(), chains: Vec::new() }
+}
+
+/// Opens a binary connection to a node and starts reading its replies.
+async fn open(addr: &str, id: ClientId, tx: mpsc::UnboundedSender<Message>) -> Result<OwnedWriteHalf, Error> {
+    let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+        .await
+        .map_err(|_| Error::Connect(format!("{addr}: timed out")))?
+        .map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let mut hello = BytesMut::new();
+    hello.extend_from_slice(&[BINARY_MAGIC]);
+    put_frame(&Hello::Client(id), &mut hello);
+    wr.write_all(&hello).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
+    tokio::spawn(async move {
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        loop {
+            loop {
+                match take_frame::<Message>(&mut buf) {
+                    Ok(Some(m)) => {
+                        if tx.send(m).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(_) => return,
+                }
+            }
+            match rd.read_buf(&mut buf).await {
+                Ok(n) if n > 0 => {}
+                _ => return,
+            }
+        }
+    });
+    Ok(wr)
+}

@@ -1,0 +1,109 @@
+//! Causeway's own commands, under the `CW.` prefix.
+
+use super::{syntax_error, upper, Outcome};
+use crate::conn::Conn;
+use bytes::Bytes;
+use causeway_core::driver::Consistency;
+use causeway_core::session::Session;
+use causeway_resp::Frame;
+
+/// CW.CONSISTENCY [causal | eventual | linearizable]: shows or sets this
+/// connection's consistency level.
+pub async fn consistency(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    match args.len() {
+        1 => Frame::Simple(conn.driver.consistency().to_string()),
+        2 => match String::from_utf8_lossy(&args[1]).parse::<Consistency>() {
+            Ok(c) => {
+                conn.driver.set_consistency(c);
+                Frame::ok()
+            }
+            Err(e) => Frame::error(format!("ERR {e}")),
+        },
+        _ => syntax_error(),
+    }
+    .into()
+}
+
+/// CW.KEYRANGE: the partition map, as the p2p store's `keyrange`: one entry
+/// per partition, `[partition, [[node id, address, role], ...]]`, head first.
+pub async fn keyrange(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
+    let t = &conn.node.topology;
+    let entries = t
+        .chains
+        .iter()
+        .enumerate()
+        .map(|(p, chain)| {
+            let members = chain
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let role = if i == 0 {
+                        "head"
+                    } else if i + 1 == chain.len() {
+                        "tail"
+                    } else {
+                        "middle"
+                    };
+                    let addr = t.node(n).map(|n| n.addr.clone()).unwrap_or_default();
+                    Frame::Array(vec![Frame::Integer(n as i64), Frame::Bulk(addr.into()), Frame::Simple(role.into())])
+                })
+                .collect();
+            Frame::Array(vec![Frame::Integer(p as i64), Frame::Array(members)])
+        })
+        .collect();
+    Frame::Array(entries).into()
+}
+
+/// CW.SESSION EXPORT | RESUME token | RESET | INFO: carry a session's
+/// causal metadata to another connection or node.
+pub async fn session(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    match (upper(&args[1]).as_str(), args.len()) {
+        ("EXPORT", 2) => Frame::Bulk(Bytes::from(hex(&conn.driver.session().export()))),
+        ("RESUME", 3) => match unhex(&args[2]).ok_or("invalid session token: not hex".to_string()).and_then(|b| Session::import(&b)) {
+            Ok(s) => {
+                conn.driver.set_session(s);
+                Frame::ok()
+            }
+            Err(e) => Frame::error(format!("ERR {e}")),
+        },
+        ("RESET", 2) => {
+            conn.driver.set_session(Session::default());
+            Frame::ok()
+        }
+        ("INFO", 2) => {
+            let s = conn.driver.session();
+            Frame::Bulk(Bytes::from(format!("tracked_keys:{}\r\nmax_ts:{}\r\n", s.tracked_keys(), s.max_ts())))
+        }
+        _ => syntax_error(),
+    }
+    .into()
+}
+
+/// CW.STATUS: this node at a glance.
+pub async fn status(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
+    let node = &conn.node;
+    let (head, middle, tail) = node.roles();
+    let t = &node.topology;
+    let text = format!(
+        "node:{}\r\nepoch:{}\r\nnodes:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\n",
+        node.me,
+        t.epoch,
+        t.nodes.len(),
+        t.shape.partitions,
+        t.shape.replicas,
+        t.shape.k
+    );
+    Frame::Bulk(Bytes::from(text)).into()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &[u8]) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    s.chunks(2).map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok()).collect()
+}

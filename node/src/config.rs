@@ -1,0 +1,105 @@
+//! A node's configuration: from flags (`causeway node --id 0 --listen ...`)
+//! or a TOML file with the same field names.
+
+use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
+use causeway_core::version::SiteId;
+use causeway_resp::Limits;
+use serde::Deserialize;
+
+/// Everything one node needs to start.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's id; must appear in `nodes`.
+    pub id: NodeId,
+    /// Where to listen (host:port), for Redis clients, native clients and
+    /// peers alike.
+    pub listen: String,
+    /// Every node of the site, this one included (static membership until
+    /// the coordinator exists).
+    pub nodes: Vec<NodeInfo>,
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    pub replicas: usize,
+    pub k: usize,
+    #[serde(default)]
+    pub site: SiteId,
+    /// Like Redis' `requirepass`: clients must AUTH first.
+    #[serde(default)]
+    pub requirepass: Option<String>,
+    /// Largest bulk string (key or value) accepted, like `proto-max-bulk-len`.
+    #[serde(default = "default_max_bulk")]
+    pub max_bulk_len: usize,
+    /// Most arguments in one command.
+    #[serde(default = "default_max_args")]
+    pub max_array_len: usize,
+    /// How long a client request may wait for replicas before an error.
+    #[serde(default = "default_timeout")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_partitions() -> u32 {
+    64
+}
+fn default_max_bulk() -> usize {
+    Limits::default().max_bulk_len
+}
+fn default_max_args() -> usize {
+    Limits::default().max_array_len
+}
+fn default_timeout() -> u64 {
+    5_000
+}
+
+impl NodeConfig {
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| format!("invalid node config: {e}"))
+    }
+
+    pub fn shape(&self) -> Shape {
+        Shape { partitions: self.partitions, replicas: self.replicas, k: self.k }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits { max_bulk_len: self.max_bulk_len, max_array_len: self.max_array_len, ..Limits::default() }
+    }
+
+    /// The site's topology, checked.
+    pub fn topology(&self) -> Result<Topology, String> {
+        if !self.nodes.iter().any(|n| n.id == self.id) {
+            return Err(format!("node id {} is not in the node list", self.id));
+        }
+        Topology::new(1, self.shape(), self.nodes.clone())
+    }
+}
+
+/// Parses `0=127.0.0.1:6380,1=127.0.0.1:6381` into node infos.
+pub fn parse_nodes(s: &str) -> Result<Vec<NodeInfo>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (id, addr) = p.split_once('=').ok_or_else(|| format!("expected id=host:port, got '{p}'"))?;
+            let id = id.trim().parse().map_err(|_| format!("invalid node id '{id}'"))?;
+            Ok(NodeInfo { id, addr: addr.trim().to_string() })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_flags_and_toml() {
+        let nodes = parse_nodes("0=127.0.0.1:1,1=127.0.0.1:2").unwrap();
+        assert_eq!(nodes[1], NodeInfo { id: 1, addr: "127.0.0.1:2".into() });
+        assert!(parse_nodes("0:127.0.0.1").is_err());
+        let c = NodeConfig::from_toml(
+            "id = 1\nlisten = \"127.0.0.1:2\"\nreplicas = 2\nk = 1\nnodes = [{id = 0, addr = \"127.0.0.1:1\"}, {id = 1, addr = \"127.0.0.1:2\"}]\n",
+        )
+        .unwrap();
+        assert_eq!(c.partitions, 64);
+        assert!(c.topology().is_ok());
+        assert!(NodeConfig::from_toml("id = 1\nbogus = 3").is_err());
+    }
+}

@@ -1,0 +1,133 @@
+//! One Redis client connection: read what the client sent, answer every
+//! complete command in the buffer, flush once (pipelining), repeat.
+//!
+//! The connection is a ChainReaction client proxy with one session: its
+//! `Driver` keeps the causal metadata a native client would keep itself, so
+//! an unmodified Redis client gets causal+ consistency per connection.
+
+use crate::cmd::{self, Outcome};
+use crate::server::{now_ms, Node};
+use bytes::BytesMut;
+use causeway_core::driver::{ClientError, Driver, Request, Response};
+use causeway_core::message::{ClientId, Message};
+use causeway_resp::{Frame, Protocol, RequestDecoder};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Replies are written out once this much is buffered, even mid-pipeline,
+/// so one client cannot make the node buffer without bound.
+const MAX_PENDING_OUTPUT: usize = 1 << 20;
+
+/// A connection's state, as commands see it.
+pub struct Conn {
+    pub node: Arc<Node>,
+    pub driver: Driver,
+    pub proto: Protocol,
+    pub authed: bool,
+    pub name: Option<String>,
+    replies: mpsc::UnboundedReceiver<Message>,
+}
+
+impl Conn {
+    pub fn id(&self) -> ClientId {
+        self.driver.id()
+    }
+
+    /// Runs one request through the session's driver: sends what it says
+    /// (messages for this node are handled in place), feeds it the replies,
+    /// until it answers or gives up.
+    pub async fn run(&mut self, request: Request) -> Result<Response, ClientError> {
+        let id = self.id();
+        // Replies to an earlier, abandoned request may still be queued.
+        while self.replies.try_recv().is_ok() {}
+        let progress = self.driver.start(request, now_ms());
+        if let Some(done) = progress.done {
+            return done;
+        }
+        let mut inbox: VecDeque<Message> = self.node.route_sends(progress.send, id).into();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.node.config.request_timeout_ms);
+        loop {
+            while let Some(msg) = inbox.pop_front() {
+                let progress = self.driver.on_message(msg, now_ms());
+                inbox.extend(self.node.route_sends(progress.send, id));
+                if let Some(done) = progress.done {
+                    return done;
+                }
+            }
+            match tokio::time::timeout_at(deadline, self.replies.recv()).await {
+                Ok(Some(msg)) => inbox.push_back(msg),
+                Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
+                Err(_) => {
+                    // Past the deadline: the driver gives up (its clock agrees).
+                    let progress = self.driver.tick(now_ms() + self.node.config.request_timeout_ms);
+                    return progress.done.unwrap_or(Err(ClientError::Timeout));
+                }
+            }
+        }
+    }
+}
+
+/// Serves one Redis client until it quits or disconnects.
+pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
+    let id = node.new_session();
+    let (tx, replies) = mpsc::unbounded_channel();
+    node.register(id, tx.clone());
+    let driver = Driver::new(id, node.topology.clone(), Some(node.me), node.config.request_timeout_ms);
+    let authed = node.config.requirepass.is_none();
+    let mut conn = Conn { node: node.clone(), driver, proto: Protocol::Resp2, authed, name: None, replies };
+    let limits = node.limits.clone();
+    let mut input = BytesMut::with_capacity(16 * 1024);
+    let mut output = BytesMut::with_capacity(16 * 1024);
+    let mut decoder = RequestDecoder::new();
+    'serve: loop {
+        loop {
+            match decoder.decode(&mut input, &limits) {
+                Ok(Some(args)) if args.is_empty() => {}
+                Ok(Some(args)) => {
+                    node.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    match cmd::execute(&mut conn, args).await {
+                        Outcome::Reply(frame) => frame.encode(conn.proto, &mut output),
+                        Outcome::Close(frame) => {
+                            frame.encode(conn.proto, &mut output);
+                            let _ = stream.write_all(&output).await;
+                            break 'serve;
+                        }
+                    }
+                    if output.len() >= MAX_PENDING_OUTPUT {
+                        if stream.write_all(&output).await.is_err() {
+                            break 'serve;
+                        }
+                        output.clear();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // Like Redis: report the protocol error and close.
+                    e.to_frame().encode(conn.proto, &mut output);
+                    let _ = stream.write_all(&output).await;
+                    break 'serve;
+                }
+            }
+        }
+        if !output.is_empty() {
+            if stream.write_all(&output).await.is_err() {
+                break;
+            }
+            output.clear();
+        }
+        match stream.read_buf(&mut input).await {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    node.unregister(id, &tx);
+}
+
+/// The Redis error for a request the replicas did not complete.
+pub fn client_error(e: ClientError) -> Frame {
+    Frame::error(format!("ERR {e}"))
+}

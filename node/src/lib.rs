@@ -1,0 +1,17 @@
+//! A Causeway data node: the I/O shell around `causeway-core`.
+//!
+//! * `server`: shared state (one lock per partition replica), the accept
+//!   loop, the ticker, and message routing.
+//! * `peer`: binary connections to peers and from native clients.
+//! * `conn`: one Redis connection, a ChainReaction client proxy.
+//! * `cmd`: the Redis commands.
+//! * `config`: flags and TOML.
+
+pub mod cmd;
+pub mod config;
+pub mod conn;
+pub mod peer;
+pub mod server;
+
+pub use config::NodeConfig;
+pub use server::run;

@@ -1,0 +1,169 @@
+//! Binary connections: to and from the other nodes of the site, and from
+//! native clients.
+//!
+//! Each node keeps one outbound connection per peer, fed by two queues:
+//! eager (client requests, replies, eager-phase forwards, acknowledgements)
+//! and lazy (lazy-phase forwards, ChainReaction §3.3.1). The writer drains
+//! everything queued, eager first, into one buffer and writes it with one
+//! syscall, so a busy chain batches naturally. Messages queued while the
+//! peer is unreachable are dropped: the chain retransmits its own traffic and
+//! client requests time out; chain repair on failure is the coordinator's
+//! job (issue 3).
+
+use crate::server::Node;
+use bytes::BytesMut;
+use causeway_core::message::{Hello, Message, BINARY_MAGIC};
+use causeway_core::ring::NodeId;
+use causeway_core::wire::{put_frame, take_frame};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Flush at about this many bytes even if more is queued, to bound latency.
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// The sending half of the connection to one peer.
+pub struct Sender {
+    eager: mpsc::UnboundedSender<Message>,
+    lazy: mpsc::UnboundedSender<Message>,
+}
+
+impl Sender {
+    /// Starts the writer task for the peer at `addr`.
+    pub fn spawn(me: NodeId, addr: String) -> Sender {
+        let (eager, eager_rx) = mpsc::unbounded_channel();
+        let (lazy, lazy_rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(me, addr, eager_rx, lazy_rx));
+        Sender { eager, lazy }
+    }
+
+    pub fn send(&self, msg: Message) {
+        let queue = if matches!(msg, Message::Forward { lazy: true, .. }) { &self.lazy } else { &self.eager };
+        let _ = queue.send(msg);
+    }
+}
+
+async fn write_loop(me: NodeId, addr: String, mut eager: mpsc::UnboundedReceiver<Message>, mut lazy: mpsc::UnboundedReceiver<Message>) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    'connect: loop {
+        let mut stream = match TcpStream::connect(&addr).await {
+            Ok(s) => s,
+            Err(_) => {
+                // Peer down or not up yet: drop what is queued, try again soon.
+                while eager.try_recv().is_ok() || lazy.try_recv().is_ok() {}
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        buf.clear();
+        buf.extend_from_slice(&[BINARY_MAGIC]);
+        put_frame(&Hello::Node(me), &mut buf);
+        loop {
+            // Wait for anything, eager first.
+            let first = tokio::select! {
+                biased;
+                m = eager.recv() => m,
+                m = lazy.recv() => m,
+            };
+            let Some(first) = first else { return };
+            put_frame(&first, &mut buf);
+            while buf.len() < MAX_BATCH_BYTES {
+                match eager.try_recv() {
+                    Ok(m) => put_frame(&m, &mut buf),
+                    Err(_) => match lazy.try_recv() {
+                        Ok(m) => put_frame(&m, &mut buf),
+                        Err(_) => break,
+                    },
+                }
+            }
+            if let Err(e) = stream.write_all(&buf).await {
+                tracing::debug!("lost connection to peer {addr}: {e}");
+                continue 'connect;
+            }
+            buf.clear();
+        }
+    }
+}
+
+/// Serves a binary connection accepted from a peer node or a native client.
+pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut magic = [0u8; 1];
+    if rd.read_exact(&mut magic).await.is_err() {
+        return;
+    }
+    let hello: Hello = loop {
+        match take_frame(&mut buf) {
+            Ok(Some(h)) => break h,
+            Ok(None) => {
+                if !matches!(rd.read_buf(&mut buf).await, Ok(n) if n > 0) {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!("bad handshake on a binary connection: {e}");
+                return;
+            }
+        }
+    };
+    // A native client gets its replies on this same connection.
+    let client = match hello {
+        Hello::Client(id) => {
+            let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+            node.register(id, tx.clone());
+            tokio::spawn(async move {
+                let mut out = BytesMut::new();
+                while let Some(m) = rx.recv().await {
+                    put_frame(&m, &mut out);
+                    while let Ok(m) = rx.try_recv() {
+                        put_frame(&m, &mut out);
+                    }
+                    if wr.write_all(&out).await.is_err() {
+                        return;
+                    }
+                    out.clear();
+                }
+            });
+            Some((id, tx))
+        }
+        Hello::Node(_) => None,
+    };
+    loop {
+        loop {
+            match take_frame::<Message>(&mut buf) {
+                Ok(Some(msg)) => {
+                    node.route(vec![causeway_core::message::Envelope { to: destination(&node, &msg), msg }], None);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("closing a binary connection that sent a bad frame: {e}");
+                    return close(&node, client);
+                }
+            }
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(n) if n > 0 => {}
+            _ => return close(&node, client),
+        }
+    }
+}
+
+/// Replies arriving from peers are for our sessions; everything else is
+/// for this node.
+fn destination(node: &Node, msg: &Message) -> causeway_core::message::Dest {
+    use causeway_core::message::Dest;
+    match msg.op() {
+        Some(op) if msg.is_reply() => Dest::Client(op.client),
+        _ => Dest::Node(node.me),
+    }
+}
+
+fn close(node: &Node, client: Option<(causeway_core::message::ClientId, mpsc::UnboundedSender<Message>)>) {
+    if let Some((id, tx)) = client {
+        node.unregister(id, &tx);
+    }
+}

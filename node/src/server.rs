@@ -1,0 +1,209 @@
+//! The node process: shared state, the accept loop, the ticker, and
+//! routing of the messages the protocol state machines produce.
+//!
+//! One port serves everyone. A connection whose first byte is
+//! `BINARY_MAGIC` is a peer node or a native client (`peer`); anything else
+//! is a Redis client (`conn`).
+
+use crate::config::NodeConfig;
+use crate::{conn, peer};
+use ahash::AHashMap;
+use causeway_core::chain::ChainReplica;
+use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
+use causeway_core::node::{self, Partitions};
+use causeway_core::ring::{NodeId, PartitionId, Topology};
+use causeway_resp::Limits;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// How often replicas get a tick (retransmissions).
+const TICK: Duration = Duration::from_millis(20);
+
+/// Wall-clock milliseconds: the physical part of hybrid timestamps.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Counters shown by INFO and CW.STATUS.
+#[derive(Default)]
+pub struct Stats {
+    pub connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub commands: AtomicU64,
+}
+
+/// A node's shared state. Every partition replica has its own lock, so
+/// connections on different cores only meet when they touch the same
+/// partition.
+pub struct Node {
+    pub me: NodeId,
+    pub topology: Arc<Topology>,
+    pub config: NodeConfig,
+    pub limits: Limits,
+    pub stats: Stats,
+    pub started: Instant,
+    parts: Vec<Option<Mutex<ChainReplica>>>,
+    peers: AHashMap<NodeId, peer::Sender>,
+    /// Where to deliver replies for sessions and native clients on this node.
+    clients: Mutex<AHashMap<ClientId, mpsc::UnboundedSender<Message>>>,
+    next_session: AtomicU64,
+}
+
+impl Partitions for Node {
+    fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
+        self.parts.get(partition as usize)?.as_ref().map(|m| f(&mut m.lock()))
+    }
+}
+
+impl Node {
+    /// A fresh client id for a session on this node.
+    pub fn new_session(&self) -> ClientId {
+        session_id(self.me, self.next_session.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Registers where replies for `client` go; `unregister` when it leaves.
+    pub fn register(&self, client: ClientId, tx: mpsc::UnboundedSender<Message>) {
+        self.clients.lock().insert(client, tx);
+    }
+
+    /// Forgets `client`, unless it has registered again since on another
+    /// connection (`tx` tells which registration is ending).
+    pub fn unregister(&self, client: ClientId, tx: &mpsc::UnboundedSender<Message>) {
+        let mut clients = self.clients.lock();
+        if clients.get(&client).is_some_and(|t| t.same_channel(tx)) {
+            clients.remove(&client);
+        }
+    }
+
+    /// Delivers what a state machine produced: messages for this node are
+    /// handled here and now (no hop), messages for `local` are returned to
+    /// the caller, everything else goes to its peer or client connection.
+    pub fn route(&self, out: Outbox, local: Option<ClientId>) -> Vec<Message> {
+        let mut mine = Vec::new();
+        let mut queue: VecDeque<Envelope> = out.into();
+        while let Some(env) = queue.pop_front() {
+            match env.to {
+                Dest::Node(n) if n == self.me => {
+                    let mut more = Outbox::new();
+                    node::handle(&self.topology, self, env.msg, now_ms(), &mut more);
+                    queue.extend(more);
+                }
+                Dest::Node(n) => match self.peers.get(&n) {
+                    Some(p) => p.send(env.msg),
+                    None => tracing::warn!("dropping a message for unknown node {n}"),
+                },
+                Dest::Client(c) if Some(c) == local => mine.push(env.msg),
+                Dest::Client(c) => match home_node(c) {
+                    Some(home) if home != self.me => match self.peers.get(&home) {
+                        Some(p) => p.send(env.msg),
+                        None => tracing::warn!("dropping a reply for a session on unknown node {home}"),
+                    },
+                    // A client that left gets nothing: its request was abandoned.
+                    _ => {
+                        if let Some(tx) = self.clients.lock().get(&c) {
+                            let _ = tx.send(env.msg);
+                        }
+                    }
+                },
+            }
+        }
+        mine
+    }
+
+    /// A driver's sends, routed.
+    pub fn route_sends(&self, sends: Vec<(NodeId, Message)>, local: ClientId) -> Vec<Message> {
+        self.route(sends.into_iter().map(|(n, msg)| Envelope { to: Dest::Node(n), msg }).collect(), Some(local))
+    }
+
+    /// Counts (role name, partitions) for status output.
+    pub fn roles(&self) -> (usize, usize, usize) {
+        let (mut head, mut middle, mut tail) = (0, 0, 0);
+        for (_, i) in self.topology.roles_of(self.me) {
+            let len = self.topology.shape.replicas;
+            if i == 0 {
+                head += 1;
+            }
+            if i + 1 == len {
+                tail += 1;
+            }
+            if i != 0 && i + 1 != len {
+                middle += 1;
+            }
+        }
+        (head, middle, tail)
+    }
+}
+
+/// Starts a node and serves until `shutdown` resolves.
+pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    let topology = Arc::new(config.topology()?);
+    let listener = TcpListener::bind(&config.listen).await.map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let me = config.id;
+    let parts = (0..topology.shape.partitions).map(|p| ChainReplica::new(&topology, p, me, config.site).map(Mutex::new)).collect();
+    let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone()))).collect();
+    let node = Arc::new(Node {
+        me,
+        topology: topology.clone(),
+        limits: config.limits(),
+        config,
+        stats: Stats::default(),
+        started: Instant::now(),
+        parts,
+        peers,
+        clients: Mutex::new(AHashMap::new()),
+        next_session: AtomicU64::new(1),
+    });
+    tracing::info!("node {me} serving on {}", node.config.listen);
+    let ticker = tokio::spawn(tick_loop(node.clone()));
+    tokio::select! {
+        _ = accept_loop(node.clone(), listener) => {}
+        _ = shutdown => tracing::info!("node {me} shutting down"),
+    }
+    ticker.abort();
+    Ok(())
+}
+
+async fn tick_loop(node: Arc<Node>) {
+    let mut interval = tokio::time::interval(TICK);
+    loop {
+        interval.tick().await;
+        let mut out = Outbox::new();
+        node::tick(&node.topology, &*node, now_ms(), &mut out);
+        node.route(out, None);
+    }
+}
+
+async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve(node.clone(), stream));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve(node: Arc<Node>, stream: TcpStream) {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0] == BINARY_MAGIC => peer::serve_inbound(node, stream).await,
+        Ok(1) => {
+            node.stats.connections.fetch_add(1, Ordering::Relaxed);
+            node.stats.total_connections.fetch_add(1, Ordering::Relaxed);
+            conn::serve(node.clone(), stream).await;
+            node.stats.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}

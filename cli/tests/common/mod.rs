@@ -1,0 +1,393 @@
+//! Shared harness for the integration tests: a `Cluster` of real
+//! `causeway node` processes on free loopback ports, killed on drop, plus a
+//! raw RESP connection for byte-level tests.
+#![allow(dead_code)]
+
+use bytes::BytesMut;
+use causeway_resp::{encode_request, parse_frame, Frame, Limits};
+use std::collections::HashSet;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long a node may take to accept connections after it is spawned.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a test waits for one reply before failing (instead of hanging).
+pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Ports handed out in this test process, so parallel tests never share one.
+fn used_ports() -> &'static Mutex<HashSet<u16>> {
+    static USED: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    USED.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// `n` distinct ports that were free a moment ago (bound to 127.0.0.1:0,
+/// then released), never handed out before in this process.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let mut used = used_ports().lock().unwrap();
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let l = TcpListener::bind("127.0.0.1:0").expect("can bind an ephemeral port");
+        let port = l.local_addr().unwrap().port();
+        if used.insert(port) {
+            ports.push(port);
+        }
+        held.push(l);
+    }
+    ports
+}
+
+/// `n` consecutive free ports (for `causeway dev`, which uses port..port+n).
+pub fn free_consecutive_ports(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = free_ports(1)[0];
+        if base.checked_add(n).is_none() {
+            continue;
+        }
+        let mut used = used_ports().lock().unwrap();
+        let candidates: Vec<u16> = (1..n).map(|i| base + i).collect();
+        if candidates.iter().any(|p| used.contains(p)) {
+            continue;
+        }
+        let held: Vec<_> = candidates.iter().filter_map(|p| TcpListener::bind(("127.0.0.1", *p)).ok()).collect();
+        if held.len() == candidates.len() {
+            used.extend(candidates);
+            return base;
+        }
+    }
+    panic!("could not find {n} consecutive free ports");
+}
+
+fn log_path(tag: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("causeway-it-{}-{n}-{tag}.log", std::process::id()))
+}
+
+/// Shape and flags of a test cluster.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub nodes: usize,
+    pub replicas: usize,
+    pub k: usize,
+    /// Extra flags for every node, e.g. `["--requirepass", "secret"]`.
+    pub extra: Vec<String>,
+}
+
+impl Opts {
+    pub fn new(nodes: usize, replicas: usize, k: usize) -> Opts {
+        Opts { nodes, replicas, k, extra: Vec::new() }
+    }
+
+    pub fn flag(mut self, name: &str, value: impl ToString) -> Opts {
+        self.extra.push(name.to_string());
+        self.extra.push(value.to_string());
+        self
+    }
+}
+
+/// One `causeway node` child process.
+pub struct NodeProc {
+    pub id: usize,
+    pub port: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl NodeProc {
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A site of `causeway node` processes on loopback, killed on drop.
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    pub opts: Opts,
+}
+
+impl Cluster {
+    /// `n` nodes, chains of `replicas`, writes acknowledged at `k`.
+    pub fn start(n: usize, replicas: usize, k: usize) -> Cluster {
+        Cluster::start_with(Opts::new(n, replicas, k))
+    }
+
+    /// The usual test site: 3 nodes, R=3, k=2.
+    pub fn three() -> Cluster {
+        Cluster::start(3, 3, 2)
+    }
+
+    pub fn start_with(opts: Opts) -> Cluster {
+        let mut last_error = String::new();
+        // A port found free may be taken by someone else before the node
+        // binds it: then start over with fresh ports.
+        for _attempt in 0..5 {
+            match Cluster::try_start(&opts) {
+                Ok(c) => return c,
+                Err((e, retry)) if retry => last_error = e,
+                Err((e, _)) => panic!("{e}"),
+            }
+        }
+        panic!("could not start a cluster: {last_error}");
+    }
+
+    fn try_start(opts: &Opts) -> Result<Cluster, (String, bool)> {
+        let ports = free_ports(opts.nodes);
+        let list: Vec<String> = ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{p}")).collect();
+        let mut nodes = Vec::new();
+        for (i, &port) in ports.iter().enumerate() {
+            let log = log_path(&format!("node{i}"));
+            let stderr = std::fs::File::create(&log).expect("can create a log file");
+            let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
+                .args(["node", "--id", &i.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--nodes", &list.join(",")])
+                .args(["--replicas", &opts.replicas.to_string(), "--k", &opts.k.to_string()])
+                .args(&opts.extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("can spawn causeway node");
+            nodes.push(NodeProc { id: i, port, child: Some(child), log });
+        }
+        let mut cluster = Cluster { nodes, opts: opts.clone() };
+        let deadline = Instant::now() + START_TIMEOUT;
+        for node in &mut cluster.nodes {
+            let addr: SocketAddr = node.addr().parse().unwrap();
+            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                if let Some(status) = node.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                    let log = node.stderr();
+                    let retry = log.contains("cannot listen");
+                    return Err((format!("node {} exited ({status}) before serving; stderr:\n{log}", node.id), retry));
+                }
+                if Instant::now() > deadline {
+                    return Err((format!("node {} did not accept on {} in time; stderr:\n{}", node.id, node.addr(), node.stderr()), false));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(cluster)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn addr(&self, i: usize) -> String {
+        self.nodes[i].addr()
+    }
+
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].port
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}/", self.port(i))
+    }
+
+    /// Every node's stderr, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes.iter().map(|n| format!("--- node {} stderr ---\n{}", n.id, n.stderr())).collect()
+    }
+
+    /// A redis client for node `i`.
+    pub fn client(&self, i: usize) -> redis::Client {
+        redis::Client::open(self.url(i)).unwrap()
+    }
+
+    /// A blocking redis connection to node `i`, with read/write timeouts.
+    pub fn conn(&self, i: usize) -> redis::Connection {
+        let c = self.client(i).get_connection_with_timeout(IO_TIMEOUT).unwrap_or_else(|e| panic!("connect to node {i}: {e}"));
+        c.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        c.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        c
+    }
+
+    /// An async multiplexed connection to node `i`.
+    pub async fn aconn(&self, i: usize) -> redis::aio::MultiplexedConnection {
+        self.client(i).get_multiplexed_async_connection().await.unwrap_or_else(|e| panic!("connect to node {i}: {e}"))
+    }
+
+    /// A raw TCP connection to node `i`.
+    pub fn raw(&self, i: usize) -> Raw {
+        Raw::connect(&self.addr(i))
+    }
+
+    /// SIGKILL node `i` and reap it.
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// The partition map as `CW.KEYRANGE` reports it: for each partition,
+    /// the chain's node ids, head first.
+    pub fn chains(&self, via: usize) -> Vec<Vec<usize>> {
+        let mut c = self.conn(via);
+        let v: redis::Value = redis::cmd("CW.KEYRANGE").query(&mut c).unwrap();
+        let redis::Value::Array(parts) = v else { panic!("CW.KEYRANGE answered {v:?}") };
+        parts
+            .into_iter()
+            .map(|p| {
+                let redis::Value::Array(entry) = p else { panic!("bad entry {p:?}") };
+                let redis::Value::Array(members) = &entry[1] else { panic!("bad members {entry:?}") };
+                members
+                    .iter()
+                    .map(|m| match m {
+                        redis::Value::Array(f) => match f[0] {
+                            redis::Value::Int(id) => id as usize,
+                            ref other => panic!("bad node id {other:?}"),
+                        },
+                        other => panic!("bad member {other:?}"),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The text of a Redis error reply as the server sent it ("ERR syntax error").
+pub fn err_line(e: &redis::RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_string(),
+        _ => e.to_string(),
+    }
+}
+
+/// Runs a command that must fail and returns the error line.
+pub fn expect_err(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
+    match cmd.query::<redis::Value>(con) {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => err_line(&e),
+    }
+}
+
+/// Polls `f` until it returns `Some`, failing after `timeout`.
+pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A raw RESP connection: send arbitrary bytes, read frames or the close.
+pub struct Raw {
+    pub stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    pub fn connect(addr: &str) -> Raw {
+        let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Raw { stream, buf: BytesMut::new() }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// Encodes and sends one command.
+    pub fn send_cmd(&mut self, args: &[&[u8]]) {
+        let mut out = BytesMut::new();
+        encode_request(args, &mut out);
+        self.send(&out);
+    }
+
+    /// Sends one command and reads its reply.
+    pub fn cmd(&mut self, args: &[&[u8]]) -> Frame {
+        self.send_cmd(args);
+        self.read_frame()
+    }
+
+    /// Reads one reply frame (panics on EOF or timeout).
+    pub fn read_frame(&mut self) -> Frame {
+        let limits = Limits::default();
+        loop {
+            if let Some(f) = parse_frame(&mut self.buf, &limits).expect("the server sends valid RESP") {
+                return f;
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = self.stream.read(&mut chunk).unwrap_or_else(|e| panic!("reading a reply: {e}"));
+            assert!(n > 0, "connection closed while waiting for a reply (buffered: {:?})", self.buf);
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Reads until the server closes the connection; returns everything read
+    /// (including any reply bytes still buffered). Panics if it stays open.
+    pub fn read_to_close(&mut self) -> Vec<u8> {
+        let mut all = self.buf.split().to_vec();
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return all,
+                Ok(n) => all.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return all,
+                Err(e) => panic!("expected the server to close the connection, got {e} after {:?}", String::from_utf8_lossy(&all)),
+            }
+        }
+    }
+
+    /// Reads exactly `n` bytes of raw reply.
+    pub fn read_exact_raw(&mut self, n: usize) -> Vec<u8> {
+        let mut out = self.buf.split().to_vec();
+        let mut chunk = vec![0u8; 64 * 1024];
+        while out.len() < n {
+            let got = self.stream.read(&mut chunk).unwrap();
+            assert!(got > 0, "closed after {} of {n} bytes", out.len());
+            out.extend_from_slice(&chunk[..got]);
+        }
+        self.buf.extend_from_slice(&out[n..]);
+        out.truncate(n);
+        out
+    }
+}
+
+/// Shorthand for a bulk reply.
+pub fn bulk(b: &[u8]) -> Frame {
+    Frame::Bulk(bytes::Bytes::copy_from_slice(b))
+}
+
+/// Shorthand for a simple string reply.
+pub fn simple(s: &str) -> Frame {
+    Frame::Simple(s.to_string())
+}
+
+/// Shorthand for an error reply.
+pub fn error(s: &str) -> Frame {
+    Frame::Error(s.to_string())
+}

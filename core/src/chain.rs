@@ -31,7 +31,6 @@ use crate::message::{send, Condition, Dest, Item, Message, OpId, Outbox, Refusal
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored};
 use crate::version::{SiteId, Version};
-use ahash::AHashMap;
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -80,13 +79,10 @@ pub struct ChainReplica {
     unstable: VecDeque<Update>,
     /// Arrived ahead of a gap.
     early: BTreeMap<u64, Update>,
-    /// Dependency-stabilization requests waiting at the tail, by key.
-    waiters: AHashMap<Bytes, Vec<(OpId, Version)>>,
+    /// Dependency-stabilization requests, by the seq they wait for.
+    waiters: BTreeMap<u64, Vec<OpId>>,
     /// When the successor last made progress (or we last resent).
     last_progress_ms: u64,
-    /// The clock when FLUSHALL last ran: versions up to it are gone, so
-    /// dependencies on them count as stable.
-    flushed_at: Timestamp,
 }
 
 impl ChainReplica {
@@ -106,9 +102,8 @@ impl ChainReplica {
             stable: 0,
             unstable: VecDeque::new(),
             early: BTreeMap::new(),
-            waiters: AHashMap::new(),
+            waiters: BTreeMap::new(),
             last_progress_ms: 0,
-            flushed_at: Timestamp::ZERO,
         })
     }
 
@@ -152,7 +147,7 @@ impl ChainReplica {
             Condition::IfPresent => current,
         };
         if !holds {
-            let msg = Message::PutDone { op: req.op, version: None, chain_index: 0, stable: false };
+            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false };
             return send(out, Dest::Client(req.op.client), msg);
         }
         let ts = self.clock.tick(now_ms, req.after);
@@ -200,13 +195,19 @@ impl ChainReplica {
         self.store.apply(u.key.clone(), stored, now_ms);
         if let Some((op, at)) = u.ack {
             if at as usize == self.index {
-                let msg = Message::PutDone { op, version: Some(u.version.clone()), chain_index: self.index as u8, stable: self.is_tail() };
+                let msg = Message::PutDone {
+                    op,
+                    version: Some(u.version.clone()),
+                    seq: u.seq,
+                    chain_index: self.index as u8,
+                    stable: self.is_tail(),
+                };
                 send(out, Dest::Client(op.client), msg);
             }
         }
         if self.is_tail() {
             self.stable = u.seq;
-            self.wake_waiters(&u.key, out);
+            self.wake_waiters(out);
         } else {
             forward.push(u);
         }
@@ -253,6 +254,7 @@ impl ChainReplica {
         while self.unstable.front().is_some_and(|u| u.seq <= self.stable) {
             self.unstable.pop_front();
         }
+        self.wake_waiters(out);
         self.last_progress_ms = now_ms;
         self.ack_upwards(out);
     }
@@ -280,38 +282,34 @@ impl ChainReplica {
 
     fn item(&self, stored: Option<&Stored>, now_ms: u64) -> Item {
         match stored {
-            None => Item { value: None, version: None, stable: true },
-            Some(s) => Item { value: s.live_value(now_ms).cloned(), version: Some(s.version.clone()), stable: s.seq <= self.stable },
+            None => Item { value: None, version: None, seq: 0, stable: true },
+            Some(s) => {
+                Item { value: s.live_value(now_ms).cloned(), version: Some(s.version.clone()), seq: s.seq, stable: s.seq <= self.stable }
+            }
         }
     }
 
-    /// Dependency stabilization at the tail: answer once `version` of `key`,
-    /// or a newer one, has arrived here.
-    pub fn wait_stable(&mut self, op: OpId, key: Bytes, version: Version, out: &mut Outbox) {
-        if !self.is_tail() {
-            return self.not_responsible(out, op);
-        }
-        if version.ts <= self.flushed_at || self.store.latest(&key).is_some_and(|s| s.version >= version) {
+    /// Dependency stabilization: answer once the update with sequence
+    /// number `seq` is known to have reached the tail. Any replica of the
+    /// chain can answer (the tail at once, the others when `StableUpTo`
+    /// reaches them), so a session asks its own node when it is in the chain
+    /// and spares a round trip.
+    pub fn wait_stable(&mut self, op: OpId, seq: u64, out: &mut Outbox) {
+        if seq <= self.stable {
             send(out, Dest::Client(op.client), Message::Stable { op });
         } else {
-            self.waiters.entry(key).or_default().push((op, version));
+            self.waiters.entry(seq).or_default().push(op);
         }
     }
 
-    fn wake_waiters(&mut self, key: &Bytes, out: &mut Outbox) {
-        let Some(waiting) = self.waiters.get_mut(key) else {
-            return;
-        };
-        let latest = self.store.latest(key).map(|s| s.version.clone());
-        waiting.retain(|(op, version)| {
-            let ready = latest.as_ref().is_some_and(|l| l >= version);
-            if ready {
-                send(out, Dest::Client(op.client), Message::Stable { op: *op });
+    fn wake_waiters(&mut self, out: &mut Outbox) {
+        while let Some(entry) = self.waiters.first_entry() {
+            if *entry.key() > self.stable {
+                break;
             }
-            !ready
-        });
-        if waiting.is_empty() {
-            self.waiters.remove(key);
+            for op in entry.remove() {
+                send(out, Dest::Client(op.client), Message::Stable { op });
+            }
         }
     }
 
@@ -346,13 +344,7 @@ impl ChainReplica {
 
     /// FLUSHALL: forget every key. Sequence numbers carry on so that updates
     /// in flight still line up.
-    pub fn flush_all(&mut self, out: &mut Outbox) {
+    pub fn flush_all(&mut self) {
         self.store.clear();
-        self.flushed_at = self.clock.last();
-        for (_, waiting) in self.waiters.drain() {
-            for (op, _) in waiting {
-                send(out, Dest::Client(op.client), Message::Stable { op });
-            }
-        }
     }
 }

@@ -20,7 +20,7 @@
 use crate::hlc::Timestamp;
 use crate::message::{ClientId, Condition, Item, Message, OpId, Refusal};
 use crate::ring::{NodeId, PartitionId, Topology};
-use crate::session::Session;
+use crate::session::{Dep, Session};
 use crate::version::Version;
 use ahash::AHashMap;
 use bytes::Bytes;
@@ -278,21 +278,23 @@ impl Driver {
         match self.request().clone() {
             Request::Get(key) => self.read(&key, false, &mut p),
             Request::Put { .. } => {
-                let deps: Vec<(Bytes, Version)> = match self.consistency {
-                    Consistency::Causal => self.session.dependencies().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                let deps: Vec<(Bytes, Dep)> = match self.consistency {
+                    Consistency::Causal => self.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect(),
                     _ => Vec::new(),
                 };
                 if deps.is_empty() {
                     self.write(&mut p);
                 } else {
                     let mut waiting = AHashMap::new();
-                    for (key, version) in deps {
+                    for (key, dep) in deps {
                         let partition = self.topology.partition_of(&key);
+                        // Any replica learns stability; our own node (no hop)
+                        // if it is one, else the tail (which knows first).
+                        let chain = self.topology.chain(partition);
+                        let at = self.local.filter(|me| chain.nodes.contains(me)).unwrap_or(chain.tail());
                         let op = self.next_op();
-                        let msg =
-                            Message::WaitStable { op, epoch: self.topology.epoch, partition, key: key.clone(), version: version.clone() };
-                        p.send.push((self.topology.chain(partition).tail(), msg));
-                        waiting.insert(op.seq, (key, version));
+                        p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: dep.seq }));
+                        waiting.insert(op.seq, (key, dep.version));
                     }
                     self.set_phase(Phase::Stabilizing { deps: waiting });
                 }
@@ -462,13 +464,13 @@ impl Driver {
                     self.write(&mut p);
                 }
             }
-            Message::PutDone { version, chain_index, stable, .. } => {
+            Message::PutDone { version, seq, chain_index, stable, .. } => {
                 let Request::Put { key, .. } = self.request().clone() else {
                     return p;
                 };
                 if let Some(version) = &version {
                     if self.consistency == Consistency::Causal {
-                        self.session.observe_write(&key, version, chain_index, stable);
+                        self.session.observe_write(&key, version, seq, chain_index, stable);
                     }
                 }
                 p.done = self.finish(Ok(Response::Written(version.is_some())));

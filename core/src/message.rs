@@ -65,6 +65,8 @@ pub struct Item {
     pub value: Option<Bytes>,
     /// `None` if the key was never written (or flushed).
     pub version: Option<Version>,
+    /// The version's position in its partition's update order.
+    pub seq: u64,
     /// Whether the version is known to have reached the tail.
     pub stable: bool,
 }
@@ -108,14 +110,14 @@ pub enum Message {
         key: Bytes,
         min: Option<Version>,
     },
-    /// Answer once `version` of `key` (or a newer one) is stable (sent to the
-    /// tail): dependency stabilization, ChainReaction §3.3.1.
+    /// Answer once the partition's update `seq` has reached the tail (sent to
+    /// any replica of the chain): dependency stabilization, ChainReaction
+    /// §3.3.1.
     WaitStable {
         op: OpId,
         epoch: u64,
         partition: PartitionId,
-        key: Bytes,
-        version: Version,
+        seq: u64,
     },
     /// Read each key's latest version with timestamp <= `at` (sent to heads):
     /// one part of a get-transaction.
@@ -145,6 +147,7 @@ pub enum Message {
     PutDone {
         op: OpId,
         version: Option<Version>,
+        seq: u64,
         chain_index: u8,
         stable: bool,
     },

@@ -33,8 +33,8 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
                 refuse(out, op);
             }
         }
-        Message::WaitStable { op, epoch, partition, key, version } => {
-            if stale(epoch) || parts.with(partition, |r| r.wait_stable(op, key, version, out)).is_none() {
+        Message::WaitStable { op, epoch, partition, seq } => {
+            if stale(epoch) || parts.with(partition, |r| r.wait_stable(op, seq, out)).is_none() {
                 refuse(out, op);
             }
         }
@@ -67,7 +67,7 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
         }
         Message::Flush { op } => {
             for p in 0..topology.shape.partitions {
-                parts.with(p, |r| r.flush_all(out));
+                parts.with(p, |r| r.flush_all());
             }
             send(out, Dest::Client(op.client), Message::Flushed { op });
         }

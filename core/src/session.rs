@@ -31,11 +31,19 @@ pub struct Seen {
     pub chain_index: u8,
 }
 
+/// A version the next write depends on, with its place in its partition's
+/// update order (what `WaitStable` waits for).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dep {
+    pub version: Version,
+    pub seq: u64,
+}
+
 /// One client's causal metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
     index: AHashMap<Bytes, Seen>,
-    accessed: AHashMap<Bytes, Version>,
+    accessed: AHashMap<Bytes, Dep>,
     max_ts: Timestamp,
 }
 
@@ -69,27 +77,27 @@ impl Session {
             _ => at,
         };
         self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
-        self.note_accessed(key, version);
+        self.note_accessed(key, Dep { version: version.clone(), seq: item.seq });
     }
 
     /// Records this session's own write, acknowledged at `chain_index`. The
     /// accessed list restarts with just this write.
-    pub fn observe_write(&mut self, key: &Bytes, version: &Version, chain_index: u8, stable: bool) {
+    pub fn observe_write(&mut self, key: &Bytes, version: &Version, seq: u64, chain_index: u8, stable: bool) {
         self.max_ts = self.max_ts.max(version.ts);
         self.accessed.clear();
         if stable {
             self.index.remove(key);
         } else {
             self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
-            self.accessed.insert(key.clone(), version.clone());
+            self.accessed.insert(key.clone(), Dep { version: version.clone(), seq });
         }
     }
 
-    fn note_accessed(&mut self, key: &Bytes, version: &Version) {
+    fn note_accessed(&mut self, key: &Bytes, dep: Dep) {
         match self.accessed.get(key) {
-            Some(v) if v >= version => {}
+            Some(d) if d.version >= dep.version => {}
             _ => {
-                self.accessed.insert(key.clone(), version.clone());
+                self.accessed.insert(key.clone(), dep);
             }
         }
     }
@@ -99,13 +107,13 @@ impl Session {
         if self.index.get(key).is_some_and(|s| s.version <= *version) {
             self.index.remove(key);
         }
-        if self.accessed.get(key).is_some_and(|v| v <= version) {
+        if self.accessed.get(key).is_some_and(|d| d.version <= *version) {
             self.accessed.remove(key);
         }
     }
 
     /// The versions the next write must wait for.
-    pub fn dependencies(&self) -> impl Iterator<Item = (&Bytes, &Version)> {
+    pub fn dependencies(&self) -> impl Iterator<Item = (&Bytes, &Dep)> {
         self.accessed.iter()
     }
 
@@ -138,7 +146,7 @@ mod tests {
     }
 
     fn item(ms: u64, stable: bool) -> Item {
-        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), stable }
+        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), seq: ms, stable }
     }
 
     #[test]
@@ -169,7 +177,7 @@ mod tests {
         s.observe_read(&Bytes::from("a"), &item(10, false), 0);
         s.observe_read(&Bytes::from("b"), &item(11, false), 0);
         assert_eq!(s.dependencies().count(), 2);
-        s.observe_write(&Bytes::from("c"), &v(12), 1, false);
+        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false);
         let deps: Vec<_> = s.dependencies().map(|(k, _)| k.clone()).collect();
         assert_eq!(deps, vec![Bytes::from("c")]);
         // The reads still constrain where those keys may be read.
@@ -179,7 +187,7 @@ mod tests {
     #[test]
     fn tokens_round_trip_and_reject_garbage() {
         let mut s = Session::default();
-        s.observe_write(&Bytes::from("c"), &v(12), 1, false);
+        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false);
         assert_eq!(Session::import(&s.export()).unwrap(), s);
         assert!(Session::import(b"\xff\xff garbage").is_err());
     }

@@ -62,6 +62,7 @@ pub static COMMANDS: &[Command] = &[
     command!("info", -1, false, server::info),
     command!("command", -1, false, server::command),
     command!("client", -2, false, server::client),
+    command!("config", -2, false, server::config),
     command!("quit", -1, true, server::quit),
     command!("cw.consistency", -1, false, causeway::consistency),
     command!("cw.keyrange", 1, false, causeway::keyrange),

@@ -176,3 +176,15 @@ pub async fn info(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     );
     Frame::Bulk(Bytes::from(text)).into()
 }
+
+/// CONFIG GET pattern: answers with no parameters (Causeway is configured
+/// by flags, not at run time), which is what tools such as redis-benchmark
+/// need; CONFIG SET is refused.
+pub async fn config(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    match (upper(&args[1]).as_str(), args.len()) {
+        ("GET", n) if n >= 3 => Frame::Map(Vec::new()),
+        ("SET", _) => Frame::error("ERR CONFIG SET is not supported: Causeway is configured by flags or its TOML file"),
+        _ => Frame::error(format!("ERR unknown subcommand or wrong number of arguments for '{}'", String::from_utf8_lossy(&args[1]))),
+    }
+    .into()
+}

@@ -68,6 +68,12 @@ pub struct ChainReplica {
     /// The chain, head first, and this replica's position in it.
     chain: Vec<NodeId>,
     index: usize,
+    /// Writes need this many live replicas (k).
+    k: usize,
+    /// Joined the chain and still waiting for the partition's state from its
+    /// predecessor (the paper's "zombie" node): applies nothing, serves no
+    /// reads.
+    joining: bool,
     store: PartitionStore,
     /// Orders writes at the head.
     clock: Clock,
@@ -96,6 +102,8 @@ impl ChainReplica {
             site,
             chain: chain.nodes.clone(),
             index,
+            k: topology.shape.k,
+            joining: false,
             store: PartitionStore::default(),
             clock: Clock::default(),
             applied: 0,
@@ -140,6 +148,11 @@ impl ChainReplica {
         if self.index != 0 {
             return self.not_responsible(out, req.op);
         }
+        if self.chain.len() < self.k {
+            // Acknowledging with fewer than k copies would promise durability
+            // we do not have (ChainReaction §3.3.3: R - k failures tolerated).
+            return self.refuse(out, req.op, Refusal::Unavailable { alive: self.chain.len() as u8, needed: self.k as u8 });
+        }
         let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
         let holds = match req.condition {
             Condition::Always => true,
@@ -166,6 +179,11 @@ impl ChainReplica {
 
     /// Updates from the predecessor.
     pub fn forward(&mut self, updates: Vec<Update>, now_ms: u64, out: &mut Outbox) {
+        if self.joining {
+            // Kept until the state transfer says where they start.
+            self.early.extend(updates.into_iter().map(|u| (u.seq, u)));
+            return;
+        }
         let mut forward = Vec::with_capacity(updates.len());
         let mut duplicate = false;
         for u in updates {
@@ -194,7 +212,9 @@ impl ChainReplica {
         let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
         self.store.apply(u.key.clone(), stored, now_ms);
         if let Some((op, at)) = u.ack {
-            if at as usize == self.index {
+            // The tail also answers for positions past the end of a chain
+            // that has shrunk.
+            if at as usize == self.index || (self.is_tail() && at as usize > self.index) {
                 let msg = Message::PutDone {
                     op,
                     version: Some(u.version.clone()),
@@ -262,6 +282,10 @@ impl ChainReplica {
     /// Periodic work: resend unacknowledged updates if the successor has made
     /// no progress for `RETRANSMIT_MS`.
     pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if self.joining && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
+            self.last_progress_ms = now_ms;
+            self.request_state(out);
+        }
         if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
@@ -270,6 +294,9 @@ impl ChainReplica {
 
     /// A client read of the latest version held here.
     pub fn get(&self, op: OpId, key: &[u8], min: Option<&Version>, now_ms: u64, out: &mut Outbox) {
+        if self.joining {
+            return self.refuse(out, op, Refusal::Behind);
+        }
         let latest = self.store.latest(key);
         if let Some(min) = min {
             if latest.is_none_or(|s| s.version < *min) {
@@ -324,12 +351,107 @@ impl ChainReplica {
     /// they are at their heads too and inside the same snapshot: no
     /// fractured reads (the ACL / photo-album example of §3.5).
     pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, now_ms: u64) -> Result<Item, Refusal> {
-        if self.index != 0 {
+        if self.index != 0 || self.joining {
             return Err(Refusal::NotResponsible { epoch: self.epoch });
         }
         self.clock.observe(at);
         let stored = self.store.at(key, at).map_err(|_| Refusal::SnapshotTooOld)?;
         Ok(self.item(stored, now_ms))
+    }
+
+    /// A replica for a node that joins `partition`'s chain: it asks its
+    /// predecessor for the partition's state and meanwhile keeps the updates
+    /// that arrive (ChainReaction §3.3.3, node join).
+    pub fn joining(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId, now_ms: u64, out: &mut Outbox) -> Option<Self> {
+        let mut r = ChainReplica::new(topology, partition, me, site)?;
+        if r.index == 0 {
+            // Nobody to copy from: every replica of the partition was lost.
+            return Some(r);
+        }
+        r.joining = true;
+        r.last_progress_ms = now_ms;
+        r.request_state(out);
+        Some(r)
+    }
+
+    fn request_state(&self, out: &mut Outbox) {
+        if let Some(prev) = self.predecessor() {
+            let me = self.chain[self.index];
+            send(out, Dest::Node(prev), Message::Fetch { epoch: self.epoch, partition: self.partition, from: me });
+        }
+    }
+
+    /// The successor `from` asks for the partition's state: the latest
+    /// version of every key (one level of divergence means nothing older is
+    /// needed) and where the update order stands. Updates after it follow on
+    /// the same link.
+    pub fn fetch(&self, epoch: u64, from: NodeId, out: &mut Outbox) {
+        if epoch != self.epoch || self.joining || self.successor() != Some(from) {
+            return;
+        }
+        let entries = self.store.digest();
+        let msg = Message::Transfer { epoch, partition: self.partition, applied: self.applied, stable: self.stable, entries };
+        send(out, Dest::Node(from), msg);
+    }
+
+    /// Installs a state transfer, then applies the updates that arrived
+    /// meanwhile.
+    pub fn transfer(&mut self, epoch: u64, applied: u64, stable: u64, entries: Vec<(Bytes, Stored)>, now_ms: u64, out: &mut Outbox) {
+        if !self.joining || epoch != self.epoch {
+            return;
+        }
+        self.joining = false;
+        for (_, s) in &entries {
+            self.clock.observe(s.version.ts);
+        }
+        self.store.install(entries);
+        self.applied = applied;
+        self.stable = if self.is_tail() { applied } else { stable.min(applied) };
+        let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
+        self.forward(early, now_ms, out);
+        if self.is_tail() {
+            self.wake_waiters(out);
+            self.ack_upwards(out);
+        }
+    }
+
+    /// Installs a new configuration of the chain (ChainReaction §3.3.3):
+    /// after a failure the survivors close ranks, a new successor is sent
+    /// everything not yet known stable, a new tail declares everything it
+    /// holds stable. Returns false if this node left the chain.
+    pub fn reconfigure(&mut self, topology: &Topology, me: NodeId, now_ms: u64, out: &mut Outbox) -> bool {
+        let chain = topology.chain(self.partition);
+        let Some(index) = chain.index_of(me) else { return false };
+        let was = self.index;
+        self.epoch = topology.epoch;
+        self.k = topology.shape.k;
+        self.chain = chain.nodes.clone();
+        self.index = index;
+        if self.joining {
+            self.request_state(out);
+            return true;
+        }
+        if self.is_tail() {
+            self.stable = self.applied;
+            // Writes waiting for a position that no longer exists are
+            // answered here, the end of the chain.
+            for u in std::mem::take(&mut self.unstable) {
+                if let Some((op, at)) = u.ack {
+                    if at as usize > was && at as usize >= index {
+                        let msg = Message::PutDone { op, version: Some(u.version), seq: u.seq, chain_index: index as u8, stable: true };
+                        send(out, Dest::Client(op.client), msg);
+                    }
+                }
+            }
+            self.wake_waiters(out);
+        } else if !self.unstable.is_empty() {
+            self.last_progress_ms = now_ms;
+            self.send_forward(self.unstable.iter().cloned().collect(), out);
+        }
+        if self.stable > 0 {
+            self.ack_upwards(out);
+        }
+        true
     }
 
     /// What this replica holds, to compare replicas.

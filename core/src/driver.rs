@@ -113,6 +113,8 @@ pub enum ClientError {
     Timeout,
     /// The topology kept changing under the request.
     TooManyRedirects,
+    /// Too few replicas of the key's partition are alive to accept writes.
+    Unavailable { alive: u8, needed: u8 },
 }
 
 impl fmt::Display for ClientError {
@@ -120,6 +122,9 @@ impl fmt::Display for ClientError {
         match self {
             ClientError::Timeout => f.write_str("timed out waiting for the replicas"),
             ClientError::TooManyRedirects => f.write_str("the partition map kept changing; retry"),
+            ClientError::Unavailable { alive, needed } => {
+                write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
+            }
         }
     }
 }
@@ -433,6 +438,9 @@ impl Driver {
                 } else {
                     self.refresh(&mut p);
                 }
+            }
+            Message::Refused { reason: Refusal::Unavailable { alive, needed }, .. } => {
+                p.done = self.finish(Err(ClientError::Unavailable { alive, needed }));
             }
             Message::Refused { reason: Refusal::Behind, .. } => {
                 let Request::Get(key) = self.request().clone() else {

@@ -82,6 +82,9 @@ pub enum Refusal {
     Behind,
     /// A snapshot read asked for history this replica no longer keeps.
     SnapshotTooOld,
+    /// Fewer than k replicas of the partition are alive: writes would not be
+    /// as durable as promised.
+    Unavailable { alive: u8, needed: u8 },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -189,6 +192,29 @@ pub enum Message {
         updates: Vec<Update>,
         lazy: bool,
     },
+    /// A node that joined the chain asks its predecessor for the state.
+    Fetch {
+        epoch: u64,
+        partition: PartitionId,
+        from: NodeId,
+    },
+    /// The partition's state: every key's latest version, and the update
+    /// order position it reflects.
+    Transfer {
+        epoch: u64,
+        partition: PartitionId,
+        applied: u64,
+        stable: u64,
+        entries: Vec<(Bytes, crate::store::Stored)>,
+    },
+
+    // ---- coordinator -> node ---------------------------------------------
+    /// A new configuration of the site (a higher epoch).
+    Reconfigure {
+        topology: Topology,
+    },
+
+    // ---- node -> node (one chain), continued ------------------------------
     /// Everything up to `seq` has reached the tail; flows head-wards.
     StableUpTo {
         epoch: u64,
@@ -217,7 +243,7 @@ impl Message {
             | Flushed { op }
             | TopologyIs { op, .. }
             | Refused { op, .. } => Some(*op),
-            Forward { .. } | StableUpTo { .. } => None,
+            Forward { .. } | StableUpTo { .. } | Fetch { .. } | Transfer { .. } | Reconfigure { .. } => None,
         }
     }
 

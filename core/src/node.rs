@@ -7,12 +7,15 @@
 
 use crate::chain::{ChainReplica, PutRequest};
 use crate::message::{send, Dest, Message, Outbox, Refusal};
-use crate::ring::{PartitionId, Topology};
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::version::SiteId;
 
 /// Access to a node's partition replicas.
 pub trait Partitions {
     /// Runs `f` on this node's replica of `partition`, if it has one.
     fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R>;
+    /// Puts (or removes) this node's replica of `partition`.
+    fn set(&self, partition: PartitionId, replica: Option<ChainReplica>);
 }
 
 /// Handles one message addressed to node `me`.
@@ -79,6 +82,15 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
                 parts.with(partition, |r| r.forward(updates, now_ms, out));
             }
         }
+        Message::Fetch { epoch, partition, from } => {
+            parts.with(partition, |r| r.fetch(epoch, from, out));
+        }
+        Message::Transfer { epoch, partition, applied, stable, entries } => {
+            parts.with(partition, |r| r.transfer(epoch, applied, stable, entries, now_ms, out));
+        }
+        // The node's owner installs configurations (`reconfigure`): it owns
+        // the topology this function reads.
+        Message::Reconfigure { .. } => {}
         Message::StableUpTo { epoch, partition, seq } => {
             if !stale(epoch) {
                 parts.with(partition, |r| r.stable_up_to(seq, now_ms, out));
@@ -100,5 +112,23 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
 pub fn tick(topology: &Topology, parts: &impl Partitions, now_ms: u64, out: &mut Outbox) {
     for p in 0..topology.shape.partitions {
         parts.with(p, |r| r.tick(now_ms, out));
+    }
+}
+
+/// Moves node `me` to configuration `new` (from the coordinator): every
+/// replica learns its new chain, replicas of chains the node left are
+/// dropped, and replicas of chains it joined start by fetching the
+/// partition's state. The caller then serves with `new`.
+pub fn reconfigure(me: NodeId, site: SiteId, new: &Topology, parts: &impl Partitions, now_ms: u64, out: &mut Outbox) {
+    for p in 0..new.shape.partitions {
+        match parts.with(p, |r| r.reconfigure(new, me, now_ms, out)) {
+            Some(true) => {}
+            Some(false) => parts.set(p, None),
+            None => {
+                if let Some(r) = ChainReplica::joining(new, p, me, site, now_ms, out) {
+                    parts.set(p, Some(r));
+                }
+            }
+        }
     }
 }

@@ -104,28 +104,7 @@ impl Topology {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             return Err("node ids must be distinct".into());
         }
-        let mut ring: Vec<(u64, NodeId)> = ids
-            .iter()
-            .flat_map(|&id| (0..POINTS_PER_NODE).map(move |p| (point(&[b"node", &id.to_le_bytes()[..], &p.to_le_bytes()[..]]), id)))
-            .collect();
-        ring.sort_unstable();
-        let chains = (0..shape.partitions)
-            .map(|p| {
-                let at = point(&[b"partition", &p.to_le_bytes()[..]]);
-                let start = ring.partition_point(|&(h, _)| h < at);
-                let mut chain = Vec::with_capacity(shape.replicas);
-                for i in 0..ring.len() {
-                    let node = ring[(start + i) % ring.len()].1;
-                    if !chain.contains(&node) {
-                        chain.push(node);
-                        if chain.len() == shape.replicas {
-                            break;
-                        }
-                    }
-                }
-                Chain { nodes: chain }
-            })
-            .collect();
+        let chains = (0..shape.partitions).map(|p| Chain { nodes: ring_order(&ids, p).take(shape.replicas).collect() }).collect();
         Ok(Topology { epoch, shape, nodes, chains })
     }
 
@@ -142,10 +121,59 @@ impl Topology {
         self.nodes.iter().find(|n| n.id == id)
     }
 
+    /// Minimal repair after `node` failed (ChainReaction §3.3.3): it leaves
+    /// every chain it was in; the others keep their order, so a failed head
+    /// is replaced by its successor, a failed tail by its predecessor, and a
+    /// failed middle node is bridged.
+    pub fn without(&self, node: NodeId) -> Topology {
+        let mut t = self.clone();
+        t.epoch += 1;
+        t.nodes.retain(|n| n.id != node);
+        for c in &mut t.chains {
+            c.nodes.retain(|&n| n != node);
+        }
+        t
+    }
+
+    /// Chains shorter than R grow back at the tail with the next nodes on
+    /// the ring (the new tail receives the partition's state first).
+    pub fn extended(&self) -> Topology {
+        let mut t = self.clone();
+        t.epoch += 1;
+        let ids: Vec<NodeId> = t.nodes.iter().map(|n| n.id).collect();
+        for (p, c) in t.chains.iter_mut().enumerate() {
+            let missing = t.shape.replicas.saturating_sub(c.len());
+            let extra: Vec<NodeId> = ring_order(&ids, p as PartitionId).filter(|n| !c.nodes.contains(n)).take(missing).collect();
+            c.nodes.extend(extra);
+        }
+        t
+    }
+
     /// The partitions `node` replicates, with its position in each chain.
     pub fn roles_of(&self, node: NodeId) -> impl Iterator<Item = (PartitionId, usize)> + '_ {
         self.chains.iter().enumerate().filter_map(move |(p, c)| c.index_of(node).map(|i| (p as PartitionId, i)))
     }
+}
+
+/// The distinct nodes clockwise from `partition`'s point on the ring of
+/// `ids`: a chain is a prefix of this, and a chain that lost a node grows
+/// back by taking the next ones.
+fn ring_order(ids: &[NodeId], partition: PartitionId) -> impl Iterator<Item = NodeId> {
+    let mut ring: Vec<(u64, NodeId)> = ids
+        .iter()
+        .flat_map(|&id| (0..POINTS_PER_NODE).map(move |p| (point(&[b"node", &id.to_le_bytes()[..], &p.to_le_bytes()[..]]), id)))
+        .collect();
+    ring.sort_unstable();
+    let at = point(&[b"partition", &partition.to_le_bytes()[..]]);
+    let start = ring.partition_point(|&(h, _)| h < at);
+    let mut seen = Vec::with_capacity(ids.len());
+    (0..ring.len()).filter_map(move |i| {
+        let node = ring[(start + i) % ring.len()].1;
+        (!seen.contains(&node)).then(|| {
+            seen.push(node);
+            node
+        })
+    })
 }
 
 fn point(parts: &[&[u8]]) -> u64 {
@@ -185,6 +213,28 @@ mod tests {
         assert!(moved > 0 && moved < 256 / 2, "moved {moved} of 256");
         // Whatever moved, moved to the new node.
         assert!(a.chains.iter().zip(&b.chains).all(|(x, y)| x == y || y.head() == 4));
+    }
+
+    #[test]
+    fn repair_removes_then_extends_at_the_tail() {
+        let t = Topology::new(1, Shape { partitions: 32, replicas: 3, k: 2 }, nodes(5)).unwrap();
+        let cut = t.without(2);
+        assert_eq!(cut.epoch, 2);
+        for (before, after) in t.chains.iter().zip(&cut.chains) {
+            let expect: Vec<NodeId> = before.nodes.iter().copied().filter(|&n| n != 2).collect();
+            assert_eq!(after.nodes, expect);
+        }
+        let grown = cut.extended();
+        assert_eq!(grown.epoch, 3);
+        for (short, full) in cut.chains.iter().zip(&grown.chains) {
+            assert_eq!(full.len(), 3);
+            assert_eq!(&full.nodes[..short.len()], &short.nodes[..], "existing members keep their positions");
+            assert!(!full.nodes.contains(&2));
+        }
+        // Growing back gives what placing on the smaller ring would.
+        let fresh = Topology::new(9, t.shape, cut.nodes.clone()).unwrap();
+        let same = grown.chains.iter().zip(&fresh.chains).filter(|(a, b)| a.nodes.iter().all(|n| b.nodes.contains(n))).count();
+        assert_eq!(same, 32);
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub const RETAIN_MS: u64 = 5_000;
 pub const MAX_VERSIONS: usize = 8;
 
 /// One version of one key as stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stored {
     pub version: Version,
     /// The position of the write in its partition's update order (assigned by
@@ -113,6 +113,12 @@ impl PartitionStore {
         let mut all: Vec<_> = self.keys.iter().filter_map(|(k, h)| h.versions.last().map(|s| (k.clone(), s.clone()))).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+
+    /// Replaces everything with a state transfer's latest versions. Their
+    /// history is unknown, so snapshot reads before them are refused.
+    pub fn install(&mut self, entries: Vec<(Bytes, Stored)>) {
+        self.keys = entries.into_iter().map(|(k, s)| (k, History { versions: smallvec::smallvec![s], truncated: true })).collect();
     }
 
     pub fn clear(&mut self) {

@@ -47,7 +47,7 @@ pub struct Node {
     pub limits: Limits,
     pub stats: Stats,
     pub started: Instant,
-    parts: Vec<Option<Mutex<ChainReplica>>>,
+    parts: Vec<Mutex<Option<ChainReplica>>>,
     peers: AHashMap<NodeId, peer::Sender>,
     /// Where to deliver replies for sessions and native clients on this node.
     clients: Mutex<AHashMap<ClientId, mpsc::UnboundedSender<Message>>>,
@@ -56,7 +56,11 @@ pub struct Node {
 
 impl Partitions for Node {
     fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
-        self.parts.get(partition as usize)?.as_ref().map(|m| f(&mut m.lock()))
+        self.parts.get(partition as usize)?.lock().as_mut().map(f)
+    }
+
+    fn set(&self, partition: PartitionId, replica: Option<ChainReplica>) {
+        *self.parts[partition as usize].lock() = replica;
     }
 }
 
@@ -144,7 +148,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     let topology = Arc::new(config.topology()?);
     let listener = TcpListener::bind(&config.listen).await.map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let me = config.id;
-    let parts = (0..topology.shape.partitions).map(|p| ChainReplica::new(&topology, p, me, config.site).map(Mutex::new)).collect();
+    let parts = (0..topology.shape.partitions).map(|p| Mutex::new(ChainReplica::new(&topology, p, me, config.site))).collect();
     let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone()))).collect();
     let node = Arc::new(Node {
         me,

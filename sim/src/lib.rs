@@ -6,6 +6,7 @@
 //! `Sim` runs the site; `check` holds the invariants the runs are judged by.
 
 pub mod check;
+pub mod workload;
 
 use causeway_core::chain::ChainReplica;
 use causeway_core::driver::{ClientError, Driver, Request, Response};
@@ -59,14 +60,21 @@ impl Default for Network {
     }
 }
 
-/// A simulated node: its replicas, owned outright.
+/// A simulated node: its replicas and its view of the topology, owned
+/// outright.
 struct SimNode {
-    parts: Vec<Option<RefCell<ChainReplica>>>,
+    parts: Vec<RefCell<Option<ChainReplica>>>,
+    topology: Arc<Topology>,
+    crashed: bool,
 }
 
 impl Partitions for SimNode {
     fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
-        self.parts.get(partition as usize)?.as_ref().map(|r| f(&mut r.borrow_mut()))
+        self.parts.get(partition as usize)?.borrow_mut().as_mut().map(f)
+    }
+
+    fn set(&self, partition: PartitionId, replica: Option<ChainReplica>) {
+        *self.parts[partition as usize].borrow_mut() = replica;
     }
 }
 
@@ -142,7 +150,11 @@ impl Sim {
         let infos = (0..nodes).map(|id| NodeInfo { id, addr: format!("sim-{id}") }).collect();
         let topology = Arc::new(Topology::new(1, shape, infos).expect("valid shape"));
         let nodes = (0..nodes)
-            .map(|me| SimNode { parts: (0..shape.partitions).map(|p| ChainReplica::new(&topology, p, me, 0).map(RefCell::new)).collect() })
+            .map(|me| SimNode {
+                parts: (0..shape.partitions).map(|p| RefCell::new(ChainReplica::new(&topology, p, me, 0))).collect(),
+                topology: topology.clone(),
+                crashed: false,
+            })
             .collect();
         let mut rng = Rng::new(seed);
         let clients = (0..clients)
@@ -270,8 +282,21 @@ impl Sim {
     fn deliver(&mut self, env: Envelope, done: &mut Vec<Completed>) {
         match env.to {
             Dest::Node(n) => {
+                let now = self.now_ms;
+                let node = &mut self.nodes[n as usize];
+                if node.crashed {
+                    return;
+                }
                 let mut out = Outbox::new();
-                node::handle(&self.topology, &self.nodes[n as usize], env.msg, self.now_ms, &mut out);
+                match env.msg {
+                    Message::Reconfigure { topology } => {
+                        if topology.epoch > node.topology.epoch {
+                            node::reconfigure(n, 0, &topology, node, now, &mut out);
+                            node.topology = Arc::new(topology);
+                        }
+                    }
+                    msg => node::handle(&node.topology, node, msg, now, &mut out),
+                }
                 self.send_all(out);
             }
             Dest::Client(id) => {
@@ -310,9 +335,22 @@ impl Sim {
     }
 
     fn tick(&mut self, done: &mut Vec<Completed>) {
+        // The coordinator keeps pushing its configuration to nodes that have
+        // not adopted it (the push may have been lost).
+        if self.now_ms % 100 == 0 {
+            for n in 0..self.nodes.len() {
+                if !self.nodes[n].crashed && self.nodes[n].topology.epoch < self.topology.epoch {
+                    let topology = (*self.topology).clone();
+                    self.enqueue(Envelope { to: Dest::Node(n as NodeId), msg: Message::Reconfigure { topology } });
+                }
+            }
+        }
         for n in 0..self.nodes.len() {
+            if self.nodes[n].crashed {
+                continue;
+            }
             let mut out = Outbox::new();
-            node::tick(&self.topology, &self.nodes[n], self.now_ms, &mut out);
+            node::tick(&self.nodes[n].topology, &self.nodes[n], self.now_ms, &mut out);
             self.send_all(out);
         }
         for i in 0..self.clients.len() {
@@ -323,10 +361,29 @@ impl Sim {
         }
     }
 
+    /// Stops `node` dead: it handles nothing from now on (kill -9).
+    pub fn crash(&mut self, node: NodeId) {
+        self.nodes[node as usize].crashed = true;
+    }
+
+    /// The coordinator's move: sends the new configuration to every node
+    /// (over the same unreliable network; nodes adopt it as it arrives).
+    pub fn install(&mut self, topology: Topology) {
+        self.topology = Arc::new(topology.clone());
+        for n in 0..self.nodes.len() as NodeId {
+            self.enqueue(Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: topology.clone() } });
+        }
+    }
+
+    /// Whether every live node has adopted the coordinator's configuration.
+    pub fn configured(&self) -> bool {
+        self.nodes.iter().all(|n| n.crashed || n.topology.epoch == self.topology.epoch)
+    }
+
     /// Whether no message is in flight and every write has reached its
     /// tail (nothing is left to retransmit).
     pub fn settled(&self) -> bool {
-        self.queue.is_empty() && self.digests().iter().flatten().all(|d| d.applied == d.stable)
+        self.queue.is_empty() && self.configured() && self.digests().iter().flatten().all(|d| d.applied == d.stable)
     }
 
     /// Every replica's digest, by partition then chain position.

@@ -1,0 +1,130 @@
+//! A random client workload over a simulated site, with a hook for faults,
+//! and the end-of-run checks every simulation test shares.
+
+use crate::check::CausalChecker;
+use crate::{Completed, Network, Rng, Sim};
+use bytes::Bytes;
+use causeway_core::driver::Request;
+use causeway_core::message::Condition;
+use causeway_core::ring::Shape;
+use std::collections::HashMap;
+
+/// What a run did.
+pub struct Run {
+    pub checker: CausalChecker,
+    pub completed: usize,
+    pub failed: usize,
+}
+
+/// Drives `clients` random clients over `keys` keys for `duration_ms` of
+/// virtual time, then lets the network settle and checks everything.
+pub fn run(seed: u64, shape: Shape, nodes: u16, network: Network, keys: usize, duration_ms: u64) -> Run {
+    run_with_faults(seed, shape, nodes, network, keys, duration_ms, true, |_| {})
+}
+
+/// `run`, calling `faults` between steps so a test can crash nodes and
+/// install configurations; `check_causal` off skips the causal+ check (for
+/// faults that may lose writes nobody acknowledged).
+#[allow(clippy::too_many_arguments)]
+pub fn run_with_faults(
+    seed: u64,
+    shape: Shape,
+    nodes: u16,
+    network: Network,
+    keys: usize,
+    duration_ms: u64,
+    check_causal: bool,
+    mut faults: impl FnMut(&mut Sim),
+) -> Run {
+    let clients = 6;
+    let mut sim = Sim::new(seed, nodes, shape, clients, network);
+    let mut rng = Rng::new(seed ^ 0xC0FFEE);
+    let mut checker = CausalChecker::default();
+    let mut writes = 0u64;
+    let mut completed = 0;
+    let mut failed = 0;
+    let key = |i: u64| Bytes::from(format!("key{i}"));
+    let end = sim.now_ms + duration_ms;
+    let mut record = |checker: &mut CausalChecker, done: Vec<Completed>| {
+        for c in done {
+            if c.result.is_err() {
+                failed += 1;
+            }
+            completed += 1;
+            checker.completed(&c);
+        }
+    };
+    while sim.now_ms < end {
+        for client in 0..clients {
+            if !sim.is_idle(client) || !rng.chance(0.5) {
+                continue;
+            }
+            let request = match rng.below(10) {
+                0..=3 => {
+                    writes += 1;
+                    let value = Bytes::from(format!("c{client}-w{writes}"));
+                    checker.issued_write(client, &value);
+                    Request::Put { key: key(rng.below(keys as u64)), value: Some(value), ttl_ms: None, condition: Condition::Always }
+                }
+                4..=7 => Request::Get(key(rng.below(keys as u64))),
+                _ => {
+                    let n = 2 + rng.below(3);
+                    let mut ks: Vec<Bytes> = (0..n).map(|_| key(rng.below(keys as u64))).collect();
+                    ks.sort();
+                    ks.dedup();
+                    Request::MultiGet(ks)
+                }
+            };
+            if let Some(c) = sim.start(client, request) {
+                record(&mut checker, vec![c]);
+            }
+        }
+        faults(&mut sim);
+        let step = sim.now_ms + 1 + rng.below(3);
+        let done = sim.run_until(step);
+        record(&mut checker, done);
+    }
+    // Let everything in flight land; retransmissions repair any drops.
+    sim.network.drop_rate = 0.0;
+    for _ in 0..200 {
+        let until = sim.now_ms + 100;
+        let done = sim.run_until(until);
+        record(&mut checker, done);
+        if sim.settled() && (0..clients).all(|c| sim.is_idle(c)) {
+            break;
+        }
+    }
+    if check_causal {
+        assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
+    }
+    check_converged(seed, &sim, &checker);
+    Run { checker, completed, failed }
+}
+
+/// Every live replica of every partition holds the same data with nothing
+/// left unstable, and every acknowledged write is there.
+pub fn check_converged(seed: u64, sim: &Sim, checker: &CausalChecker) {
+    let mut latest = HashMap::new();
+    for (p, replicas) in sim.digests().into_iter().enumerate() {
+        let head = &replicas[0];
+        for (i, r) in replicas.iter().enumerate() {
+            assert_eq!(r.applied, r.stable, "seed {seed}: partition {p} replica {i} applied {} but only {} stable", r.applied, r.stable);
+            assert_eq!(r, head, "seed {seed}: partition {p} replica {i} differs from the head");
+        }
+        for (k, s) in &head.latest {
+            latest.insert(k.clone(), s.version.clone());
+        }
+    }
+    for (key, version) in &checker.acknowledged {
+        let have = latest.get(key);
+        assert!(have.is_some_and(|h| h >= version), "seed {seed}: acknowledged write {key:?}@{version} lost (have {have:?})");
+    }
+}
+
+/// The seeds to run: `SEED=n` replays one.
+pub fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
+    match std::env::var("SEED") {
+        Ok(s) => vec![s.parse().expect("SEED is a number")],
+        Err(_) => default.collect(),
+    }
+}

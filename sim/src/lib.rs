@@ -337,7 +337,7 @@ impl Sim {
     fn tick(&mut self, done: &mut Vec<Completed>) {
         // The coordinator keeps pushing its configuration to nodes that have
         // not adopted it (the push may have been lost).
-        if self.now_ms % 100 == 0 {
+        if self.now_ms.is_multiple_of(100) {
             for n in 0..self.nodes.len() {
                 if !self.nodes[n].crashed && self.nodes[n].topology.epoch < self.topology.epoch {
                     let topology = (*self.topology).clone();

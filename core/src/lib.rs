@@ -13,6 +13,7 @@
 //! * `session`, `driver`: the client library side (metadata, routing,
 //!   dependency stabilization, retries).
 //! * `node`: a node's message dispatch to its replicas.
+//! * `supervisor`: the coordinator's failure detection and repair plans.
 //! * `message`, `wire`: what crosses the network and how it is encoded.
 
 pub mod chain;
@@ -23,5 +24,6 @@ pub mod node;
 pub mod ring;
 pub mod session;
 pub mod store;
+pub mod supervisor;
 pub mod version;
 pub mod wire;

@@ -208,10 +208,16 @@ pub enum Message {
         entries: Vec<(Bytes, crate::store::Stored)>,
     },
 
-    // ---- coordinator -> node ---------------------------------------------
+    // ---- coordinator <-> node ---------------------------------------------
     /// A new configuration of the site (a higher epoch).
     Reconfigure {
         topology: Topology,
+    },
+    /// "I am alive and serve `epoch`", sent by every node to every
+    /// coordinator member: failure detection.
+    Heartbeat {
+        from: NodeId,
+        epoch: u64,
     },
 
     // ---- node -> node (one chain), continued ------------------------------
@@ -243,7 +249,7 @@ impl Message {
             | Flushed { op }
             | TopologyIs { op, .. }
             | Refused { op, .. } => Some(*op),
-            Forward { .. } | StableUpTo { .. } | Fetch { .. } | Transfer { .. } | Reconfigure { .. } => None,
+            Forward { .. } | StableUpTo { .. } | Fetch { .. } | Transfer { .. } | Reconfigure { .. } | Heartbeat { .. } => None,
         }
     }
 
@@ -298,4 +304,7 @@ pub enum Hello {
     Node(NodeId),
     /// A native client: replies for it go back on this connection.
     Client(ClientId),
+    /// The coordinator's Raft member on node `NodeId`: the connection carries
+    /// Raft RPCs, each request frame answered by one response frame.
+    Raft(NodeId),
 }

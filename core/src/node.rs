@@ -89,8 +89,9 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
             parts.with(partition, |r| r.transfer(epoch, applied, stable, entries, now_ms, out));
         }
         // The node's owner installs configurations (`reconfigure`): it owns
-        // the topology this function reads.
-        Message::Reconfigure { .. } => {}
+        // the topology this function reads; heartbeats are for its
+        // coordinator.
+        Message::Reconfigure { .. } | Message::Heartbeat { .. } => {}
         Message::StableUpTo { epoch, partition, seq } => {
             if !stale(epoch) {
                 parts.with(partition, |r| r.stable_up_to(seq, now_ms, out));

@@ -135,16 +135,21 @@ impl Topology {
         t
     }
 
-    /// Chains shorter than R grow back at the tail with the next nodes on
-    /// the ring (the new tail receives the partition's state first).
-    pub fn extended(&self) -> Topology {
+    /// Moves every chain towards its place on the ring of the current
+    /// nodes, changing only chains that must change: members that no longer
+    /// belong leave, missing ones join at the tail (where they receive the
+    /// partition's state before they serve). After a failure this grows
+    /// short chains back to R; after a node is added it hands that node its
+    /// share of partitions.
+    pub fn rebalanced(&self) -> Topology {
         let mut t = self.clone();
         t.epoch += 1;
         let ids: Vec<NodeId> = t.nodes.iter().map(|n| n.id).collect();
         for (p, c) in t.chains.iter_mut().enumerate() {
-            let missing = t.shape.replicas.saturating_sub(c.len());
-            let extra: Vec<NodeId> = ring_order(&ids, p as PartitionId).filter(|n| !c.nodes.contains(n)).take(missing).collect();
-            c.nodes.extend(extra);
+            let ideal: Vec<NodeId> = ring_order(&ids, p as PartitionId).take(t.shape.replicas).collect();
+            c.nodes.retain(|n| ideal.contains(n));
+            let missing: Vec<NodeId> = ideal.iter().copied().filter(|n| !c.nodes.contains(n)).collect();
+            c.nodes.extend(missing);
         }
         t
     }
@@ -224,7 +229,7 @@ mod tests {
             let expect: Vec<NodeId> = before.nodes.iter().copied().filter(|&n| n != 2).collect();
             assert_eq!(after.nodes, expect);
         }
-        let grown = cut.extended();
+        let grown = cut.rebalanced();
         assert_eq!(grown.epoch, 3);
         for (short, full) in cut.chains.iter().zip(&grown.chains) {
             assert_eq!(full.len(), 3);
@@ -235,6 +240,29 @@ mod tests {
         let fresh = Topology::new(9, t.shape, cut.nodes.clone()).unwrap();
         let same = grown.chains.iter().zip(&fresh.chains).filter(|(a, b)| a.nodes.iter().all(|n| b.nodes.contains(n))).count();
         assert_eq!(same, 32);
+    }
+
+    #[test]
+    fn a_new_node_joins_at_the_tail_of_the_chains_it_takes() {
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(4)).unwrap();
+        let mut with = t.clone();
+        with.nodes.push(NodeInfo { id: 4, addr: "x".into() });
+        let r = with.rebalanced();
+        let ideal = Topology::new(1, t.shape, with.nodes.clone()).unwrap();
+        let mut moved = 0;
+        for ((old, new), want) in t.chains.iter().zip(&r.chains).zip(&ideal.chains) {
+            let mut a = new.nodes.clone();
+            let mut b = want.nodes.clone();
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "same members as the ring says");
+            if old != new {
+                moved += 1;
+                assert_eq!(new.tail(), 4, "the newcomer joins at the tail");
+            }
+        }
+        assert!(moved > 0 && moved < 64);
+        assert_eq!(r.rebalanced().chains, r.chains, "stable once placed");
     }
 
     #[test]

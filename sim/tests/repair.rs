@@ -44,7 +44,7 @@ fn crash_and_repair(seed: u64, role: Role, crash_at: u64, detect: u64, network: 
             sim.install(repaired);
             phase = 2;
         } else if phase == 2 && t >= crash_at + detect + 300 {
-            let extended = sim.topology().extended();
+            let extended = sim.topology().rebalanced();
             sim.install(extended);
             phase = 3;
         }

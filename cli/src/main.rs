@@ -4,10 +4,13 @@
 //! * `causeway node`: one data node.
 //! * `causeway cli`: an interactive client.
 //! * `causeway bench`: YCSB-style benchmarks against Causeway or any Redis.
+//! * `causeway cluster`: site status and membership changes.
 
 mod bench;
+mod cluster;
 mod dev;
 mod repl;
+mod resp_client;
 
 use causeway_node::config::{parse_nodes, NodeConfig};
 use clap::{Args, Parser, Subcommand};
@@ -30,6 +33,8 @@ enum Command {
     Cli(repl::CliArgs),
     /// YCSB-style benchmark against Causeway or any Redis server.
     Bench(bench::BenchArgs),
+    /// Site administration: status, add a node, remove (drain) a node.
+    Cluster(cluster::ClusterArgs),
 }
 
 #[derive(Args)]
@@ -66,6 +71,9 @@ struct NodeArgs {
     /// How long a request may wait for the replicas, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     request_timeout_ms: u64,
+    /// A node silent for this long (ms) is removed from its chains.
+    #[arg(long, default_value_t = 1000)]
+    failure_timeout_ms: u64,
 }
 
 impl NodeArgs {
@@ -90,6 +98,7 @@ impl NodeArgs {
             max_bulk_len: self.max_value_bytes,
             max_array_len: self.max_args,
             request_timeout_ms: self.request_timeout_ms,
+            failure_timeout_ms: self.failure_timeout_ms,
         })
     }
 }
@@ -105,6 +114,7 @@ fn main() -> ExitCode {
         Command::Node(args) => run_node(args),
         Command::Cli(args) => repl::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Cluster(args) => cluster::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -119,6 +119,11 @@ impl ChainReplica {
         self.index
     }
 
+    /// Still waiting for the partition's state (a node that just joined).
+    pub fn is_joining(&self) -> bool {
+        self.joining
+    }
+
     pub fn epoch(&self) -> u64 {
         self.epoch
     }

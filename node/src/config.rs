@@ -36,6 +36,9 @@ pub struct NodeConfig {
     /// How long a client request may wait for replicas before an error.
     #[serde(default = "default_timeout")]
     pub request_timeout_ms: u64,
+    /// A node silent for this long is removed from its chains.
+    #[serde(default = "default_failure_timeout")]
+    pub failure_timeout_ms: u64,
 }
 
 fn default_partitions() -> u32 {
@@ -50,6 +53,9 @@ fn default_max_args() -> usize {
 fn default_timeout() -> u64 {
     5_000
 }
+fn default_failure_timeout() -> u64 {
+    1_000
+}
 
 impl NodeConfig {
     pub fn from_toml(text: &str) -> Result<Self, String> {
@@ -62,6 +68,16 @@ impl NodeConfig {
 
     pub fn limits(&self) -> Limits {
         Limits { max_bulk_len: self.max_bulk_len, max_array_len: self.max_array_len, ..Limits::default() }
+    }
+
+    /// The nodes that run the coordinator (its Raft group): the first three
+    /// node ids, so a site has no extra process and no single point of
+    /// failure.
+    pub fn coordinators(&self) -> Vec<NodeId> {
+        let mut ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        ids.sort_unstable();
+        ids.truncate(3);
+        ids
     }
 
     /// The site's topology, checked.

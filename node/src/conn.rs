@@ -42,6 +42,11 @@ impl Conn {
     /// until it answers or gives up.
     pub async fn run(&mut self, request: Request) -> Result<Response, ClientError> {
         let id = self.id();
+        // The session follows the node's configuration.
+        let topology = self.node.topology();
+        if topology.epoch > self.driver.topology().epoch {
+            self.driver.set_topology(topology);
+        }
         // Replies to an earlier, abandoned request may still be queued.
         while self.replies.try_recv().is_ok() {}
         let progress = self.driver.start(request, now_ms());
@@ -76,7 +81,7 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
     let id = node.new_session();
     let (tx, replies) = mpsc::unbounded_channel();
     node.register(id, tx.clone());
-    let driver = Driver::new(id, node.topology.clone(), Some(node.me), node.config.request_timeout_ms);
+    let driver = Driver::new(id, node.topology(), Some(node.me), node.config.request_timeout_ms);
     let authed = node.config.requirepass.is_none();
     let mut conn = Conn { node: node.clone(), driver, proto: Protocol::Resp2, authed, name: None, replies };
     let limits = node.limits.clone();

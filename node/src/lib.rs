@@ -10,6 +10,7 @@
 pub mod cmd;
 pub mod config;
 pub mod conn;
+pub mod coordinator;
 pub mod peer;
 pub mod server;
 

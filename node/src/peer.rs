@@ -131,6 +131,12 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
             Some((id, tx))
         }
         Hello::Node(_) => None,
+        Hello::Raft(_) => {
+            if let Some(c) = node.coordinator.get() {
+                c.raft.clone().serve(rd, wr, buf).await;
+            }
+            return;
+        }
     };
     loop {
         loop {

@@ -6,6 +6,7 @@
 //! is a Redis client (`conn`).
 
 use crate::config::NodeConfig;
+use crate::coordinator::{self, Coordinator};
 use crate::{conn, peer};
 use ahash::AHashMap;
 use causeway_core::chain::ChainReplica;
@@ -13,10 +14,10 @@ use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Me
 use causeway_core::node::{self, Partitions};
 use causeway_core::ring::{NodeId, PartitionId, Topology};
 use causeway_resp::Limits;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -42,13 +43,17 @@ pub struct Stats {
 /// partition.
 pub struct Node {
     pub me: NodeId,
-    pub topology: Arc<Topology>,
+    /// The configuration this node serves; replaced by `Reconfigure`.
+    topology: RwLock<Arc<Topology>>,
     pub config: NodeConfig,
     pub limits: Limits,
     pub stats: Stats,
     pub started: Instant,
     parts: Vec<Mutex<Option<ChainReplica>>>,
-    peers: AHashMap<NodeId, peer::Sender>,
+    /// One outbound connection per other node, added as nodes join.
+    peers: RwLock<AHashMap<NodeId, peer::Sender>>,
+    /// This node's coordinator member, if it is one of the coordinator nodes.
+    pub coordinator: OnceLock<Arc<Coordinator>>,
     /// Where to deliver replies for sessions and native clients on this node.
     clients: Mutex<AHashMap<ClientId, mpsc::UnboundedSender<Message>>>,
     next_session: AtomicU64,
@@ -65,6 +70,37 @@ impl Partitions for Node {
 }
 
 impl Node {
+    /// The configuration this node currently serves.
+    pub fn topology(&self) -> Arc<Topology> {
+        self.topology.read().clone()
+    }
+
+    /// Installs a newer configuration: replicas learn their new chains, join
+    /// or leave them (`causeway_core::node::reconfigure`), and connections
+    /// to new nodes open.
+    fn install(&self, new: Topology, out: &mut Outbox) {
+        let mut current = self.topology.write();
+        if new.epoch <= current.epoch {
+            return;
+        }
+        tracing::info!("node {} moves to epoch {}", self.me, new.epoch);
+        node::reconfigure(self.me, self.config.site, &new, self, now_ms(), out);
+        let mut peers = self.peers.write();
+        for n in &new.nodes {
+            if n.id != self.me && !peers.contains_key(&n.id) {
+                peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone()));
+            }
+        }
+        *current = Arc::new(new);
+    }
+
+    fn send_to_peer(&self, n: NodeId, msg: Message) {
+        match self.peers.read().get(&n) {
+            Some(p) => p.send(msg),
+            None => tracing::debug!("dropping a message for unknown node {n}"),
+        }
+    }
+
     /// A fresh client id for a session on this node.
     pub fn new_session(&self) -> ClientId {
         session_id(self.me, self.next_session.fetch_add(1, Ordering::Relaxed))
@@ -94,19 +130,21 @@ impl Node {
             match env.to {
                 Dest::Node(n) if n == self.me => {
                     let mut more = Outbox::new();
-                    node::handle(&self.topology, self, env.msg, now_ms(), &mut more);
+                    match env.msg {
+                        Message::Reconfigure { topology } => self.install(topology, &mut more),
+                        Message::Heartbeat { from, epoch } => {
+                            if let Some(c) = self.coordinator.get() {
+                                c.heartbeat(from, epoch);
+                            }
+                        }
+                        msg => node::handle(&self.topology(), self, msg, now_ms(), &mut more),
+                    }
                     queue.extend(more);
                 }
-                Dest::Node(n) => match self.peers.get(&n) {
-                    Some(p) => p.send(env.msg),
-                    None => tracing::warn!("dropping a message for unknown node {n}"),
-                },
+                Dest::Node(n) => self.send_to_peer(n, env.msg),
                 Dest::Client(c) if Some(c) == local => mine.push(env.msg),
                 Dest::Client(c) => match home_node(c) {
-                    Some(home) if home != self.me => match self.peers.get(&home) {
-                        Some(p) => p.send(env.msg),
-                        None => tracing::warn!("dropping a reply for a session on unknown node {home}"),
-                    },
+                    Some(home) if home != self.me => self.send_to_peer(home, env.msg),
                     // A client that left gets nothing: its request was abandoned.
                     _ => {
                         if let Some(tx) = self.clients.lock().get(&c) {
@@ -124,11 +162,17 @@ impl Node {
         self.route(sends.into_iter().map(|(n, msg)| Envelope { to: Dest::Node(n), msg }).collect(), Some(local))
     }
 
+    /// Replicas on this node still waiting for a state transfer.
+    pub fn joining_replicas(&self) -> usize {
+        self.parts.iter().filter(|p| p.lock().as_ref().is_some_and(|r| r.is_joining())).count()
+    }
+
     /// Counts (role name, partitions) for status output.
     pub fn roles(&self) -> (usize, usize, usize) {
         let (mut head, mut middle, mut tail) = (0, 0, 0);
-        for (_, i) in self.topology.roles_of(self.me) {
-            let len = self.topology.shape.replicas;
+        let topology = self.topology();
+        for (p, i) in topology.roles_of(self.me) {
+            let len = topology.chain(p).len();
             if i == 0 {
                 head += 1;
             }
@@ -152,24 +196,46 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone()))).collect();
     let node = Arc::new(Node {
         me,
-        topology: topology.clone(),
+        topology: RwLock::new(topology.clone()),
+        peers: RwLock::new(peers),
+        coordinator: OnceLock::new(),
         limits: config.limits(),
         config,
         stats: Stats::default(),
         started: Instant::now(),
         parts,
-        peers,
         clients: Mutex::new(AHashMap::new()),
         next_session: AtomicU64::new(1),
     });
     tracing::info!("node {me} serving on {}", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
+    let heartbeats = tokio::spawn(heartbeat_loop(node.clone()));
+    coordinator::start(&node).await?;
     tokio::select! {
         _ = accept_loop(node.clone(), listener) => {}
         _ = shutdown => tracing::info!("node {me} shutting down"),
     }
     ticker.abort();
+    heartbeats.abort();
+    if let Some(c) = node.coordinator.get() {
+        c.shutdown().await;
+    }
     Ok(())
+}
+
+/// Tells every coordinator member this node is alive, and at which epoch.
+async fn heartbeat_loop(node: Arc<Node>) {
+    let mut interval = tokio::time::interval(coordinator::HEARTBEAT);
+    loop {
+        interval.tick().await;
+        let epoch = node.topology().epoch;
+        let out = node
+            .config
+            .coordinators()
+            .into_iter()
+            .map(|c| Envelope { to: Dest::Node(c), msg: Message::Heartbeat { from: node.me, epoch } });
+        node.route(out.collect(), None);
+    }
 }
 
 async fn tick_loop(node: Arc<Node>) {
@@ -177,7 +243,7 @@ async fn tick_loop(node: Arc<Node>) {
     loop {
         interval.tick().await;
         let mut out = Outbox::new();
-        node::tick(&node.topology, &*node, now_ms(), &mut out);
+        node::tick(&node.topology(), &*node, now_ms(), &mut out);
         node.route(out, None);
     }
 }

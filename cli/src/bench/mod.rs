@@ -11,18 +11,16 @@
 pub mod report;
 pub mod workload;
 
-use bytes::{Bytes, BytesMut};
+use crate::resp_client::RespConn;
+use bytes::Bytes;
 use causeway_client::Client;
 use causeway_core::driver::Consistency;
-use causeway_resp::{encode_request, Frame, FrameDecoder, Limits};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{Recorder, Report};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use workload::{key_name, value_for, Distribution, Generator, Keyspace, OpKind, Workload};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -105,47 +103,6 @@ impl Target {
         match self {
             Target::Native(c) => c.put(key, value).await.map_err(|e| e.to_string()),
             Target::Resp(c) => c.call(&[b"SET", key, value]).await.map(|_| ()),
-        }
-    }
-}
-
-/// A minimal RESP client: one request at a time, no allocation per call
-/// beyond the reply. The same code measures every RESP server.
-struct RespConn {
-    stream: TcpStream,
-    out: BytesMut,
-    input: BytesMut,
-    decoder: FrameDecoder,
-    limits: Limits,
-}
-
-impl RespConn {
-    async fn connect(addr: &str) -> Result<RespConn, String> {
-        let stream = TcpStream::connect(addr).await.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        Ok(RespConn {
-            stream,
-            out: BytesMut::new(),
-            input: BytesMut::with_capacity(16 * 1024),
-            decoder: FrameDecoder::new(),
-            limits: Limits::default(),
-        })
-    }
-
-    async fn call(&mut self, args: &[&[u8]]) -> Result<Frame, String> {
-        self.out.clear();
-        encode_request(args, &mut self.out);
-        self.stream.write_all(&self.out).await.map_err(|e| e.to_string())?;
-        loop {
-            if let Some(frame) = self.decoder.decode(&mut self.input, &self.limits).map_err(|e| e.to_string())? {
-                return match frame {
-                    Frame::Error(e) => Err(e),
-                    f => Ok(f),
-                };
-            }
-            if self.stream.read_buf(&mut self.input).await.map_err(|e| e.to_string())? == 0 {
-                return Err("server closed the connection".into());
-            }
         }
     }
 }

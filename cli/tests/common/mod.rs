@@ -97,6 +97,8 @@ pub struct NodeProc {
     pub port: u16,
     child: Option<Child>,
     log: PathBuf,
+    /// A config file written for this node, removed with it.
+    config: Option<PathBuf>,
 }
 
 impl NodeProc {
@@ -120,6 +122,9 @@ impl Drop for NodeProc {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_file(&self.log);
+        if let Some(c) = &self.config {
+            let _ = std::fs::remove_file(c);
+        }
     }
 }
 
@@ -170,7 +175,7 @@ impl Cluster {
                 .stderr(stderr)
                 .spawn()
                 .expect("can spawn causeway node");
-            nodes.push(NodeProc { id: i, port, child: Some(child), log });
+            nodes.push(NodeProc { id: i, port, child: Some(child), log, config: None });
         }
         let mut cluster = Cluster { nodes, opts: opts.clone() };
         let deadline = Instant::now() + START_TIMEOUT;
@@ -186,6 +191,14 @@ impl Cluster {
                     return Err((format!("node {} did not accept on {} in time; stderr:\n{}", node.id, node.addr(), node.stderr()), false));
                 }
                 std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // Something else may have answered on a port a node failed to bind.
+        for node in &mut cluster.nodes {
+            if let Some(status) = node.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let log = node.stderr();
+                let retry = log.contains("cannot listen");
+                return Err((format!("node {} exited ({status}) after start; stderr:\n{log}", node.id), retry));
             }
         }
         Ok(cluster)
@@ -268,6 +281,56 @@ impl Cluster {
             })
             .collect()
     }
+}
+
+/// Starts one `causeway node --config <file>` whose TOML text is made by
+/// `config(port)`, and waits until it accepts connections.
+pub fn spawn_with_config(config: impl Fn(u16) -> String) -> NodeProc {
+    let port = free_ports(1)[0];
+    let path = log_path("config.toml");
+    std::fs::write(&path, config(port)).unwrap();
+    let log = log_path("config-node");
+    let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
+        .args(["node", "--config", path.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("can spawn causeway node");
+    let mut node = NodeProc { id: 0, port, child: Some(child), log, config: Some(path) };
+    let addr: SocketAddr = node.addr().parse().unwrap();
+    let deadline = Instant::now() + START_TIMEOUT;
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        if let Some(status) = node.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("node exited ({status}); stderr:\n{}", node.stderr());
+        }
+        assert!(Instant::now() < deadline, "node did not start; stderr:\n{}", node.stderr());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    node
+}
+
+/// Runs `causeway <args>` to completion (it must exit by itself), with a
+/// deadline; returns (success, stdout, stderr).
+pub fn run_causeway(args: &[&str]) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_causeway"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + START_TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("causeway {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// The text of a Redis error reply as the server sent it ("ERR syntax error").

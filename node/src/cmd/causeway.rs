@@ -4,6 +4,7 @@ use super::{syntax_error, upper, Outcome};
 use crate::conn::Conn;
 use bytes::Bytes;
 use causeway_core::driver::Consistency;
+use causeway_core::ring::NodeInfo;
 use causeway_core::session::Session;
 use causeway_resp::Frame;
 
@@ -27,7 +28,7 @@ pub async fn consistency(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 /// CW.KEYRANGE: the partition map, as the p2p store's `keyrange`: one entry
 /// per partition, `[partition, [[node id, address, role], ...]]`, head first.
 pub async fn keyrange(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
-    let t = &conn.node.topology;
+    let t = conn.node.topology();
     let entries = t
         .chains
         .iter()
@@ -84,7 +85,7 @@ pub async fn session(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 pub async fn status(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let node = &conn.node;
     let (head, middle, tail) = node.roles();
-    let t = &node.topology;
+    let t = node.topology();
     let text = format!(
         "node:{}\r\nepoch:{}\r\nnodes:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\n",
         node.me,
@@ -106,4 +107,66 @@ fn unhex(s: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     s.chunks(2).map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok()).collect()
+}
+
+/// CW.CLUSTER STATUS | ADD id host:port | REMOVE id: the site's
+/// configuration and membership changes (ADD and REMOVE go to the
+/// coordinator leader; other nodes say which node leads).
+pub async fn cluster(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let node = conn.node.clone();
+    let arg = |i: usize| String::from_utf8_lossy(&args[i]).into_owned();
+    match (upper(&args[1]).as_str(), args.len()) {
+        ("STATUS", 2) => Frame::Bulk(Bytes::from(cluster_status(&node))),
+        ("ADD", 4) => {
+            let Ok(id) = arg(2).parse() else { return Frame::error("ERR invalid node id").into() };
+            match node.coordinator.get().ok_or_else(not_coordinator).and_then(|c| c.add(NodeInfo { id, addr: arg(3) })) {
+                Ok(()) => Frame::ok(),
+                Err(e) => Frame::error(format!("ERR {e}")),
+            }
+        }
+        ("REMOVE", 3) => {
+            let Ok(id) = arg(2).parse() else { return Frame::error("ERR invalid node id").into() };
+            match node.coordinator.get().ok_or_else(not_coordinator).and_then(|c| c.drain(id)) {
+                Ok(()) => Frame::ok(),
+                Err(e) => Frame::error(format!("ERR {e}")),
+            }
+        }
+        _ => syntax_error(),
+    }
+    .into()
+}
+
+fn not_coordinator() -> String {
+    "this node does not run the coordinator; send this to the coordinator leader (see CW.CLUSTER STATUS)".into()
+}
+
+fn cluster_status(node: &crate::server::Node) -> String {
+    let t = node.topology();
+    let mut s = format!("epoch:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\n", t.epoch, t.shape.partitions, t.shape.replicas, t.shape.k);
+    if let Some(c) = node.coordinator.get() {
+        s.push_str(&format!("coordinator_leader:{}\r\n", c.leader().map_or("unknown".into(), |l| l.to_string())));
+    }
+    let lengths: Vec<usize> = t.chains.iter().map(|c| c.len()).collect();
+    let short = lengths.iter().filter(|&&l| l < t.shape.replicas).count();
+    s.push_str(&format!(
+        "chain_length_min:{}\r\nchain_length_max:{}\r\nshort_chains:{short}\r\njoining_replicas_here:{}\r\n",
+        lengths.iter().min().unwrap_or(&0),
+        lengths.iter().max().unwrap_or(&0),
+        node.joining_replicas()
+    ));
+    for n in &t.nodes {
+        let (mut head, mut middle, mut tail) = (0, 0, 0);
+        for (p, i) in t.roles_of(n.id) {
+            let len = t.chain(p).len();
+            if i == 0 {
+                head += 1;
+            } else if i + 1 == len {
+                tail += 1;
+            } else {
+                middle += 1;
+            }
+        }
+        s.push_str(&format!("node{}:addr={},head={head},middle={middle},tail={tail}\r\n", n.id, n.addr));
+    }
+    s
 }

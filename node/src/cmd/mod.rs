@@ -68,6 +68,7 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.keyrange", 1, false, causeway::keyrange),
     command!("cw.session", -2, false, causeway::session),
     command!("cw.status", 1, false, causeway::status),
+    command!("cw.cluster", -2, false, causeway::cluster),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Command> {

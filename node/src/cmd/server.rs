@@ -155,7 +155,8 @@ pub async fn command(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 pub async fn info(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let node = &conn.node;
     let (head, middle, tail) = node.roles();
-    let shape = node.topology.shape;
+    let topology = node.topology();
+    let shape = topology.shape;
     let text = format!(
         "# Server\r\nredis_version:7.0.0\r\ncauseway_version:{}\r\nnode_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\r\n\
          # Clients\r\nconnected_clients:{}\r\n\r\n\
@@ -168,7 +169,7 @@ pub async fn info(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
         node.stats.connections.load(Ordering::Relaxed),
         node.stats.total_connections.load(Ordering::Relaxed),
         node.stats.commands.load(Ordering::Relaxed),
-        node.topology.epoch,
+        topology.epoch,
         shape.partitions,
         shape.replicas,
         shape.k,

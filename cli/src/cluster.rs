@@ -1,0 +1,66 @@
+//! `causeway cluster status | add ID HOST:PORT | remove ID`: the admin
+//! commands, sent as `CW.CLUSTER` over the Redis protocol. Membership
+//! changes must reach the coordinator leader; this tries the site's nodes
+//! until the leader accepts.
+
+use crate::resp_client::RespConn;
+use causeway_resp::Frame;
+use clap::{Args, Subcommand};
+
+#[derive(Args)]
+pub struct ClusterArgs {
+    /// Any node of the site.
+    #[arg(long, default_value = "127.0.0.1:6380")]
+    addr: String,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Nodes, roles, chain lengths, epoch, coordinator leader.
+    Status,
+    /// Add a node (start it first with `causeway node`); it takes its share of partitions.
+    Add { id: u16, addr: String },
+    /// Drain a node: it leaves every chain, which grow back on the others.
+    Remove { id: u16 },
+}
+
+pub fn run(args: ClusterArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let status = call(&args.addr, &[b"CW.CLUSTER", b"STATUS"]).await?;
+        let change: Vec<Vec<u8>> = match &args.action {
+            Action::Status => {
+                println!("{}", status.replace("\r\n", "\n").trim_end());
+                return Ok(());
+            }
+            Action::Add { id, addr } => {
+                vec![b"CW.CLUSTER".to_vec(), b"ADD".to_vec(), id.to_string().into_bytes(), addr.clone().into_bytes()]
+            }
+            Action::Remove { id } => vec![b"CW.CLUSTER".to_vec(), b"REMOVE".to_vec(), id.to_string().into_bytes()],
+        };
+        let request: Vec<&[u8]> = change.iter().map(|a| a.as_slice()).collect();
+        // Every node's address is in the status; the leader takes the change.
+        let mut last = String::new();
+        for addr in status.lines().filter_map(|l| l.split("addr=").nth(1)).map(|r| r.split(',').next().unwrap_or("").to_string()) {
+            match call(&addr, &request).await {
+                Ok(_) => {
+                    println!("OK (accepted by {addr}); watch it with `causeway cluster status`");
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("no coordinator leader accepted the change: {last}"))
+    })
+}
+
+async fn call(addr: &str, request: &[&[u8]]) -> Result<String, String> {
+    let mut c = RespConn::connect(addr).await?;
+    match c.call(request).await? {
+        Frame::Bulk(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+        Frame::Simple(s) => Ok(s),
+        other => Ok(format!("{other:?}")),
+    }
+}

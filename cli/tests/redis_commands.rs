@@ -1,0 +1,594 @@
+//! Redis commands against real `causeway node` processes, checked against
+//! Redis' own semantics (replies, error texts, options).
+
+mod common;
+
+use causeway_resp::Frame;
+use common::{bulk, err_line, error, eventually, expect_err, simple, Cluster, Opts};
+use redis::{cmd, Value};
+use std::time::Duration;
+
+#[test]
+fn ping_echo_select_and_generic_errors() {
+    let c = Cluster::three();
+    let mut con = c.conn(1);
+    assert_eq!(cmd("PING").query::<String>(&mut con).unwrap(), "PONG");
+    assert_eq!(cmd("PING").arg("hi there").query::<String>(&mut con).unwrap(), "hi there");
+    assert_eq!(cmd("ECHO").arg(b"a\r\nb\0c".as_slice()).query::<Vec<u8>>(&mut con).unwrap(), b"a\r\nb\0c");
+    assert_eq!(cmd("SELECT").arg(0).query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(expect_err(&mut con, cmd("SELECT").arg(1)), "ERR DB index is out of range");
+    assert_eq!(expect_err(&mut con, cmd("PING").arg("a").arg("b")), "ERR wrong number of arguments for 'ping' command");
+    assert_eq!(expect_err(&mut con, &cmd("GET")), "ERR wrong number of arguments for 'get' command");
+    assert_eq!(expect_err(&mut con, cmd("GET").arg("a").arg("b")), "ERR wrong number of arguments for 'get' command");
+    assert_eq!(expect_err(&mut con, cmd("SET").arg("a")), "ERR wrong number of arguments for 'set' command");
+    assert_eq!(expect_err(&mut con, &cmd("ECHO")), "ERR wrong number of arguments for 'echo' command");
+    // Command names are case-insensitive.
+    assert_eq!(cmd("pInG").query::<String>(&mut con).unwrap(), "PONG");
+
+    // Unknown commands: Redis' wording (the exact byte layout of the argument
+    // list is checked on the raw connection below).
+    let e = expect_err(&mut con, cmd("FOO").arg("bar").arg("baz"));
+    assert!(e.starts_with("ERR unknown command 'FOO', with args beginning with: 'bar' 'baz'"), "{e}");
+    let mut raw = c.raw(2);
+    match raw.cmd(&[b"foo"]) {
+        Frame::Error(e) => assert!(e.starts_with("ERR unknown command 'foo', with args beginning with:"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // The connection survives errors.
+    assert_eq!(raw.cmd(&[b"PING"]), simple("PONG"));
+    assert_eq!(cmd("PING").query::<String>(&mut con).unwrap(), "PONG");
+}
+
+#[test]
+fn set_options_follow_redis() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    // NX: only if absent; a failed condition is a nil reply.
+    assert_eq!(cmd("SET").arg("nx").arg("1").arg("NX").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("OK"));
+    assert_eq!(cmd("SET").arg("nx").arg("2").arg("nx").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("GET").arg("nx").query::<String>(&mut con).unwrap(), "1");
+    // XX: only if present.
+    assert_eq!(cmd("SET").arg("xx").arg("1").arg("XX").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("GET").arg("xx").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("SET").arg("nx").arg("3").arg("XX").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("OK"));
+    assert_eq!(cmd("GET").arg("nx").query::<String>(&mut con).unwrap(), "3");
+    // Options combine, in any order and case.
+    assert_eq!(
+        cmd("SET").arg("combo").arg("v").arg("ex").arg(100).arg("nx").query::<Option<String>>(&mut con).unwrap().as_deref(),
+        Some("OK")
+    );
+    assert_eq!(
+        cmd("SET").arg("combo").arg("w").arg("PX").arg(100_000).arg("XX").query::<Option<String>>(&mut con).unwrap().as_deref(),
+        Some("OK")
+    );
+    assert_eq!(cmd("GET").arg("combo").query::<String>(&mut con).unwrap(), "w");
+
+    // Invalid expire times.
+    for (unit, n) in [("EX", "0"), ("EX", "-1"), ("PX", "0"), ("PX", "-5")] {
+        assert_eq!(
+            expect_err(&mut con, cmd("SET").arg("k").arg("v").arg(unit).arg(n)),
+            "ERR invalid expire time in 'set' command",
+            "{unit} {n}"
+        );
+    }
+    assert_eq!(expect_err(&mut con, cmd("SET").arg("k").arg("v").arg("EX").arg("soon")), "ERR value is not an integer or out of range");
+    // Bad or conflicting options.
+    for opts in [&["FOO"][..], &["NX", "XX"], &["XX", "NX"], &["EX"], &["EX", "10", "PX", "100"], &["PX", "10", "EX", "1"]] {
+        let mut c2 = cmd("SET");
+        c2.arg("k").arg("v");
+        for o in opts {
+            c2.arg(*o);
+        }
+        assert_eq!(expect_err(&mut con, &c2), "ERR syntax error", "{opts:?}");
+    }
+    // Nothing was written by the failed commands.
+    assert_eq!(cmd("EXISTS").arg("k").query::<i64>(&mut con).unwrap(), 0);
+}
+
+#[test]
+fn ttl_expiry_is_lazy_and_reads_as_absent() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    let written = std::time::Instant::now();
+    cmd("SET").arg("short").arg("v").arg("PX").arg(300).query::<()>(&mut con).unwrap();
+    let before_expiry = cmd("GET").arg("short").query::<Option<String>>(&mut con).unwrap();
+    if written.elapsed() < Duration::from_millis(300) {
+        // Read before the TTL could have run out: the value is there.
+        assert_eq!(before_expiry.as_deref(), Some("v"));
+    }
+    cmd("SET").arg("long").arg("v").arg("EX").arg(1000).query::<()>(&mut con).unwrap();
+    cmd("SET").arg("plain").arg("v").query::<()>(&mut con).unwrap();
+    eventually(Duration::from_secs(10), "the short key to expire", || {
+        cmd("GET").arg("short").query::<Option<String>>(&mut con).unwrap().is_none().then_some(())
+    });
+    assert_eq!(cmd("EXISTS").arg("short").arg("long").arg("plain").query::<i64>(&mut con).unwrap(), 2);
+    assert_eq!(
+        cmd("MGET").arg("short").arg("long").arg("plain").query::<Vec<Option<String>>>(&mut con).unwrap(),
+        vec![None, Some("v".into()), Some("v".into())]
+    );
+    // Expired on every node, not just the one that wrote it.
+    for i in 0..3 {
+        let mut other = c.conn(i);
+        assert_eq!(cmd("GET").arg("short").query::<Option<String>>(&mut other).unwrap(), None, "node {i}");
+    }
+    // An expired key does not count, cannot be deleted, and NX may set it again.
+    eventually(Duration::from_secs(10), "DBSIZE to drop the expired key", || {
+        (cmd("DBSIZE").query::<i64>(&mut con).unwrap() == 2).then_some(())
+    });
+    assert_eq!(cmd("DEL").arg("short").query::<i64>(&mut con).unwrap(), 0);
+    assert_eq!(cmd("SET").arg("short").arg("again").arg("NX").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("OK"));
+    assert_eq!(cmd("GET").arg("short").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("again"));
+    // A plain SET replaces the TTL (the key no longer expires).
+    cmd("SET").arg("t2").arg("a").arg("PX").arg(200).query::<()>(&mut con).unwrap();
+    cmd("SET").arg("t2").arg("b").query::<()>(&mut con).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(cmd("GET").arg("t2").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("b"));
+}
+
+#[test]
+fn del_and_exists_count_like_redis() {
+    let c = Cluster::three();
+    let mut con = c.conn(2);
+    for k in ["a", "b", "c"] {
+        cmd("SET").arg(k).arg(k).query::<()>(&mut con).unwrap();
+    }
+    // EXISTS counts repeats again.
+    assert_eq!(cmd("EXISTS").arg("a").arg("a").arg("b").arg("nope").query::<i64>(&mut con).unwrap(), 3);
+    // DEL counts only keys that existed, and a repeated key once.
+    assert_eq!(cmd("DEL").arg("a").arg("a").arg("nope").arg("b").query::<i64>(&mut con).unwrap(), 2);
+    assert_eq!(cmd("DEL").arg("a").query::<i64>(&mut con).unwrap(), 0);
+    assert_eq!(cmd("EXISTS").arg("a").arg("b").arg("c").query::<i64>(&mut con).unwrap(), 1);
+    assert_eq!(cmd("GET").arg("a").query::<Option<String>>(&mut con).unwrap(), None);
+    // Deleted keys can be written again.
+    cmd("SET").arg("a").arg("again").query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("GET").arg("a").query::<String>(&mut con).unwrap(), "again");
+    assert_eq!(expect_err(&mut con, &cmd("DEL")), "ERR wrong number of arguments for 'del' command");
+    assert_eq!(expect_err(&mut con, &cmd("EXISTS")), "ERR wrong number of arguments for 'exists' command");
+    assert_eq!(expect_err(&mut con, &cmd("MGET")), "ERR wrong number of arguments for 'mget' command");
+}
+
+#[test]
+fn hello_switches_to_resp3_and_back() {
+    let c = Cluster::three();
+    let mut raw = c.raw(0);
+    raw.send_cmd(&[b"SET", b"k", b"v"]);
+    assert_eq!(raw.read_frame(), simple("OK"));
+    // RESP2 nil is $-1.
+    raw.send_cmd(&[b"GET", b"missing"]);
+    assert_eq!(raw.read_exact_raw(5), b"$-1\r\n");
+    // HELLO 3: a map reply, then RESP3 encodings.
+    match raw.cmd(&[b"HELLO", b"3", b"SETNAME", b"tester"]) {
+        Frame::Map(fields) => {
+            let get = |name: &str| fields.iter().find(|(k, _)| *k == bulk(name.as_bytes())).map(|(_, v)| v.clone());
+            assert_eq!(get("proto"), Some(Frame::Integer(3)));
+            assert_eq!(get("server"), Some(bulk(b"causeway")));
+            assert!(matches!(get("id"), Some(Frame::Integer(_))));
+        }
+        other => panic!("HELLO 3 answered {other:?}"),
+    }
+    raw.send_cmd(&[b"GET", b"missing"]);
+    assert_eq!(raw.read_exact_raw(3), b"_\r\n");
+    assert_eq!(raw.cmd(&[b"GET", b"k"]), bulk(b"v"));
+    assert_eq!(raw.cmd(&[b"CLIENT", b"GETNAME"]), bulk(b"tester"));
+    // MGET with a nil inside, in RESP3.
+    raw.send_cmd(&[b"MGET", b"k", b"missing"]);
+    assert_eq!(raw.read_exact_raw(14), b"*2\r\n$1\r\nv\r\n_\r\n");
+    // HELLO with no version keeps the protocol; HELLO 2 goes back.
+    assert!(matches!(raw.cmd(&[b"HELLO"]), Frame::Map(_)));
+    match raw.cmd(&[b"HELLO", b"2"]) {
+        Frame::Array(flat) => {
+            let i = flat.iter().position(|f| *f == bulk(b"proto")).expect("proto field");
+            assert_eq!(flat[i + 1], Frame::Integer(2));
+        }
+        other => panic!("HELLO 2 answered {other:?}"),
+    }
+    raw.send_cmd(&[b"GET", b"missing"]);
+    assert_eq!(raw.read_exact_raw(5), b"$-1\r\n");
+    assert_eq!(raw.cmd(&[b"HELLO", b"4"]), error("NOPROTO unsupported protocol version"));
+    assert_eq!(raw.cmd(&[b"HELLO", b"3", b"BOGUS"]), error("ERR syntax error"));
+
+    // The redis crate's own RESP3 mode works end to end.
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/?protocol=resp3", c.port(1))).unwrap();
+    let mut con = client.get_connection_with_timeout(common::IO_TIMEOUT).unwrap();
+    cmd("SET").arg("r3").arg("x").query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("GET").arg("r3").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("x"));
+    assert_eq!(cmd("GET").arg("nothing").query::<Value>(&mut con).unwrap(), Value::Nil);
+}
+
+#[test]
+fn client_subcommands() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("CLIENT").arg("SETNAME").arg("worker-1").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("worker-1"));
+    assert_eq!(cmd("CLIENT").arg("SETINFO").arg("LIB-NAME").arg("x").query::<String>(&mut con).unwrap(), "OK");
+    let id1: i64 = cmd("CLIENT").arg("ID").query(&mut con).unwrap();
+    let id2: i64 = cmd("CLIENT").arg("ID").query(&mut c.conn(0)).unwrap();
+    assert!(id1 > 0 && id2 > 0 && id1 != id2, "{id1} {id2}");
+    // The name is per connection.
+    assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut c.conn(0)).unwrap(), None);
+    assert!(expect_err(&mut con, cmd("CLIENT").arg("BOGUS")).starts_with("ERR "));
+    assert_eq!(expect_err(&mut con, &cmd("CLIENT")), "ERR wrong number of arguments for 'client' command");
+}
+
+#[test]
+fn quit_answers_ok_and_closes() {
+    let c = Cluster::three();
+    let mut raw = c.raw(1);
+    raw.send(b"*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nQUIT\r\n*1\r\n$4\r\nPING\r\n");
+    assert_eq!(raw.read_to_close(), b"+PONG\r\n+OK\r\n");
+    // The node keeps serving.
+    assert_eq!(c.raw(1).cmd(&[b"PING"]), simple("PONG"));
+}
+
+#[test]
+fn requirepass_gates_commands_until_auth() {
+    let c = Cluster::start_with(Opts::new(3, 3, 2).flag("--requirepass", "s3cret"));
+    let mut raw = c.raw(0);
+    assert_eq!(raw.cmd(&[b"GET", b"k"]), error("NOAUTH Authentication required."));
+    assert_eq!(raw.cmd(&[b"PING"]), error("NOAUTH Authentication required."));
+    assert_eq!(raw.cmd(&[b"SET", b"k", b"v"]), error("NOAUTH Authentication required."));
+    // Unknown commands are still unknown.
+    assert!(matches!(raw.cmd(&[b"NOPE"]), Frame::Error(e) if e.starts_with("ERR unknown command")));
+    match raw.cmd(&[b"AUTH", b"wrong"]) {
+        Frame::Error(e) => assert!(e.starts_with("WRONGPASS"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match raw.cmd(&[b"AUTH", b"someone", b"s3cret"]) {
+        Frame::Error(e) => assert!(e.starts_with("WRONGPASS"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(raw.cmd(&[b"GET", b"k"]), error("NOAUTH Authentication required."));
+    // HELLO without AUTH is refused and does not switch protocols.
+    match raw.cmd(&[b"HELLO", b"3"]) {
+        Frame::Error(e) => assert!(e.starts_with("NOAUTH"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(raw.cmd(&[b"AUTH", b"s3cret"]), simple("OK"));
+    assert_eq!(raw.cmd(&[b"SET", b"k", b"v"]), simple("OK"));
+    raw.send_cmd(&[b"GET", b"missing"]);
+    assert_eq!(raw.read_exact_raw(5), b"$-1\r\n", "still RESP2 after the refused HELLO");
+
+    // AUTH default <pass>, and HELLO 3 AUTH in one go.
+    let mut raw2 = c.raw(1);
+    assert_eq!(raw2.cmd(&[b"AUTH", b"default", b"s3cret"]), simple("OK"));
+    assert_eq!(raw2.cmd(&[b"PING"]), simple("PONG"));
+    let mut raw3 = c.raw(2);
+    assert!(matches!(raw3.cmd(&[b"HELLO", b"3", b"AUTH", b"default", b"s3cret"]), Frame::Map(_)));
+    raw3.send_cmd(&[b"GET", b"missing"]);
+    assert_eq!(raw3.read_exact_raw(3), b"_\r\n");
+    let mut raw4 = c.raw(2);
+    match raw4.cmd(&[b"HELLO", b"3", b"AUTH", b"default", b"nope"]) {
+        Frame::Error(e) => assert!(e.starts_with("WRONGPASS"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // QUIT works before AUTH.
+    let mut raw5 = c.raw(1);
+    raw5.send_cmd(&[b"QUIT"]);
+    assert_eq!(raw5.read_to_close(), b"+OK\r\n");
+
+    // Clients configured with the password just work.
+    for url in [format!("redis://:s3cret@127.0.0.1:{}/", c.port(1)), format!("redis://default:s3cret@127.0.0.1:{}/", c.port(2))] {
+        let mut con = redis::Client::open(url.as_str()).unwrap().get_connection_with_timeout(common::IO_TIMEOUT).unwrap();
+        cmd("SET").arg("via-url").arg(&url).query::<()>(&mut con).unwrap();
+        assert_eq!(cmd("GET").arg("via-url").query::<String>(&mut con).unwrap(), url);
+    }
+    // A client with the wrong password fails to connect.
+    let bad = redis::Client::open(format!("redis://:nope@127.0.0.1:{}/", c.port(0))).unwrap();
+    assert!(bad.get_connection_with_timeout(common::IO_TIMEOUT).is_err());
+}
+
+#[test]
+fn auth_without_requirepass() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    // Like Redis: AUTH <password> with no password configured is an error.
+    assert!(expect_err(&mut con, cmd("AUTH").arg("x")).starts_with("ERR AUTH <password> called without any password configured"));
+    assert_eq!(cmd("PING").query::<String>(&mut con).unwrap(), "PONG");
+}
+
+/// In Redis, with no `requirepass` the default user is `nopass`, so the
+/// two-argument form `AUTH default <anything>` (and `HELLO 3 AUTH default
+/// <anything>`) succeeds; clients that are configured with a username and
+/// password (e.g. `redis://default:pw@host`) rely on this.
+#[test]
+#[ignore = "bug: AUTH default <pw> / HELLO AUTH default <pw> fail with 'ERR AUTH <password> called without any password configured' when no requirepass is set (Redis answers OK)"]
+fn auth_with_username_succeeds_without_requirepass_like_redis() {
+    let c = Cluster::three();
+    let mut raw = c.raw(0);
+    assert_eq!(raw.cmd(&[b"AUTH", b"default", b"anything"]), simple("OK"));
+    assert!(matches!(raw.cmd(&[b"HELLO", b"3", b"AUTH", b"default", b"anything"]), Frame::Map(_)));
+    let mut con = redis::Client::open(format!("redis://default:anything@127.0.0.1:{}/", c.port(1)))
+        .unwrap()
+        .get_connection_with_timeout(common::IO_TIMEOUT)
+        .unwrap();
+    assert_eq!(cmd("PING").query::<String>(&mut con).unwrap(), "PONG");
+}
+
+#[test]
+fn info_status_and_command_table() {
+    let c = Cluster::three();
+    let mut con = c.conn(1);
+    let info: String = cmd("INFO").query(&mut con).unwrap();
+    for field in [
+        "# Server",
+        "redis_version:",
+        "node_id:1",
+        &format!("tcp_port:{}", c.port(1)),
+        "# Replication",
+        "replicas:3",
+        "k:2",
+        "partitions:64",
+    ] {
+        assert!(info.contains(field), "INFO lacks {field:?}:\n{info}");
+    }
+    assert!(info.contains("consistency:causal"), "{info}");
+    let _: String = cmd("INFO").arg("server").query(&mut con).unwrap();
+
+    // CW.STATUS on every node; roles add up to the partition count.
+    let (mut heads, mut middles, mut tails) = (0, 0, 0);
+    for i in 0..3 {
+        let status: String = cmd("CW.STATUS").query(&mut c.conn(i)).unwrap();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .unwrap_or_else(|| panic!("no {name} in {status}"))
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(field("node"), i as u64);
+        assert_eq!(field("nodes"), 3);
+        assert_eq!(field("partitions"), 64);
+        assert_eq!(field("replicas"), 3);
+        assert_eq!(field("k"), 2);
+        heads += field("head_of");
+        middles += field("middle_of");
+        tails += field("tail_of");
+    }
+    assert_eq!((heads, middles, tails), (64, 64, 64));
+
+    let count: i64 = cmd("COMMAND").arg("COUNT").query(&mut con).unwrap();
+    let Value::Array(table) = cmd("COMMAND").query::<Value>(&mut con).unwrap() else { panic!("COMMAND is not an array") };
+    assert_eq!(table.len() as i64, count);
+    let names: Vec<String> = table
+        .iter()
+        .map(|e| match e {
+            Value::Array(f) => redis::from_redis_value::<String>(&f[0]).unwrap().to_lowercase(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for name in ["get", "set", "del", "exists", "mget", "dbsize", "ping", "hello", "auth", "cw.keyrange", "cw.session"] {
+        assert!(names.iter().any(|n| n == name), "COMMAND lacks {name}: {names:?}");
+    }
+    let _: Value = cmd("COMMAND").arg("DOCS").query(&mut con).unwrap();
+    let Value::Array(info) = cmd("COMMAND").arg("INFO").arg("get").arg("nosuch").query::<Value>(&mut con).unwrap() else { panic!() };
+    assert_eq!(info.len(), 2);
+    assert_eq!(info[1], Value::Nil);
+    assert!(expect_err(&mut con, cmd("COMMAND").arg("BOGUS")).starts_with("ERR"));
+}
+
+#[test]
+fn keyrange_lists_every_partition_head_first() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    let Value::Array(parts) = cmd("CW.KEYRANGE").query::<Value>(&mut con).unwrap() else { panic!("not an array") };
+    assert_eq!(parts.len(), 64);
+    for (p, entry) in parts.iter().enumerate() {
+        let Value::Array(entry) = entry else { panic!("{entry:?}") };
+        assert_eq!(entry[0], Value::Int(p as i64));
+        let Value::Array(members) = &entry[1] else { panic!("{entry:?}") };
+        assert_eq!(members.len(), 3, "partition {p}");
+        let mut ids = Vec::new();
+        for (i, m) in members.iter().enumerate() {
+            let Value::Array(f) = m else { panic!("{m:?}") };
+            let Value::Int(id) = f[0] else { panic!("{f:?}") };
+            let addr: String = redis::from_redis_value(&f[1]).unwrap();
+            let role: String = redis::from_redis_value(&f[2]).unwrap();
+            assert_eq!(addr, c.addr(id as usize));
+            assert_eq!(role, ["head", "middle", "tail"][i]);
+            ids.push(id);
+        }
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "chain of partition {p} repeats a node");
+    }
+    // Every node answers the same map.
+    assert_eq!(c.chains(1), c.chains(0));
+    assert_eq!(c.chains(2), c.chains(0));
+    // Every node heads some partitions.
+    let chains = c.chains(0);
+    for n in 0..3 {
+        assert!(chains.iter().any(|ch| ch[0] == n), "node {n} heads nothing");
+    }
+}
+
+#[test]
+fn partitions_flag_shapes_the_keyrange() {
+    let c = Cluster::start_with(Opts::new(3, 2, 1).flag("--partitions", 8));
+    let chains = c.chains(2);
+    assert_eq!(chains.len(), 8);
+    assert!(chains.iter().all(|ch| ch.len() == 2 && ch[0] != ch[1]), "{chains:?}");
+    // And it serves data in that shape (R=2, k=1).
+    let mut con = c.conn(0);
+    for i in 0..20 {
+        cmd("SET").arg(format!("k{i}")).arg(i).query::<()>(&mut con).unwrap();
+        assert_eq!(cmd("GET").arg(format!("k{i}")).query::<i64>(&mut con).unwrap(), i);
+    }
+}
+
+#[test]
+fn consistency_levels_are_per_connection() {
+    let c = Cluster::three();
+    let mut a = c.conn(0);
+    let mut b = c.conn(0);
+    assert_eq!(cmd("CW.CONSISTENCY").query::<String>(&mut a).unwrap(), "causal");
+    for level in ["eventual", "LINEARIZABLE", "causal", "linearizable"] {
+        assert_eq!(cmd("CW.CONSISTENCY").arg(level).query::<String>(&mut a).unwrap(), "OK");
+        assert_eq!(cmd("CW.CONSISTENCY").query::<String>(&mut a).unwrap(), level.to_lowercase());
+    }
+    assert_eq!(cmd("CW.CONSISTENCY").query::<String>(&mut b).unwrap(), "causal", "another connection keeps its own level");
+    assert!(expect_err(&mut a, cmd("CW.CONSISTENCY").arg("strong")).starts_with("ERR "));
+    assert!(expect_err(&mut a, cmd("CW.CONSISTENCY").arg("causal").arg("extra")).starts_with("ERR "));
+    assert_eq!(cmd("CW.CONSISTENCY").query::<String>(&mut a).unwrap(), "linearizable", "a refused change changes nothing");
+    let info: String = cmd("INFO").query(&mut a).unwrap();
+    assert!(info.contains("consistency:linearizable"), "{info}");
+
+    // Every level reads and writes.
+    for (i, level) in ["causal", "eventual", "linearizable"].into_iter().enumerate() {
+        let mut con = c.conn(i);
+        cmd("CW.CONSISTENCY").arg(level).query::<()>(&mut con).unwrap();
+        let key = format!("level-{level}");
+        cmd("SET").arg(&key).arg(level).query::<()>(&mut con).unwrap();
+        if level != "eventual" {
+            // Eventual reads may be served by a replica the write has not
+            // reached; the others read their writes.
+            assert_eq!(cmd("GET").arg(&key).query::<String>(&mut con).unwrap(), level);
+        }
+        eventually(Duration::from_secs(10), "the value to show up", || {
+            (cmd("GET").arg(&key).query::<Option<String>>(&mut con).unwrap().as_deref() == Some(level)).then_some(())
+        });
+        assert_eq!(cmd("DEL").arg(&key).query::<i64>(&mut con).unwrap(), 1);
+    }
+}
+
+#[test]
+fn flushall_clears_every_node() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    for i in 0..30 {
+        cmd("SET").arg(format!("f{i}")).arg(i).query::<()>(&mut con).unwrap();
+    }
+    eventually(Duration::from_secs(10), "30 keys", || (cmd("DBSIZE").query::<i64>(&mut con).unwrap() == 30).then_some(()));
+    let mut other = c.conn(1);
+    assert_eq!(cmd("FLUSHALL").query::<String>(&mut other).unwrap(), "OK");
+    assert_eq!(cmd("DBSIZE").query::<i64>(&mut other).unwrap(), 0);
+    for i in 0..3 {
+        let mut con = c.conn(i);
+        for k in 0..30 {
+            assert_eq!(cmd("GET").arg(format!("f{k}")).query::<Option<String>>(&mut con).unwrap(), None, "node {i} key f{k}");
+        }
+    }
+    // The writer's own session does not resurrect what it saw.
+    assert_eq!(cmd("GET").arg("f0").query::<Option<String>>(&mut con).unwrap(), None);
+    cmd("SET").arg("after").arg("1").query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("GET").arg("after").query::<String>(&mut con).unwrap(), "1");
+    assert_eq!(cmd("FLUSHDB").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(cmd("FLUSHALL").arg("ASYNC").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(expect_err(&mut con, cmd("FLUSHALL").arg("LATER")), "ERR syntax error");
+    assert_eq!(cmd("GET").arg("after").query::<Option<String>>(&mut con).unwrap(), None);
+}
+
+#[test]
+fn single_node_site() {
+    let c = Cluster::start(1, 1, 1);
+    let mut con = c.conn(0);
+    for i in 0..50 {
+        cmd("SET").arg(format!("s{i}")).arg(format!("v{i}")).query::<()>(&mut con).unwrap();
+    }
+    // With one replica every write is stable at once: DBSIZE is exact.
+    assert_eq!(cmd("DBSIZE").query::<i64>(&mut con).unwrap(), 50);
+    assert_eq!(cmd("GET").arg("s7").query::<String>(&mut con).unwrap(), "v7");
+    assert_eq!(
+        cmd("MGET").arg("s1").arg("nope").arg("s2").query::<Vec<Option<String>>>(&mut con).unwrap(),
+        vec![Some("v1".into()), None, Some("v2".into())]
+    );
+    assert_eq!(cmd("DEL").arg("s1").arg("s2").query::<i64>(&mut con).unwrap(), 2);
+    assert_eq!(cmd("DBSIZE").query::<i64>(&mut con).unwrap(), 48);
+    for level in ["linearizable", "eventual", "causal"] {
+        cmd("CW.CONSISTENCY").arg(level).query::<()>(&mut con).unwrap();
+        cmd("SET").arg("lvl").arg(level).query::<()>(&mut con).unwrap();
+        assert_eq!(cmd("GET").arg("lvl").query::<String>(&mut con).unwrap(), level);
+    }
+    let chains = c.chains(0);
+    assert_eq!(chains.len(), 64);
+    assert!(chains.iter().all(|ch| ch == &vec![0]));
+    // A fresh connection sees everything at once.
+    let mut fresh = c.conn(0);
+    assert_eq!(cmd("GET").arg("s49").query::<String>(&mut fresh).unwrap(), "v49");
+    let status: String = cmd("CW.STATUS").query(&mut fresh).unwrap();
+    assert!(status.contains("nodes:1") && status.contains("replicas:1") && status.contains("k:1"), "{status}");
+}
+
+#[test]
+fn error_lines_are_redis_like_through_the_redis_crate() {
+    // err_line must reconstruct what the server sent; sanity-check it on
+    // codes the redis crate maps and on ones it does not.
+    let c = Cluster::start_with(Opts::new(1, 1, 1).flag("--requirepass", "pw"));
+    let mut raw = c.raw(0);
+    assert_eq!(raw.cmd(&[b"AUTH", b"pw"]), simple("OK"));
+    let mut con = redis::Client::open(format!("redis://:pw@127.0.0.1:{}/", c.port(0))).unwrap().get_connection().unwrap();
+    let e = cmd("SET").arg("k").arg("v").arg("BAD").query::<Value>(&mut con).unwrap_err();
+    assert_eq!(err_line(&e), "ERR syntax error");
+    let e = cmd("HELLO").arg("9").query::<Value>(&mut con).unwrap_err();
+    assert_eq!(err_line(&e), "NOPROTO unsupported protocol version");
+}
+
+/// Redis accepts a repeated flag (`SET k v NX NX`, `XX XX`); only
+/// conflicting flags are a syntax error.
+#[test]
+#[ignore = "bug: SET k v NX NX (a repeated, non-conflicting flag) is a syntax error; Redis accepts it"]
+fn set_accepts_repeated_flags_like_redis() {
+    let c = Cluster::start(1, 1, 1);
+    let mut con = c.conn(0);
+    assert_eq!(cmd("SET").arg("k").arg("1").arg("NX").arg("NX").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("OK"));
+    assert_eq!(cmd("SET").arg("k").arg("2").arg("XX").arg("XX").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("OK"));
+}
+
+/// Redis refuses an expire time that overflows when added to the current
+/// time ("invalid expire time in 'set' command"); Causeway accepts it (the
+/// expiry saturates to "never").
+#[test]
+#[ignore = "bug: SET k v PX 9223372036854775807 (expiry overflowing now+ttl) is accepted; Redis answers ERR invalid expire time"]
+fn set_rejects_overflowing_expire_like_redis() {
+    let c = Cluster::start(1, 1, 1);
+    let mut con = c.conn(0);
+    assert_eq!(expect_err(&mut con, cmd("SET").arg("k").arg("v").arg("PX").arg(i64::MAX)), "ERR invalid expire time in 'set' command");
+    assert_eq!(
+        expect_err(&mut con, cmd("SET").arg("k").arg("v").arg("EX").arg(i64::MAX / 1000)),
+        "ERR invalid expire time in 'set' command"
+    );
+    assert_eq!(cmd("EXISTS").arg("k").query::<i64>(&mut con).unwrap(), 0);
+}
+
+#[test]
+fn node_runs_from_a_toml_config() {
+    let node = common::spawn_with_config(|port| {
+        format!(
+            "id = 0\nlisten = \"127.0.0.1:{port}\"\nreplicas = 1\nk = 1\npartitions = 16\nrequirepass = \"tomlpw\"\n\
+             nodes = [{{ id = 0, addr = \"127.0.0.1:{port}\" }}]\n"
+        )
+    });
+    let mut raw = common::Raw::connect(&node.addr());
+    assert_eq!(raw.cmd(&[b"GET", b"k"]), error("NOAUTH Authentication required."));
+    assert_eq!(raw.cmd(&[b"AUTH", b"tomlpw"]), simple("OK"));
+    assert_eq!(raw.cmd(&[b"SET", b"k", b"from toml"]), simple("OK"));
+    assert_eq!(raw.cmd(&[b"GET", b"k"]), bulk(b"from toml"));
+    match raw.cmd(&[b"CW.KEYRANGE"]) {
+        Frame::Array(parts) => assert_eq!(parts.len(), 16),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_node_configurations_are_refused_at_start() {
+    let port = common::free_ports(1)[0];
+    let listen = format!("127.0.0.1:{port}");
+    let nodes = format!("0={listen}");
+    for (args, why) in [
+        (vec!["--replicas", "2", "--k", "1"], "replicas"),
+        (vec!["--replicas", "1", "--k", "2"], "k must be"),
+        (vec!["--replicas", "1", "--k", "1", "--partitions", "0"], "partitions"),
+        (vec!["--replicas", "1", "--k", "1", "--id", "5"], "not in the node list"),
+    ] {
+        let mut all = vec!["node", "--listen", &listen, "--nodes", &nodes];
+        all.extend(args.iter().copied());
+        let (ok, _out, err) = common::run_causeway(&all);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(err.contains(why), "{args:?}: stderr {err:?}");
+    }
+    let (ok, _, err) = common::run_causeway(&["node", "--config", "/nonexistent/causeway.toml"]);
+    assert!(!ok && err.contains("cannot read"), "{err}");
+}

@@ -1,0 +1,135 @@
+//! The site coordinator: the configuration replicated with Raft (`raft`),
+//! failure detection and repair decisions (`causeway_core::supervisor`), and
+//! pushing each new configuration to every node.
+//!
+//! It runs inside the first three nodes (`NodeConfig::coordinators`). Every
+//! node sends each of them a heartbeat; the Raft leader's supervisor turns
+//! silences, drains and additions into new topologies, commits them through
+//! Raft and pushes them as `Reconfigure` to every node (again to any node
+//! whose heartbeat shows an older epoch). Followers keep receiving
+//! heartbeats, so a new leader judges liveness from fresh data.
+
+pub mod raft;
+
+use crate::server::{now_ms, Node};
+use causeway_core::message::{Dest, Envelope, Message};
+use causeway_core::ring::{NodeId, NodeInfo, Topology};
+use causeway_core::supervisor::Supervisor;
+use parking_lot::Mutex;
+use raft::RaftHandle;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often nodes send heartbeats.
+pub const HEARTBEAT: Duration = Duration::from_millis(200);
+/// How often the leader looks for repairs to make.
+const SUPERVISE: Duration = Duration::from_millis(100);
+
+/// This node's coordinator member.
+pub struct Coordinator {
+    pub raft: Arc<RaftHandle>,
+    supervisor: Mutex<Supervisor>,
+}
+
+impl Coordinator {
+    pub fn heartbeat(&self, from: NodeId, epoch: u64) {
+        self.supervisor.lock().heartbeat(from, epoch, now_ms());
+    }
+
+    /// The leader's node id, if known.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.leader()
+    }
+
+    fn leader_only(&self) -> Result<(), String> {
+        match self.raft.is_leader() {
+            true => Ok(()),
+            false => Err(format!(
+                "this node is not the coordinator leader (leader: {})",
+                self.leader().map_or("unknown".into(), |l| l.to_string())
+            )),
+        }
+    }
+
+    /// Adds a node to the site (it takes its partitions once it heartbeats).
+    pub fn add(&self, info: NodeInfo) -> Result<(), String> {
+        self.leader_only()?;
+        self.supervisor.lock().add(info);
+        Ok(())
+    }
+
+    /// Drains a node out of every chain.
+    pub fn drain(&self, node: NodeId) -> Result<(), String> {
+        self.leader_only()?;
+        self.supervisor.lock().drain(node);
+        Ok(())
+    }
+
+    pub async fn shutdown(&self) {
+        self.raft.shutdown().await;
+    }
+}
+
+/// Starts the coordinator member on `node` if it is a coordinator node.
+pub async fn start(node: &Arc<Node>) -> Result<(), String> {
+    let voters: BTreeMap<NodeId, String> = node
+        .config
+        .coordinators()
+        .into_iter()
+        .filter_map(|id| node.config.nodes.iter().find(|n| n.id == id).map(|n| (id, n.addr.clone())))
+        .collect();
+    if !voters.contains_key(&node.me) {
+        return Ok(());
+    }
+    let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone()).await?;
+    let coordinator = Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(node.config.failure_timeout_ms, now_ms())) });
+    let _ = node.coordinator.set(coordinator.clone());
+    tokio::spawn(follow(node.clone(), coordinator.clone()));
+    tokio::spawn(supervise(node.clone(), coordinator));
+    Ok(())
+}
+
+/// Applies every committed configuration on this node.
+async fn follow(node: Arc<Node>, c: Arc<Coordinator>) {
+    let mut watch = c.raft.watch();
+    loop {
+        let topology = (**watch.borrow_and_update()).clone();
+        node.route(vec![Envelope { to: Dest::Node(node.me), msg: Message::Reconfigure { topology } }], None);
+        if watch.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// On the leader: commit repairs and push configurations.
+async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
+    let mut interval = tokio::time::interval(SUPERVISE);
+    loop {
+        interval.tick().await;
+        if !c.raft.is_leader() {
+            continue;
+        }
+        let current = c.raft.watch().borrow().clone();
+        let next = c.supervisor.lock().next(&current, now_ms());
+        match next {
+            Some(next) => match c.raft.propose(next.clone()).await {
+                Ok(()) => {
+                    tracing::info!("coordinator: epoch {} committed", next.epoch);
+                    let everyone: Vec<NodeId> = current.nodes.iter().chain(&next.nodes).map(|n| n.id).collect();
+                    push(&node, &next, everyone);
+                }
+                Err(e) => tracing::warn!("coordinator: could not commit epoch {}: {e}", next.epoch),
+            },
+            None => {
+                let lagging = c.supervisor.lock().lagging(current.epoch);
+                push(&node, &current, lagging);
+            }
+        }
+    }
+}
+
+fn push(node: &Node, topology: &Topology, to: Vec<NodeId>) {
+    let out = to.into_iter().map(|n| Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: topology.clone() } }).collect();
+    node.route(out, None);
+}

@@ -293,7 +293,6 @@ fn auth_without_requirepass() {
 /// <anything>`) succeeds; clients that are configured with a username and
 /// password (e.g. `redis://default:pw@host`) rely on this.
 #[test]
-#[ignore = "bug: AUTH default <pw> / HELLO AUTH default <pw> fail with 'ERR AUTH <password> called without any password configured' when no requirepass is set (Redis answers OK)"]
 fn auth_with_username_succeeds_without_requirepass_like_redis() {
     let c = Cluster::three();
     let mut raw = c.raw(0);
@@ -529,7 +528,6 @@ fn error_lines_are_redis_like_through_the_redis_crate() {
 /// Redis accepts a repeated flag (`SET k v NX NX`, `XX XX`); only
 /// conflicting flags are a syntax error.
 #[test]
-#[ignore = "bug: SET k v NX NX (a repeated, non-conflicting flag) is a syntax error; Redis accepts it"]
 fn set_accepts_repeated_flags_like_redis() {
     let c = Cluster::start(1, 1, 1);
     let mut con = c.conn(0);
@@ -541,7 +539,6 @@ fn set_accepts_repeated_flags_like_redis() {
 /// time ("invalid expire time in 'set' command"); Causeway accepts it (the
 /// expiry saturates to "never").
 #[test]
-#[ignore = "bug: SET k v PX 9223372036854775807 (expiry overflowing now+ttl) is accepted; Redis answers ERR invalid expire time"]
 fn set_rejects_overflowing_expire_like_redis() {
     let c = Cluster::start(1, 1, 1);
     let mut con = c.conn(0);

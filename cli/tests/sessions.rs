@@ -517,7 +517,6 @@ fn keyrange_matches_the_ring() {
 /// than its own last write, or nil. A stronger level should never show a
 /// session less than it has already written.
 #[test]
-#[ignore = "bug: after causal SET, switching the connection to linearizable and GETting the key can return the previous value or nil (tail read ignores the session's own writes)"]
 fn switching_to_linearizable_keeps_read_your_writes() {
     let c = Cluster::three();
     let mut raw = c.raw(0);
@@ -590,6 +589,7 @@ fn crafted_token_helper_matches_export() {
     assert_eq!(cmd("CW.SESSION").arg("EXPORT").query::<String>(&mut con).unwrap(), token);
 }
 
+/// Regression (fixed; this was the bug):
 /// A session token is client input, but its `max_ts` becomes the `after`
 /// of the session's writes unchecked: with the logical counter at
 /// u32::MAX, the head's `Clock::tick` computes `floor.logical + 1`
@@ -598,7 +598,6 @@ fn crafted_token_helper_matches_export() {
 /// link, dies) and wraps in release builds (a write timestamped before its
 /// own causal past).
 #[test]
-#[ignore = "bug: CW.SESSION RESUME of a token with max_ts.logical = u32::MAX makes the next SET overflow in Clock::tick (panic in debug: connection or peer link dropped)"]
 fn session_token_with_saturated_logical_clock_is_handled() {
     let c = Cluster::start_with(Opts::new(3, 3, 2).flag("--request-timeout-ms", 1000));
     let token = crafted_token(now_ms() + 60_000, u32::MAX);
@@ -617,6 +616,7 @@ fn session_token_with_saturated_logical_clock_is_handled() {
     assert!(!c.logs().contains("panicked"), "{}", c.logs());
 }
 
+/// Regression (fixed; this was the bug):
 /// A token whose `max_ts` lies far in the future (crafted, or exported on
 /// a machine with a badly skewed clock) pushes the clock of every head the
 /// session writes to into the future. From then on, that partition's new
@@ -624,7 +624,6 @@ fn session_token_with_saturated_logical_clock_is_handled() {
 /// (snapshot at "now") keeps returning the pre-poisoning value: it never
 /// converges, while GET returns the new value.
 #[test]
-#[ignore = "bug: CW.SESSION RESUME accepts a far-future max_ts; after one write the partition head's clock is years ahead and fresh sessions' MGET never sees newer writes"]
 fn far_future_session_token_does_not_freeze_snapshots() {
     let c = Cluster::three();
     let mut setup = c.conn(0);

@@ -19,7 +19,7 @@
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
 use causeway_core::driver::{ClientError, Consistency, Driver, Request, Response};
-use causeway_core::message::{ClientId, Condition, Hello, Message, OpId, BINARY_MAGIC};
+use causeway_core::message::{ClientId, Condition, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::session::Session;
 use causeway_core::wire::{put_frame, take_frame};
@@ -71,6 +71,7 @@ fn now_ms() -> u64 {
 pub struct Client {
     driver: Driver,
     writers: AHashMap<NodeId, OwnedWriteHalf>,
+    password: Option<String>,
     replies: mpsc::UnboundedReceiver<Message>,
     tx: mpsc::UnboundedSender<Message>,
     timeout: Duration,
@@ -80,9 +81,14 @@ pub struct Client {
 impl Client {
     /// Connects to the site that the node at `addr` belongs to.
     pub async fn connect(addr: &str) -> Result<Client, Error> {
+        Client::connect_with_password(addr, None).await
+    }
+
+    /// `connect`, for sites started with `--requirepass`.
+    pub async fn connect_with_password(addr: &str, password: Option<&str>) -> Result<Client, Error> {
         let id: ClientId = (rand::random::<u64>() & ((1 << 48) - 1)).max(1);
         let (tx, replies) = mpsc::unbounded_channel();
-        let mut seed = open(addr, id, tx.clone()).await?;
+        let mut seed = open(addr, id, password, tx.clone()).await?;
         let mut out = BytesMut::new();
         put_frame(&Message::GetTopology { op: OpId { client: id, seq: 0 } }, &mut out);
         seed.write_all(&out).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
@@ -90,6 +96,7 @@ impl Client {
         let mut client = Client {
             driver: Driver::new(id, Arc::new(placeholder()), None, DEFAULT_TIMEOUT.as_millis() as u64),
             writers: AHashMap::new(),
+            password: password.map(str::to_string),
             replies,
             tx,
             timeout: DEFAULT_TIMEOUT,
@@ -114,7 +121,7 @@ impl Client {
         for n in nodes {
             if !self.writers.contains_key(&n.id) {
                 // A node that is down is skipped; requests that need it time out.
-                if let Ok(w) = open(&n.addr, self.driver.id(), self.tx.clone()).await {
+                if let Ok(w) = open(&n.addr, self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
                     self.writers.insert(n.id, w);
                 }
             }
@@ -135,6 +142,7 @@ impl Client {
 
     pub fn set_timeout(&mut self, t: Duration) {
         self.timeout = t;
+        self.driver.set_timeout(t.as_millis() as u64);
     }
 
     /// The session's causal metadata, to resume elsewhere.
@@ -179,7 +187,7 @@ impl Client {
         for (node, msg) in sends {
             if !self.writers.contains_key(&node) {
                 if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
-                    if let Ok(w) = open(&addr, self.driver.id(), self.tx.clone()).await {
+                    if let Ok(w) = open(&addr, self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
                         self.writers.insert(node, w);
                     }
                 }
@@ -255,7 +263,7 @@ fn placeholder() -> Topology {
 }
 
 /// Opens a binary connection to a node and starts reading its replies.
-async fn open(addr: &str, id: ClientId, tx: mpsc::UnboundedSender<Message>) -> Result<OwnedWriteHalf, Error> {
+async fn open(addr: &str, id: ClientId, password: Option<&str>, tx: mpsc::UnboundedSender<Message>) -> Result<OwnedWriteHalf, Error> {
     let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
         .await
         .map_err(|_| Error::Connect(format!("{addr}: timed out")))?
@@ -264,10 +272,26 @@ async fn open(addr: &str, id: ClientId, tx: mpsc::UnboundedSender<Message>) -> R
     let (mut rd, mut wr) = stream.into_split();
     let mut hello = BytesMut::new();
     hello.extend_from_slice(&[BINARY_MAGIC]);
-    put_frame(&Hello::Client(id), &mut hello);
+    put_frame(&Hello::Client { id, password: password.map(str::to_string) }, &mut hello);
     wr.write_all(&hello).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
+    // Wait for the node to register us: replies to our requests may come
+    // from it as soon as we send anything anywhere.
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let welcome = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            if let Some(w) = take_frame::<Welcome>(&mut buf).map_err(Error::Protocol)? {
+                return Ok(w);
+            }
+            match rd.read_buf(&mut buf).await {
+                Ok(n) if n > 0 => {}
+                _ => return Err(Error::Connect(format!("{addr} closed the connection"))),
+            }
+        }
+    })
+    .await
+    .map_err(|_| Error::Connect(format!("{addr}: no answer to the handshake")))??;
+    welcome.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
     tokio::spawn(async move {
-        let mut buf = BytesMut::with_capacity(64 * 1024);
         loop {
             loop {
                 match take_frame::<Message>(&mut buf) {

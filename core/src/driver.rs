@@ -138,9 +138,12 @@ pub struct Progress {
 
 #[derive(Debug)]
 enum Phase {
-    /// Waiting for the tails to confirm these dependencies are stable.
+    /// Waiting for replicas to confirm these dependencies are stable, then
+    /// writing (dependency stabilization) or reading at the tail (a
+    /// linearizable read of a key the session saw unstable).
     Stabilizing {
         deps: AHashMap<u64, (Bytes, Version)>,
+        then_read: bool,
     },
     Writing,
     Reading,
@@ -230,6 +233,11 @@ impl Driver {
         self.session = s;
     }
 
+    /// How long a request may take before `tick` gives up on it.
+    pub fn set_timeout(&mut self, timeout_ms: u64) {
+        self.timeout_ms = timeout_ms;
+    }
+
     pub fn is_busy(&self) -> bool {
         self.op.is_some()
     }
@@ -301,14 +309,16 @@ impl Driver {
                         p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: dep.seq }));
                         waiting.insert(op.seq, (key, dep.version));
                     }
-                    self.set_phase(Phase::Stabilizing { deps: waiting });
+                    self.set_phase(Phase::Stabilizing { deps: waiting, then_read: false });
                 }
             }
             Request::MultiGet(keys) => self.snapshot(&keys, now_ms, &mut p),
             Request::Count => {
                 let mut by_node: AHashMap<NodeId, Vec<PartitionId>> = AHashMap::new();
+                // At the heads, which hold every write (the session's own
+                // included).
                 for (partition, chain) in self.topology.chains.iter().enumerate() {
-                    by_node.entry(chain.tail()).or_default().push(partition as PartitionId);
+                    by_node.entry(chain.head()).or_default().push(partition as PartitionId);
                 }
                 self.set_phase(Phase::Counting { remaining: by_node.len(), total: 0 });
                 for (node, partitions) in by_node {
@@ -353,7 +363,18 @@ impl Driver {
             (chain.head(), None)
         } else {
             match self.consistency {
-                Consistency::Linearizable => (chain.tail(), None),
+                Consistency::Linearizable => {
+                    if let Some(seen) = self.session.seen(key).cloned() {
+                        // The session wrote or read a version the tail may
+                        // not have yet: wait for it to get there first.
+                        let op = self.next_op();
+                        let at = self.local.filter(|me| chain.nodes.contains(me)).unwrap_or(chain.tail());
+                        p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: seen.seq }));
+                        let deps = AHashMap::from_iter([(op.seq, (key.clone(), seen.version))]);
+                        return self.set_phase(Phase::Stabilizing { deps, then_read: true });
+                    }
+                    (chain.tail(), None)
+                }
                 Consistency::Eventual => (self.pick(&chain.nodes), None),
                 Consistency::Causal => {
                     let legal = match self.session.read_limit(key) {
@@ -462,14 +483,18 @@ impl Driver {
                 }
             }
             Message::Stable { .. } => {
-                let Some(InFlight { phase: Phase::Stabilizing { deps }, .. }) = &mut self.op else {
+                let Some(InFlight { phase: Phase::Stabilizing { deps, then_read }, .. }) = &mut self.op else {
                     return p;
                 };
+                let then_read = *then_read;
                 if let Some((key, version)) = deps.remove(&op.seq) {
                     self.session.forget(&key, &version);
                 }
                 if deps.is_empty() {
-                    self.write(&mut p);
+                    match self.request().clone() {
+                        Request::Get(key) if then_read => self.read(&key, false, &mut p),
+                        _ => self.write(&mut p),
+                    }
                 }
             }
             Message::PutDone { version, seq, chain_index, stable, .. } => {

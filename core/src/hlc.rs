@@ -30,6 +30,11 @@ impl fmt::Display for Timestamp {
     }
 }
 
+/// How far ahead of this node's wall clock a timestamp from a client may be.
+/// A session token from further in the future would drag the heads' clocks
+/// (and with them every get-transaction snapshot) into the future.
+pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
+
 /// One node's hybrid clock.
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
@@ -42,8 +47,14 @@ impl Clock {
     /// timestamped after everything it has seen, Eunomia Alg. 2 line 5).
     pub fn tick(&mut self, now_ms: u64, after: Timestamp) -> Timestamp {
         let floor = self.last.max(after);
-        self.last =
-            if now_ms > floor.physical_ms { Timestamp::new(now_ms, 0) } else { Timestamp::new(floor.physical_ms, floor.logical + 1) };
+        self.last = if now_ms > floor.physical_ms {
+            Timestamp::new(now_ms, 0)
+        } else if floor.logical == u32::MAX {
+            // The counter is spent: borrow the next millisecond.
+            Timestamp::new(floor.physical_ms + 1, 0)
+        } else {
+            Timestamp::new(floor.physical_ms, floor.logical + 1)
+        };
         self.last
     }
 
@@ -72,6 +83,13 @@ mod tests {
         let back = c.tick(50, Timestamp::ZERO); // wall clock stepped back
         assert!(back > b);
         assert_eq!(c.tick(200, Timestamp::ZERO), Timestamp::new(200, 0));
+    }
+
+    #[test]
+    fn a_spent_logical_counter_moves_to_the_next_millisecond() {
+        let mut c = Clock::default();
+        let t = c.tick(10, Timestamp::new(10, u32::MAX));
+        assert_eq!(t, Timestamp::new(11, 0));
     }
 
     #[test]

@@ -297,13 +297,19 @@ pub fn send(out: &mut Outbox, to: Dest, msg: Message) {
 /// port by it.
 pub const BINARY_MAGIC: u8 = 0xCA;
 
+/// The node's answer to a native client's `Hello`, sent once the client is
+/// registered (so replies from any node of the site reach it from then on):
+/// `Err` says why the connection is refused.
+pub type Welcome = Result<(), String>;
+
 /// The first frame of a binary connection: who is speaking.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Hello {
     /// Another node of the site: the connection carries its messages to us.
     Node(NodeId),
-    /// A native client: replies for it go back on this connection.
-    Client(ClientId),
+    /// A native client: replies for it go back on this connection. The
+    /// password is checked against the node's `requirepass`.
+    Client { id: ClientId, password: Option<String> },
     /// The coordinator's Raft member on node `NodeId`: the connection carries
     /// Raft RPCs, each request frame answered by one response frame.
     Raft(NodeId),

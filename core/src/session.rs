@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Seen {
     pub version: Version,
+    /// The version's place in its partition's update order.
+    pub seq: u64,
     /// The deepest chain position known to hold `version`.
     pub chain_index: u8,
 }
@@ -76,7 +78,7 @@ impl Session {
             Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
             _ => at,
         };
-        self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
+        self.index.insert(key.clone(), Seen { version: version.clone(), seq: item.seq, chain_index });
         self.note_accessed(key, Dep { version: version.clone(), seq: item.seq });
     }
 
@@ -88,7 +90,7 @@ impl Session {
         if stable {
             self.index.remove(key);
         } else {
-            self.index.insert(key.clone(), Seen { version: version.clone(), chain_index });
+            self.index.insert(key.clone(), Seen { version: version.clone(), seq, chain_index });
             self.accessed.insert(key.clone(), Dep { version: version.clone(), seq });
         }
     }
@@ -132,8 +134,19 @@ impl Session {
         crate::wire::encode(self)
     }
 
-    pub fn import(token: &[u8]) -> Result<Session, String> {
-        crate::wire::decode(token).map_err(|e| format!("invalid session token: {e}"))
+    /// Resumes a session from `export`'s token, refusing tokens with
+    /// timestamps implausibly far ahead of `now_ms`.
+    pub fn import(token: &[u8], now_ms: u64) -> Result<Session, String> {
+        let s: Session = crate::wire::decode(token).map_err(|e| format!("invalid session token: {e}"))?;
+        if s.max_ts.physical_ms > now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS) {
+            return Err(format!("invalid session token: its clock ({} ms) is ahead of this node's ({now_ms} ms)", s.max_ts.physical_ms));
+        }
+        Ok(s)
+    }
+
+    /// The session's unstable version of `key`, if any.
+    pub fn seen(&self, key: &[u8]) -> Option<&Seen> {
+        self.index.get(key)
     }
 }
 
@@ -188,7 +201,10 @@ mod tests {
     fn tokens_round_trip_and_reject_garbage() {
         let mut s = Session::default();
         s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false);
-        assert_eq!(Session::import(&s.export()).unwrap(), s);
-        assert!(Session::import(b"\xff\xff garbage").is_err());
+        assert_eq!(Session::import(&s.export(), 12).unwrap(), s);
+        assert!(Session::import(b"\xff\xff garbage", 12).is_err());
+        let mut future = Session::default();
+        future.observe_write(&Bytes::from("c"), &v(10_000_000), 1, 1, false);
+        assert!(Session::import(&future.export(), 12).is_err());
     }
 }

@@ -12,7 +12,7 @@
 
 use crate::server::Node;
 use bytes::BytesMut;
-use causeway_core::message::{Hello, Message, BINARY_MAGIC};
+use causeway_core::message::{Hello, Message, Welcome, BINARY_MAGIC};
 use causeway_core::ring::NodeId;
 use causeway_core::wire::{put_frame, take_frame};
 use std::sync::Arc;
@@ -112,11 +112,22 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
     };
     // A native client gets its replies on this same connection.
     let client = match hello {
-        Hello::Client(id) => {
+        Hello::Client { id, password } => {
+            let mut out = BytesMut::new();
+            if node.config.requirepass.is_some() && node.config.requirepass != password {
+                put_frame(&Welcome::Err("NOAUTH a password is required (or it is wrong)".into()), &mut out);
+                let _ = wr.write_all(&out).await;
+                return;
+            }
             let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
             node.register(id, tx.clone());
+            put_frame(&Welcome::Ok(()), &mut out);
+            if wr.write_all(&out).await.is_err() {
+                node.unregister(id, &tx);
+                return;
+            }
+            out.clear();
             tokio::spawn(async move {
-                let mut out = BytesMut::new();
                 while let Some(m) = rx.recv().await {
                     put_frame(&m, &mut out);
                     while let Ok(m) = rx.try_recv() {

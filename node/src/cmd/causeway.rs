@@ -61,7 +61,10 @@ pub async fn keyrange(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
 pub async fn session(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     match (upper(&args[1]).as_str(), args.len()) {
         ("EXPORT", 2) => Frame::Bulk(Bytes::from(hex(&conn.driver.session().export()))),
-        ("RESUME", 3) => match unhex(&args[2]).ok_or("invalid session token: not hex".to_string()).and_then(|b| Session::import(&b)) {
+        ("RESUME", 3) => match unhex(&args[2])
+            .ok_or("invalid session token: not hex".to_string())
+            .and_then(|b| Session::import(&b, crate::server::now_ms()))
+        {
             Ok(s) => {
                 conn.driver.set_session(s);
                 Frame::ok()

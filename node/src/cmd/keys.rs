@@ -3,6 +3,7 @@
 
 use super::{syntax_error, upper, Outcome};
 use crate::conn::{client_error, Conn};
+use crate::server::now_ms;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_core::message::Condition;
@@ -28,21 +29,26 @@ pub async fn get(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 pub async fn set(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let mut condition = Condition::Always;
     let mut ttl_ms = None;
+    let mut unit = None;
     let mut i = 3;
+    // Like Redis: a flag may repeat, conflicting flags (NX with XX, EX with
+    // PX) are a syntax error.
     while i < args.len() {
-        match upper(&args[i]).as_str() {
-            "NX" if condition == Condition::Always => condition = Condition::IfAbsent,
-            "XX" if condition == Condition::Always => condition = Condition::IfPresent,
-            unit @ ("EX" | "PX") if ttl_ms.is_none() && i + 1 < args.len() => {
-                let amount = std::str::from_utf8(&args[i + 1]).ok().and_then(|s| s.parse::<i64>().ok());
-                let ms = match (amount, unit) {
-                    (Some(n), "EX") if n > 0 => n.checked_mul(1000),
-                    (Some(n), _) if n > 0 => Some(n),
-                    (None, _) => return Frame::error("ERR value is not an integer or out of range").into(),
-                    _ => None,
+        let opt = upper(&args[i]);
+        match opt.as_str() {
+            "NX" if condition != Condition::IfPresent => condition = Condition::IfAbsent,
+            "XX" if condition != Condition::IfAbsent => condition = Condition::IfPresent,
+            "EX" | "PX" if unit.as_ref().is_none_or(|u| *u == opt) && i + 1 < args.len() => {
+                let Some(n) = std::str::from_utf8(&args[i + 1]).ok().and_then(|s| s.parse::<i64>().ok()) else {
+                    return Frame::error("ERR value is not an integer or out of range").into();
                 };
-                let Some(ms) = ms else { return Frame::error("ERR invalid expire time in 'set' command").into() };
-                ttl_ms = Some(ms as u64);
+                // The expiry instant must fit, as in Redis.
+                let ms = if opt == "EX" { n.checked_mul(1000) } else { Some(n) };
+                match ms.filter(|&ms| ms > 0 && ms.checked_add(now_ms() as i64).is_some()) {
+                    Some(ms) => ttl_ms = Some(ms as u64),
+                    None => return Frame::error("ERR invalid expire time in 'set' command").into(),
+                }
+                unit = Some(opt);
                 i += 1;
             }
             _ => return syntax_error().into(),

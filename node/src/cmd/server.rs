@@ -39,6 +39,9 @@ fn check_password(conn: &mut Conn, password: &[u8]) -> Option<Frame> {
 pub async fn auth(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let password = match args.len() {
         2 => &args[1],
+        // Without requirepass the default user has no password and any
+        // password logs in, as in Redis.
+        3 if args[1].as_ref() == b"default" && conn.node.config.requirepass.is_none() => return Frame::ok().into(),
         3 if args[1].as_ref() == b"default" => &args[2],
         3 => return Frame::error("WRONGPASS invalid username-password pair or user is disabled.").into(),
         _ => return syntax_error().into(),
@@ -63,8 +66,10 @@ pub async fn hello(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
                 if args[i + 1].as_ref() != b"default" {
                     return Frame::error("WRONGPASS invalid username-password pair or user is disabled.").into();
                 }
-                if let Some(err) = check_password(conn, &args[i + 2]) {
-                    return err.into();
+                if conn.node.config.requirepass.is_some() {
+                    if let Some(err) = check_password(conn, &args[i + 2]) {
+                        return err.into();
+                    }
                 }
                 i += 3;
             }

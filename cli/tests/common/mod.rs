@@ -252,6 +252,13 @@ impl Cluster {
         Raw::connect(&self.addr(i))
     }
 
+    /// Sends `signal` (e.g. "STOP", "CONT") to node `i`'s process.
+    pub fn signal(&self, i: usize, signal: &str) {
+        let pid = self.nodes[i].child.as_ref().expect("node is running").id();
+        let ok = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap().success();
+        assert!(ok, "kill -{signal} {pid}");
+    }
+
     /// SIGKILL node `i` and reap it.
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].kill();

@@ -28,8 +28,8 @@
 //! Not done yet:
 //! * Storage is in memory (log, vote and state machine). If the whole
 //!   coordinator group restarts, the log is lost and the group starts again
-//!   from the boot topology (the member with the smallest id initializes a
-//!   fresh group on every start). A single member that restarts comes back
+//!   from the boot topology (every member initializes the group with the
+//!   same membership on start). A single member that restarts comes back
 //!   empty and is caught up by the leader, but it has also forgotten its
 //!   vote, which Raft assumes survives: it could vote twice in one term.
 //!   Durable storage of the vote and the log fixes both.
@@ -139,10 +139,14 @@ impl RaftHandle {
         let raft = Raft::new(me.into(), Arc::new(config), Network::new(me), LogStore::default(), machine)
             .await
             .map_err(|e| format!("starting the raft member: {e}"))?;
-        if voters.keys().next() == Some(&me) {
-            let members: BTreeMap<u64, BasicNode> = voters.iter().map(|(&id, addr)| (id.into(), BasicNode::new(addr))).collect();
-            raft.initialize(members).await.map_err(|e| format!("initializing the raft group: {e}"))?;
-            tracing::info!(node = me, voters = ?voters, "initialized the coordinator's raft group");
+        // Every voter initializes the group with the same membership (which
+        // openraft allows): if only one did and died before replicating it,
+        // the others could never elect a leader.
+        let members: BTreeMap<u64, BasicNode> = voters.iter().map(|(&id, addr)| (id.into(), BasicNode::new(addr))).collect();
+        match raft.initialize(members).await {
+            Ok(()) => tracing::info!(node = me, voters = ?voters, "initialized the coordinator's raft group"),
+            Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err(format!("initializing the raft group: {e}")),
         }
         Ok(Arc::new(RaftHandle { me, raft, topology }))
     }

@@ -78,7 +78,7 @@ fn linearizable_mode_through_a_node_failure() {
                     n += 1;
                     let key = format!("lk{}", (n * 7 + client as u64) % 4);
                     let call = start.elapsed().as_nanos() as i64;
-                    let entry = if n % 2 == 0 {
+                    let entry = if n.is_multiple_of(2) {
                         let value = format!("c{client}-{n}");
                         let result: redis::RedisResult<String> = con.set(&key, &value);
                         // A put that failed may still have happened.

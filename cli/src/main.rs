@@ -74,6 +74,12 @@ struct NodeArgs {
     /// A node silent for this long (ms) is removed from its chains.
     #[arg(long, default_value_t = 1000)]
     failure_timeout_ms: u64,
+    /// Keep a write-ahead log here and recover from it on restart (default: memory only).
+    #[arg(long)]
+    data_dir: Option<String>,
+    /// When the log is synced to disk: always, everysec or no.
+    #[arg(long, default_value = "everysec")]
+    fsync: String,
 }
 
 impl NodeArgs {
@@ -99,6 +105,8 @@ impl NodeArgs {
             max_array_len: self.max_args,
             request_timeout_ms: self.request_timeout_ms,
             failure_timeout_ms: self.failure_timeout_ms,
+            data_dir: self.data_dir,
+            fsync: self.fsync,
         })
     }
 }

@@ -85,6 +85,8 @@ pub struct ChainReplica {
     unstable: VecDeque<Update>,
     /// Arrived ahead of a gap.
     early: BTreeMap<u64, Update>,
+    /// Applied in the current step, to be logged before its effects leave.
+    to_log: Vec<Update>,
     /// Dependency-stabilization requests, by the seq they wait for.
     waiters: BTreeMap<u64, Vec<OpId>>,
     /// When the successor last made progress (or we last resent).
@@ -110,6 +112,7 @@ impl ChainReplica {
             stable: 0,
             unstable: VecDeque::new(),
             early: BTreeMap::new(),
+            to_log: Vec::new(),
             waiters: BTreeMap::new(),
             last_progress_ms: 0,
         })
@@ -177,9 +180,22 @@ impl ChainReplica {
             expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
             ack: Some((req.op, req.ack_at.min(self.chain.len() as u8 - 1))),
         };
+        let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);
-        self.apply(update, now_ms, &mut forward, out);
-        self.flush(forward, now_ms, out);
+        self.apply(update, now_ms, &mut forward, &mut effects);
+        self.flush(forward, now_ms, &mut effects);
+        self.emit(effects, out);
+    }
+
+    /// Puts a step's effects in `out`, preceded by the updates it applied as
+    /// one `Dest::Log` record: the shell makes them durable (per its fsync
+    /// policy) before anything that reveals them leaves the node.
+    fn emit(&mut self, effects: Outbox, out: &mut Outbox) {
+        if !self.to_log.is_empty() {
+            let updates = std::mem::take(&mut self.to_log);
+            send(out, Dest::Log, Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy: false });
+        }
+        out.extend(effects);
     }
 
     /// Updates from the predecessor.
@@ -189,15 +205,16 @@ impl ChainReplica {
             self.early.extend(updates.into_iter().map(|u| (u.seq, u)));
             return;
         }
+        let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(updates.len());
         let mut duplicate = false;
         for u in updates {
             if u.seq <= self.applied {
                 duplicate = true;
             } else if u.seq == self.applied + 1 {
-                self.apply(u, now_ms, &mut forward, out);
+                self.apply(u, now_ms, &mut forward, &mut effects);
                 while let Some(next) = self.early.remove(&(self.applied + 1)) {
-                    self.apply(next, now_ms, &mut forward, out);
+                    self.apply(next, now_ms, &mut forward, &mut effects);
                 }
             } else {
                 self.early.insert(u.seq, u);
@@ -206,13 +223,44 @@ impl ChainReplica {
         if duplicate && self.stable > 0 {
             // The predecessor resent what we have: our acknowledgement may
             // have been lost.
-            self.ack_upwards(out);
+            self.ack_upwards(&mut effects);
         }
-        self.flush(forward, now_ms, out);
+        self.flush(forward, now_ms, &mut effects);
+        self.emit(effects, out);
+    }
+
+    /// Recovery: re-applies updates read back from this node's log, in
+    /// order, sending nothing. Updates not known stable are kept for the
+    /// successor, which is sent them on the next tick (duplicates are
+    /// ignored there).
+    pub fn replay(&mut self, updates: Vec<Update>, now_ms: u64) {
+        let mut forward = Vec::new();
+        let mut ignored = Outbox::new();
+        for u in updates {
+            if u.seq == self.applied + 1 {
+                self.apply(u, now_ms, &mut forward, &mut ignored);
+            }
+        }
+        self.to_log.clear();
+        self.unstable.extend(forward);
+    }
+
+    /// Recovery: installs a state transfer read back from this node's log.
+    pub fn restore(&mut self, applied: u64, stable: u64, entries: Vec<(Bytes, Stored)>) {
+        for (_, s) in &entries {
+            self.clock.observe(s.version.ts);
+        }
+        self.store.install(entries);
+        self.applied = applied;
+        self.stable = if self.is_tail() { applied } else { stable.min(applied) };
+        self.unstable.clear();
+        self.early.clear();
+        self.joining = false;
     }
 
     fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
         self.applied = u.seq;
+        self.to_log.push(u.clone());
         self.clock.observe(u.version.ts);
         let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
         self.store.apply(u.key.clone(), stored, now_ms);
@@ -405,13 +453,9 @@ impl ChainReplica {
         if !self.joining || epoch != self.epoch {
             return;
         }
-        self.joining = false;
-        for (_, s) in &entries {
-            self.clock.observe(s.version.ts);
-        }
-        self.store.install(entries);
-        self.applied = applied;
-        self.stable = if self.is_tail() { applied } else { stable.min(applied) };
+        let record = Message::Transfer { epoch, partition: self.partition, applied, stable, entries: entries.clone() };
+        send(out, Dest::Log, record);
+        self.restore(applied, stable, entries);
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
         self.forward(early, now_ms, out);
         if self.is_tail() {

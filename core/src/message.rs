@@ -275,6 +275,10 @@ impl Message {
 pub enum Dest {
     Node(NodeId),
     Client(ClientId),
+    /// This node's write-ahead log: a `Forward` (updates applied) or a
+    /// `Transfer` (state installed) to make durable before the envelopes
+    /// after it are sent.
+    Log,
 }
 
 /// A message and where it goes.

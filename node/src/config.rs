@@ -36,6 +36,13 @@ pub struct NodeConfig {
     /// How long a client request may wait for replicas before an error.
     #[serde(default = "default_timeout")]
     pub request_timeout_ms: u64,
+    /// Where the write-ahead log and the last configuration are kept; none:
+    /// memory only.
+    #[serde(default)]
+    pub data_dir: Option<String>,
+    /// When the log is synced: always, everysec or no (like appendfsync).
+    #[serde(default = "default_fsync")]
+    pub fsync: String,
     /// A node silent for this long is removed from its chains.
     #[serde(default = "default_failure_timeout")]
     pub failure_timeout_ms: u64,
@@ -52,6 +59,9 @@ fn default_max_args() -> usize {
 }
 fn default_timeout() -> u64 {
     5_000
+}
+fn default_fsync() -> String {
+    "everysec".into()
 }
 fn default_failure_timeout() -> u64 {
     1_000

@@ -5,6 +5,7 @@
 //! * `peer`: binary connections to peers and from native clients.
 //! * `conn`: one Redis connection, a ChainReaction client proxy.
 //! * `cmd`: the Redis commands.
+//! * `wal`: the write-ahead log and recovery.
 //! * `config`: flags and TOML.
 
 pub mod cmd;
@@ -13,6 +14,7 @@ pub mod conn;
 pub mod coordinator;
 pub mod peer;
 pub mod server;
+pub mod wal;
 
 pub use config::NodeConfig;
 pub use server::run;

@@ -7,6 +7,7 @@
 
 use crate::config::NodeConfig;
 use crate::coordinator::{self, Coordinator};
+use crate::wal::{Fsync, Wal};
 use crate::{conn, peer};
 use ahash::AHashMap;
 use causeway_core::chain::ChainReplica;
@@ -16,6 +17,7 @@ use causeway_core::ring::{NodeId, PartitionId, Topology};
 use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -52,6 +54,8 @@ pub struct Node {
     parts: Vec<Mutex<Option<ChainReplica>>>,
     /// One outbound connection per other node, added as nodes join.
     peers: RwLock<AHashMap<NodeId, peer::Sender>>,
+    /// The write-ahead log, when the node has a data directory.
+    wal: OnceLock<Wal>,
     /// This node's coordinator member, if it is one of the coordinator nodes.
     pub coordinator: OnceLock<Arc<Coordinator>>,
     /// Where to deliver replies for sessions and native clients on this node.
@@ -89,6 +93,11 @@ impl Node {
         for n in &new.nodes {
             if n.id != self.me && !peers.contains_key(&n.id) {
                 peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone()));
+            }
+        }
+        if let Some(dir) = &self.config.data_dir {
+            if let Err(e) = save_topology(Path::new(dir), &new) {
+                tracing::error!("cannot save the configuration: {e}");
             }
         }
         *current = Arc::new(new);
@@ -142,6 +151,14 @@ impl Node {
                     queue.extend(more);
                 }
                 Dest::Node(n) => self.send_to_peer(n, env.msg),
+                Dest::Log => {
+                    if let Some(wal) = self.wal.get() {
+                        // What follows a record may reveal it: with
+                        // fsync=always the log sends it once durable.
+                        let rest: Vec<Envelope> = queue.drain(..).collect();
+                        queue.extend(wal.append(&env.msg, rest));
+                    }
+                }
                 Dest::Client(c) if Some(c) == local => mine.push(env.msg),
                 Dest::Client(c) => match home_node(c) {
                     Some(home) if home != self.me => self.send_to_peer(home, env.msg),
@@ -189,7 +206,14 @@ impl Node {
 
 /// Starts a node and serves until `shutdown` resolves.
 pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
-    let topology = Arc::new(config.topology()?);
+    let mut topology = config.topology()?;
+    // A restarted node resumes the last configuration it adopted.
+    if let Some(saved) = config.data_dir.as_ref().and_then(|d| load_topology(Path::new(d))) {
+        if saved.epoch > topology.epoch {
+            topology = saved;
+        }
+    }
+    let topology = Arc::new(topology);
     let listener = TcpListener::bind(&config.listen).await.map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let me = config.id;
     let parts = (0..topology.shape.partitions).map(|p| Mutex::new(ChainReplica::new(&topology, p, me, config.site))).collect();
@@ -199,6 +223,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         topology: RwLock::new(topology.clone()),
         peers: RwLock::new(peers),
         coordinator: OnceLock::new(),
+        wal: OnceLock::new(),
         limits: config.limits(),
         config,
         stats: Stats::default(),
@@ -207,6 +232,9 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         clients: Mutex::new(AHashMap::new()),
         next_session: AtomicU64::new(1),
     });
+    if let Some(dir) = &node.config.data_dir {
+        recover(&node, Path::new(dir))?;
+    }
     tracing::info!("node {me} serving on {}", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
     let heartbeats = tokio::spawn(heartbeat_loop(node.clone()));
@@ -276,4 +304,47 @@ async fn serve(node: Arc<Node>, stream: TcpStream) {
         }
         _ => {}
     }
+}
+
+/// Opens the write-ahead log and replays it into the replicas.
+fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
+    let policy: Fsync = node.config.fsync.parse()?;
+    let releaser = Arc::downgrade(node);
+    let (wal, records) = Wal::open(dir, policy, move |then| {
+        if let Some(node) = releaser.upgrade() {
+            node.route(then, None);
+        }
+    })?;
+    let now = now_ms();
+    let count = records.len();
+    for record in records {
+        match record {
+            Message::Forward { partition, updates, .. } => {
+                node.with(partition, |r| r.replay(updates, now));
+            }
+            Message::Transfer { partition, applied, stable, entries, .. } => {
+                node.with(partition, |r| r.restore(applied, stable, entries));
+            }
+            other => tracing::warn!("ignoring an unexpected log record {other:?}"),
+        }
+    }
+    if count > 0 {
+        tracing::info!("node {} recovered {count} log records from {}", node.me, dir.display());
+    }
+    let _ = node.wal.set(wal);
+    Ok(())
+}
+
+const TOPOLOGY_FILE: &str = "topology.bin";
+
+fn save_topology(dir: &Path, t: &Topology) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join("topology.tmp");
+    std::fs::write(&tmp, causeway_core::wire::encode(t)).map_err(|e| e.to_string())?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, dir.join(TOPOLOGY_FILE)).map_err(|e| e.to_string())
+}
+
+fn load_topology(dir: &Path) -> Option<Topology> {
+    causeway_core::wire::decode(&std::fs::read(dir.join(TOPOLOGY_FILE)).ok()?).ok()
 }

@@ -227,7 +227,9 @@ impl Sim {
     }
 
     fn send_all(&mut self, out: Outbox) {
-        for env in out {
+        // Simulated nodes have no disk (crash-restart is not simulated yet):
+        // log records are dropped.
+        for env in out.into_iter().filter(|e| e.to != Dest::Log) {
             self.enqueue(env);
         }
     }
@@ -299,6 +301,7 @@ impl Sim {
                 }
                 self.send_all(out);
             }
+            Dest::Log => unreachable!("send_all drops log records"),
             Dest::Client(id) => {
                 let Some(i) = self.clients.iter().position(|c| c.driver.id() == id) else {
                     return;

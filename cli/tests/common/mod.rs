@@ -77,11 +77,19 @@ pub struct Opts {
     pub k: usize,
     /// Extra flags for every node, e.g. `["--requirepass", "secret"]`.
     pub extra: Vec<String>,
+    /// Give each node a data directory under this one (removed on drop).
+    pub data_dir: Option<PathBuf>,
 }
 
 impl Opts {
     pub fn new(nodes: usize, replicas: usize, k: usize) -> Opts {
-        Opts { nodes, replicas, k, extra: Vec::new() }
+        Opts { nodes, replicas, k, extra: Vec::new(), data_dir: None }
+    }
+
+    /// Each node keeps a write-ahead log in its own fresh directory.
+    pub fn durable(mut self) -> Opts {
+        self.data_dir = Some(log_path("data"));
+        self
     }
 
     pub fn flag(mut self, name: &str, value: impl ToString) -> Opts {
@@ -134,6 +142,15 @@ pub struct Cluster {
     pub opts: Opts,
 }
 
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        if let Some(dir) = &self.opts.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 impl Cluster {
     /// `n` nodes, chains of `replicas`, writes acknowledged at `k`.
     pub fn start(n: usize, replicas: usize, k: usize) -> Cluster {
@@ -159,24 +176,39 @@ impl Cluster {
         panic!("could not start a cluster: {last_error}");
     }
 
+    /// Starts node `i` of a site whose nodes listen on `ports`.
+    fn spawn_node(opts: &Opts, i: usize, ports: &[u16]) -> NodeProc {
+        let list: Vec<String> = ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{p}")).collect();
+        let port = ports[i];
+        let log = log_path(&format!("node{i}"));
+        let stderr = std::fs::File::create(&log).expect("can create a log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_causeway"));
+        cmd.args(["node", "--id", &i.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--nodes", &list.join(",")])
+            .args(["--replicas", &opts.replicas.to_string(), "--k", &opts.k.to_string()])
+            .args(&opts.extra);
+        if let Some(dir) = &opts.data_dir {
+            cmd.arg("--data-dir").arg(dir.join(format!("node{i}")));
+        }
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn().expect("can spawn causeway node");
+        NodeProc { id: i, port, child: Some(child), log, config: None }
+    }
+
+    /// Starts node `i` again (after `kill`), same port, flags and data
+    /// directory, and waits until it accepts connections.
+    pub fn restart(&mut self, i: usize) {
+        let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        self.nodes[i] = Cluster::spawn_node(&self.opts, i, &ports);
+        let addr: SocketAddr = self.nodes[i].addr().parse().unwrap();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(Instant::now() < deadline, "node {i} did not come back; stderr:\n{}", self.nodes[i].stderr());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn try_start(opts: &Opts) -> Result<Cluster, (String, bool)> {
         let ports = free_ports(opts.nodes);
-        let list: Vec<String> = ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{p}")).collect();
-        let mut nodes = Vec::new();
-        for (i, &port) in ports.iter().enumerate() {
-            let log = log_path(&format!("node{i}"));
-            let stderr = std::fs::File::create(&log).expect("can create a log file");
-            let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
-                .args(["node", "--id", &i.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--nodes", &list.join(",")])
-                .args(["--replicas", &opts.replicas.to_string(), "--k", &opts.k.to_string()])
-                .args(&opts.extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(stderr)
-                .spawn()
-                .expect("can spawn causeway node");
-            nodes.push(NodeProc { id: i, port, child: Some(child), log, config: None });
-        }
+        let nodes = (0..ports.len()).map(|i| Cluster::spawn_node(opts, i, &ports)).collect();
         let mut cluster = Cluster { nodes, opts: opts.clone() };
         let deadline = Instant::now() + START_TIMEOUT;
         for node in &mut cluster.nodes {

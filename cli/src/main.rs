@@ -80,6 +80,9 @@ struct NodeArgs {
     /// When the log is synced to disk: always, everysec or no.
     #[arg(long, default_value = "everysec")]
     fsync: String,
+    /// Join a running site (then `causeway cluster add ID ADDR` hands this node its partitions).
+    #[arg(long)]
+    join: bool,
 }
 
 impl NodeArgs {
@@ -107,6 +110,7 @@ impl NodeArgs {
             failure_timeout_ms: self.failure_timeout_ms,
             data_dir: self.data_dir,
             fsync: self.fsync,
+            join: self.join,
         })
     }
 }

@@ -43,6 +43,10 @@ pub struct NodeConfig {
     /// When the log is synced: always, everysec or no (like appendfsync).
     #[serde(default = "default_fsync")]
     pub fsync: String,
+    /// Join a running site: start with no partitions and wait for the
+    /// coordinator (after `CW.CLUSTER ADD`) to hand this node its share.
+    #[serde(default)]
+    pub join: bool,
     /// A node silent for this long is removed from its chains.
     #[serde(default = "default_failure_timeout")]
     pub failure_timeout_ms: u64,

@@ -213,6 +213,12 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
             topology = saved;
         }
     }
+    if config.join && topology.epoch == 1 {
+        // Not a member of anything until the coordinator says so: epoch 0
+        // is older than any configuration it will push.
+        topology.epoch = 0;
+        topology.chains.iter_mut().for_each(|c| c.nodes.retain(|&n| n != config.id));
+    }
     let topology = Arc::new(topology);
     let listener = TcpListener::bind(&config.listen).await.map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let me = config.id;

@@ -193,6 +193,24 @@ impl Cluster {
         NodeProc { id: i, port, child: Some(child), log, config: None }
     }
 
+    /// Starts one more node, `--join`ing the running site (its id is the
+    /// next one); `CW.CLUSTER ADD` then gives it partitions.
+    pub fn start_joiner(&mut self) -> usize {
+        let mut ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        ports.push(free_ports(1)[0]);
+        let i = self.nodes.len();
+        let mut opts = self.opts.clone();
+        opts.extra.push("--join".into());
+        self.nodes.push(Cluster::spawn_node(&opts, i, &ports));
+        let addr: SocketAddr = self.nodes[i].addr().parse().unwrap();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(Instant::now() < deadline, "node {i} did not start; stderr:\n{}", self.nodes[i].stderr());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        i
+    }
+
     /// Starts node `i` again (after `kill`), same port, flags and data
     /// directory, and waits until it accepts connections.
     pub fn restart(&mut self, i: usize) {

@@ -22,6 +22,9 @@ pub struct DevArgs {
     k: usize,
     #[arg(long, default_value_t = 64)]
     partitions: u32,
+    /// Give node i a write-ahead log in DIR/node-i (memory only without it).
+    #[arg(long)]
+    data_dir: Option<String>,
     /// Extra flags passed to every node (e.g. --requirepass secret).
     #[arg(last = true)]
     node_args: Vec<String>,
@@ -34,9 +37,11 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     let nodes: Vec<String> = (0..args.nodes).map(|i| format!("{i}={}", addr(i))).collect();
     let mut children: Vec<(u16, Child)> = Vec::new();
     for i in 0..args.nodes {
+        let data: Vec<String> = args.data_dir.iter().flat_map(|d| ["--data-dir".to_string(), format!("{d}/node-{i}")]).collect();
         let child = Command::new(&exe)
             .args(["node", "--id", &i.to_string(), "--listen", &addr(i), "--nodes", &nodes.join(",")])
             .args(["--partitions", &args.partitions.to_string(), "--replicas", &args.replicas.to_string(), "--k", &args.k.to_string()])
+            .args(&data)
             .args(&args.node_args)
             .spawn()
             .map_err(|e| format!("cannot start node {i}: {e}"))?;

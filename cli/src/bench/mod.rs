@@ -3,10 +3,15 @@
 //! so one run can put both side by side. Latencies go into HDR histograms;
 //! the report is a table and, with `--json`, a JSON file.
 //!
-//! `--hot-key` instead has every client read one key and reports which
-//! chain positions served the reads: ChainReaction's point that causal
-//! reads spread over the whole chain while linearizable reads all land on
-//! the tail (`--consistency linearizable`).
+//! `--hot-key` runs the workload's mix on one key and reports which chain
+//! positions served the reads: ChainReaction's point that causal reads
+//! spread over the whole chain while linearizable reads all land on the
+//! tail (`--consistency linearizable`). `CW.CHAIN causeway-bench-hot-key`
+//! shows that key's chain, e.g. to kill its head or tail during a run.
+//!
+//! Every report ends with a per-second timeline of completed operations and
+//! errors, and the longest stretch any client went without a successful
+//! write: the write unavailability when a node is killed during the run.
 
 pub mod report;
 pub mod workload;
@@ -62,7 +67,7 @@ pub struct BenchArgs {
     /// Consistency for the native client.
     #[arg(long, default_value = "causal")]
     consistency: String,
-    /// Read one hot key from every client and report which chain positions served it.
+    /// Run the workload on one hot key and report which chain positions served its reads.
     #[arg(long)]
     hot_key: bool,
     /// Also write the report as JSON to this file.
@@ -131,6 +136,7 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
     let keyspace = Keyspace::new(args.records);
     let stop = Arc::new(AtomicBool::new(false));
     let done_ops = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
     let hot = Bytes::from_static(b"causeway-bench-hot-key");
     if args.hot_key {
         Target::connect(&args).await?.write(&hot, &value_for(0, args.value_size, 0)).await?;
@@ -138,64 +144,84 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
     let mut tasks = Vec::new();
     for i in 0..args.clients {
         let mut target = Target::connect(&args).await?;
-        let (args, stop, done_ops, keyspace, hot) = (args.clone(), stop.clone(), done_ops.clone(), keyspace.clone(), hot.clone());
+        let (args, stop, done_ops, errors, keyspace, hot) =
+            (args.clone(), stop.clone(), done_ops.clone(), errors.clone(), keyspace.clone(), hot.clone());
         tasks.push(tokio::spawn(async move {
             let mut rec = Recorder::new();
             let mut served = [0u64; 256];
             let mut generator = Generator::new(mix, keyspace, 0x5EED ^ i as u64);
             let mut n = 0u64;
+            let mut last_write = Instant::now();
+            let mut write_gap = Duration::ZERO;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
                 let started = Instant::now();
-                let (name, result) = if args.hot_key {
-                    let r = target.read(&hot).await;
+                let (op, k) = generator.next_op();
+                let key = if args.hot_key { hot.to_vec() } else { key_name(k) };
+                let mut read = async |target: &mut Target| {
+                    let r = target.read(&key).await;
                     if let Ok(Some(at)) = r {
                         served[at as usize] += 1;
                     }
-                    ("read", r.map(|_| ()))
-                } else {
-                    let (op, k) = generator.next_op();
-                    let key = key_name(k);
-                    let r = match op {
-                        OpKind::Read => target.read(&key).await.map(|_| ()),
-                        OpKind::Update | OpKind::Insert => target.write(&key, &value_for(k, args.value_size, n)).await,
-                        OpKind::ReadModifyWrite => match target.read(&key).await {
-                            Ok(_) => target.write(&key, &value_for(k, args.value_size, n)).await,
-                            Err(e) => Err(e),
-                        },
-                    };
-                    (op.name(), r)
+                    r.map(|_| ())
+                };
+                let result = match op {
+                    OpKind::Read => read(&mut target).await,
+                    OpKind::Update | OpKind::Insert => target.write(&key, &value_for(k, args.value_size, n)).await,
+                    OpKind::ReadModifyWrite => match read(&mut target).await {
+                        Ok(_) => target.write(&key, &value_for(k, args.value_size, n)).await,
+                        Err(e) => Err(e),
+                    },
                 };
                 match result {
-                    Ok(()) => rec.record(name, started.elapsed().as_micros() as u64),
-                    Err(_) => rec.record_error(name),
+                    Ok(()) => {
+                        rec.record(op.name(), started.elapsed().as_micros() as u64);
+                        if op != OpKind::Read {
+                            write_gap = write_gap.max(last_write.elapsed());
+                            last_write = Instant::now();
+                        }
+                        done_ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        rec.record_error(op.name());
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-                done_ops.fetch_add(1, Ordering::Relaxed);
             }
-            (rec, served)
+            (rec, served, write_gap)
         }));
     }
     let bar = ProgressBar::new(args.duration);
     bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len}s {msg}").map_err(|e| e.to_string())?);
     let started = Instant::now();
+    let mut timeline = Vec::new();
+    let (mut ops_before, mut errors_before) = (0, 0);
     for s in 1..=args.duration {
         tokio::time::sleep_until((started + Duration::from_secs(s)).into()).await;
+        let (ops, errs) = (done_ops.load(Ordering::Relaxed), errors.load(Ordering::Relaxed));
+        timeline.push(format!("{}/{}", ops - ops_before, errs - errors_before));
+        (ops_before, errors_before) = (ops, errs);
         bar.set_position(s);
-        bar.set_message(format!("{:.0} ops/s", done_ops.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()));
+        bar.set_message(format!("{:.0} ops/s", ops as f64 / started.elapsed().as_secs_f64()));
     }
     stop.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
     bar.finish_and_clear();
     let mut rec = Recorder::new();
     let mut served = [0u64; 256];
+    let mut write_gap = Duration::ZERO;
     for t in tasks {
-        let (r, s) = t.await.map_err(|e| e.to_string())?;
+        let (r, s, gap) = t.await.map_err(|e| e.to_string())?;
         rec.merge(&r);
+        write_gap = write_gap.max(gap);
         for (a, b) in served.iter_mut().zip(s) {
             *a += b;
         }
     }
-    let workload = if args.hot_key { "hot-key".to_string() } else { format!("{} ({})", args.workload, mix.distribution) };
+    let workload = match args.hot_key {
+        true => format!("{} on one hot key", args.workload),
+        false => format!("{} ({})", args.workload, mix.distribution),
+    };
     let mut report = Report::new(&label, &workload, args.clients, elapsed, &rec);
     if args.target == TargetKind::Causeway {
         report.notes.push(format!("consistency {}", args.consistency));
@@ -203,6 +229,10 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
     let total: u64 = served.iter().sum();
     for (i, n) in served.iter().enumerate().filter(|(_, n)| **n > 0) {
         report.notes.push(format!("reads served by chain position {i}: {n} ({:.1}%)", 100.0 * *n as f64 / total as f64));
+    }
+    report.notes.push(format!("per second, completed/errors: {}", timeline.join(" ")));
+    if mix.read < 1.0 {
+        report.notes.push(format!("longest stretch a client went without a successful write: {} ms", write_gap.as_millis()));
     }
     println!("{}", report.to_table());
     if let Some(path) = &args.json {

@@ -84,6 +84,20 @@ pub async fn session(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     .into()
 }
 
+/// CW.CHAIN key: the partition of `key` and its chain, head first, as
+/// `[partition, [[node id, address], ...]]`.
+pub async fn chain(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let t = conn.node.topology();
+    let p = t.partition_of(&args[1]);
+    let members = t
+        .chain(p)
+        .nodes
+        .iter()
+        .map(|&n| Frame::Array(vec![Frame::Integer(n as i64), Frame::Bulk(t.node(n).map(|i| i.addr.clone()).unwrap_or_default().into())]))
+        .collect();
+    Frame::Array(vec![Frame::Integer(p as i64), Frame::Array(members)]).into()
+}
+
 /// CW.STATUS: this node at a glance.
 pub async fn status(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let node = &conn.node;

@@ -66,6 +66,7 @@ pub static COMMANDS: &[Command] = &[
     command!("quit", -1, true, server::quit),
     command!("cw.consistency", -1, false, causeway::consistency),
     command!("cw.keyrange", 1, false, causeway::keyrange),
+    command!("cw.chain", 2, false, causeway::chain),
     command!("cw.session", -2, false, causeway::session),
     command!("cw.status", 1, false, causeway::status),
     command!("cw.cluster", -2, false, causeway::cluster),

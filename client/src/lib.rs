@@ -67,13 +67,20 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// What the connections' reader tasks report.
+enum Incoming {
+    Reply(Message),
+    /// The connection to this node closed.
+    Closed(Option<NodeId>),
+}
+
 /// A session with one Causeway site.
 pub struct Client {
     driver: Driver,
     writers: AHashMap<NodeId, OwnedWriteHalf>,
     password: Option<String>,
-    replies: mpsc::UnboundedReceiver<Message>,
-    tx: mpsc::UnboundedSender<Message>,
+    replies: mpsc::UnboundedReceiver<Incoming>,
+    tx: mpsc::UnboundedSender<Incoming>,
     timeout: Duration,
     out: BytesMut,
 }
@@ -88,7 +95,7 @@ impl Client {
     pub async fn connect_with_password(addr: &str, password: Option<&str>) -> Result<Client, Error> {
         let id: ClientId = (rand::random::<u64>() & ((1 << 48) - 1)).max(1);
         let (tx, replies) = mpsc::unbounded_channel();
-        let mut seed = open(addr, id, password, tx.clone()).await?;
+        let mut seed = open(addr, None, id, password, tx.clone()).await?;
         let mut out = BytesMut::new();
         put_frame(&Message::GetTopology { op: OpId { client: id, seq: 0 } }, &mut out);
         seed.write_all(&out).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
@@ -103,8 +110,8 @@ impl Client {
             out,
         };
         let topology = match tokio::time::timeout(DEFAULT_TIMEOUT, client.replies.recv()).await {
-            Ok(Some(Message::TopologyIs { topology, .. })) => topology,
-            Ok(other) => return Err(Error::Protocol(format!("expected the topology, got {other:?}"))),
+            Ok(Some(Incoming::Reply(Message::TopologyIs { topology, .. }))) => topology,
+            Ok(_) => return Err(Error::Protocol(format!("{addr} did not send the topology"))),
             Err(_) => return Err(Error::Connect(format!("{addr} did not answer"))),
         };
         let seed_id = topology.nodes.iter().find(|n| n.addr == addr).map(|n| n.id);
@@ -121,7 +128,7 @@ impl Client {
         for n in nodes {
             if !self.writers.contains_key(&n.id) {
                 // A node that is down is skipped; requests that need it time out.
-                if let Ok(w) = open(&n.addr, self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
+                if let Ok(w) = open(&n.addr, Some(n.id), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
                     self.writers.insert(n.id, w);
                 }
             }
@@ -159,17 +166,23 @@ impl Client {
         while self.replies.try_recv().is_ok() {}
         let epoch = self.driver.topology().epoch;
         let progress = self.driver.start(request, now_ms());
-        self.send(progress.send).await;
-        if let Some(done) = progress.done {
+        if let Some(done) = self.send(progress.send).await.or(progress.done) {
             return Ok(done?);
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
         let result = loop {
             match tokio::time::timeout_at(deadline, self.replies.recv()).await {
-                Ok(Some(msg)) => {
-                    let progress = self.driver.on_message(msg, now_ms());
-                    self.send(progress.send).await;
-                    if let Some(done) = progress.done {
+                Ok(Some(incoming)) => {
+                    let progress = match incoming {
+                        Incoming::Reply(msg) => self.driver.on_message(msg, now_ms()),
+                        Incoming::Closed(Some(node)) => {
+                            // Reconnect next time; reads waiting on it go elsewhere now.
+                            self.writers.remove(&node);
+                            self.driver.unreachable(node, now_ms())
+                        }
+                        Incoming::Closed(None) => continue,
+                    };
+                    if let Some(done) = self.send(progress.send).await.or(progress.done) {
                         break done;
                     }
                 }
@@ -183,23 +196,46 @@ impl Client {
         Ok(result?)
     }
 
-    async fn send(&mut self, sends: Vec<(NodeId, Message)>) {
-        for (node, msg) in sends {
-            if !self.writers.contains_key(&node) {
-                if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
-                    if let Ok(w) = open(&addr, self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
-                        self.writers.insert(node, w);
+    /// Sends a step's messages. A node that cannot be reached is reported
+    /// to the driver, which routes around it where that is safe; what that
+    /// produces is sent too.
+    async fn send(&mut self, sends: Vec<(NodeId, Message)>) -> Option<Result<Response, ClientError>> {
+        let mut queue = sends;
+        // Each unreachable node is reported once per call.
+        let mut reported = Vec::new();
+        while !queue.is_empty() {
+            let mut failed = Vec::new();
+            for (node, msg) in std::mem::take(&mut queue) {
+                if !self.writers.contains_key(&node) {
+                    if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
+                        if let Ok(w) = open(&addr, Some(node), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
+                            self.writers.insert(node, w);
+                        }
                     }
                 }
+                self.out.clear();
+                put_frame(&msg, &mut self.out);
+                let ok = match self.writers.get_mut(&node) {
+                    Some(w) => w.write_all(&self.out).await.is_ok(),
+                    None => false,
+                };
+                if !ok {
+                    self.writers.remove(&node);
+                    failed.push(node);
+                }
             }
-            let Some(w) = self.writers.get_mut(&node) else { continue };
-            self.out.clear();
-            put_frame(&msg, &mut self.out);
-            if w.write_all(&self.out).await.is_err() {
-                // Reconnect on the next request; this one will time out.
-                self.writers.remove(&node);
+            for node in failed {
+                if !reported.contains(&node) {
+                    reported.push(node);
+                    let progress = self.driver.unreachable(node, now_ms());
+                    if progress.done.is_some() {
+                        return progress.done;
+                    }
+                    queue.extend(progress.send);
+                }
             }
         }
+        None
     }
 
     /// GET: the value, if any.
@@ -263,7 +299,13 @@ fn placeholder() -> Topology {
 }
 
 /// Opens a binary connection to a node and starts reading its replies.
-async fn open(addr: &str, id: ClientId, password: Option<&str>, tx: mpsc::UnboundedSender<Message>) -> Result<OwnedWriteHalf, Error> {
+async fn open(
+    addr: &str,
+    node: Option<NodeId>,
+    id: ClientId,
+    password: Option<&str>,
+    tx: mpsc::UnboundedSender<Incoming>,
+) -> Result<OwnedWriteHalf, Error> {
     let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
         .await
         .map_err(|_| Error::Connect(format!("{addr}: timed out")))?
@@ -296,17 +338,23 @@ async fn open(addr: &str, id: ClientId, password: Option<&str>, tx: mpsc::Unboun
             loop {
                 match take_frame::<Message>(&mut buf) {
                     Ok(Some(m)) => {
-                        if tx.send(m).is_err() {
+                        if tx.send(Incoming::Reply(m)).is_err() {
                             return;
                         }
                     }
                     Ok(None) => break,
-                    Err(_) => return,
+                    Err(_) => {
+                        let _ = tx.send(Incoming::Closed(node));
+                        return;
+                    }
                 }
             }
             match rd.read_buf(&mut buf).await {
                 Ok(n) if n > 0 => {}
-                _ => return,
+                _ => {
+                    let _ = tx.send(Incoming::Closed(node));
+                    return;
+                }
             }
         }
     });

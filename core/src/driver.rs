@@ -31,6 +31,9 @@ use std::sync::Arc;
 /// How many times one request may be redirected (topology refreshes) before
 /// it fails.
 const MAX_REDIRECTS: u8 = 5;
+/// How long a node found unreachable is avoided (unless the configuration
+/// changes first).
+const SUSPECT_MS: u64 = 1_000;
 
 /// The guarantee a session asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -169,6 +172,8 @@ struct InFlight {
     phase: Phase,
     /// Op sequence numbers whose replies we still expect.
     outstanding: Vec<u64>,
+    /// Where each outstanding message went.
+    targets: AHashMap<u64, NodeId>,
 }
 
 /// The keys one head serves in a get-transaction, and their positions in
@@ -188,6 +193,9 @@ pub struct Driver {
     next_seq: u64,
     rng: u64,
     op: Option<InFlight>,
+    /// Nodes that look unreachable, until when (ms): avoided when another
+    /// replica may serve.
+    down: AHashMap<NodeId, u64>,
 }
 
 impl Driver {
@@ -202,6 +210,7 @@ impl Driver {
             next_seq: 0,
             rng: id ^ 0x9E37_79B9_7F4A_7C15,
             op: None,
+            down: AHashMap::new(),
         }
     }
 
@@ -245,8 +254,17 @@ impl Driver {
     /// Starts `request`. One request at a time: a session is sequential.
     pub fn start(&mut self, request: Request, now_ms: u64) -> Progress {
         assert!(self.op.is_none(), "a driver runs one request at a time");
-        self.op = Some(InFlight { request, started_ms: now_ms, redirects: 0, phase: Phase::Writing, outstanding: Vec::new() });
-        self.begin(now_ms)
+        self.down.retain(|_, until| *until > now_ms);
+        self.op = Some(InFlight {
+            request,
+            started_ms: now_ms,
+            redirects: 0,
+            phase: Phase::Writing,
+            outstanding: Vec::new(),
+            targets: AHashMap::new(),
+        });
+        let p = self.begin(now_ms);
+        self.sent(p)
     }
 
     /// Gives up on a request that has taken longer than the timeout.
@@ -304,7 +322,7 @@ impl Driver {
                         // Any replica learns stability; our own node (no hop)
                         // if it is one, else the tail (which knows first).
                         let chain = self.topology.chain(partition);
-                        let at = self.local.filter(|me| chain.nodes.contains(me)).unwrap_or(chain.tail());
+                        let at = self.stability_witness(&chain.nodes.clone());
                         let op = self.next_op();
                         p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: dep.seq }));
                         waiting.insert(op.seq, (key, dep.version));
@@ -368,7 +386,7 @@ impl Driver {
                         // The session wrote or read a version the tail may
                         // not have yet: wait for it to get there first.
                         let op = self.next_op();
-                        let at = self.local.filter(|me| chain.nodes.contains(me)).unwrap_or(chain.tail());
+                        let at = self.stability_witness(&chain.nodes);
                         p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: seen.seq }));
                         let deps = AHashMap::from_iter([(op.seq, (key.clone(), seen.version))]);
                         return self.set_phase(Phase::Stabilizing { deps, then_read: true });
@@ -392,10 +410,74 @@ impl Driver {
 
     /// The local node if it may serve, else a random legal one.
     fn pick(&mut self, legal: &[NodeId]) -> NodeId {
+        let up: Vec<NodeId> = legal.iter().copied().filter(|n| !self.down.contains_key(n)).collect();
+        let legal = if up.is_empty() { legal } else { &up[..] };
         match self.local {
             Some(me) if legal.contains(&me) => me,
             _ => legal[self.random(legal.len())],
         }
+    }
+
+    /// Who to ask whether an update is stable: our own node (no hop) if it
+    /// is in the chain, else the tail (it knows first), avoiding nodes that
+    /// look down.
+    fn stability_witness(&self, chain: &[NodeId]) -> NodeId {
+        let up = |n: &NodeId| !self.down.contains_key(n);
+        match self.local {
+            Some(me) if chain.contains(&me) && up(&me) => me,
+            _ => chain.iter().rev().copied().find(up).unwrap_or(*chain.last().expect("chains are not empty")),
+        }
+    }
+
+    /// Records where this step's messages went, so that a node found
+    /// unreachable can be routed around.
+    fn sent(&mut self, p: Progress) -> Progress {
+        if let Some(op) = &mut self.op {
+            for (node, msg) in &p.send {
+                if let Some(id) = msg.op() {
+                    op.targets.insert(id.seq, *node);
+                }
+            }
+        }
+        p
+    }
+
+    /// The shell found `node` unreachable (its connection closed). Reads,
+    /// stability checks and other idempotent work waiting on it start over
+    /// elsewhere; a write waits (it may have been applied) until the
+    /// configuration changes or the request times out.
+    pub fn unreachable(&mut self, node: NodeId, now_ms: u64) -> Progress {
+        self.down.insert(node, now_ms + SUSPECT_MS);
+        let Some(op) = &self.op else { return Progress::default() };
+        let waits_on_it = op.outstanding.iter().any(|s| op.targets.get(s) == Some(&node));
+        if !waits_on_it || matches!(op.phase, Phase::Writing | Phase::Flushing { .. }) {
+            return Progress::default();
+        }
+        self.restart(now_ms)
+    }
+
+    /// The site moved to `topology` while a request may be in flight: work
+    /// that is safe to repeat starts over on the new chains (a write keeps
+    /// waiting for its acknowledgement).
+    pub fn reconfigured(&mut self, topology: Arc<Topology>, now_ms: u64) -> Progress {
+        if topology.epoch <= self.topology.epoch {
+            return Progress::default();
+        }
+        self.topology = topology;
+        self.down.clear();
+        match &self.op {
+            Some(op) if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. }) => self.restart(now_ms),
+            _ => Progress::default(),
+        }
+    }
+
+    fn restart(&mut self, now_ms: u64) -> Progress {
+        if let Some(op) = &mut self.op {
+            op.outstanding.clear();
+            op.targets.clear();
+        }
+        let p = self.begin(now_ms);
+        self.sent(p)
     }
 
     fn snapshot(&mut self, keys: &[Bytes], now_ms: u64, p: &mut Progress) {
@@ -435,6 +517,11 @@ impl Driver {
     /// A reply from a node. Replies to earlier or abandoned requests are
     /// ignored.
     pub fn on_message(&mut self, msg: Message, now_ms: u64) -> Progress {
+        let p = self.handle(msg, now_ms);
+        self.sent(p)
+    }
+
+    fn handle(&mut self, msg: Message, now_ms: u64) -> Progress {
         let mut p = Progress::default();
         let Some(op) = msg.op() else { return p };
         let Some(inflight) = &mut self.op else {
@@ -564,5 +651,41 @@ impl Driver {
             _ => {}
         }
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::{NodeInfo, Shape};
+
+    fn site() -> Arc<Topology> {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        Arc::new(Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2 }, nodes).unwrap())
+    }
+
+    #[test]
+    fn a_read_waiting_on_an_unreachable_node_goes_elsewhere() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        let p = d.start(Request::Get(Bytes::from("k")), 0);
+        let first = p.send[0].0;
+        let p = d.unreachable(first, 10);
+        assert_eq!(p.send.len(), 1);
+        assert_ne!(p.send[0].0, first, "the read moved to another replica");
+        // The old reply is ignored; the new one completes the read.
+        let Message::Get { op, .. } = p.send[0].1.clone() else { panic!("expected a Get") };
+        let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true };
+        let done = d.on_message(Message::Value { op, item, chain_index: 2 }, 20).done;
+        assert_eq!(done, Some(Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2 })));
+    }
+
+    #[test]
+    fn a_write_keeps_waiting_when_its_head_is_unreachable() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let p = d.start(put, 0);
+        let head = p.send[0].0;
+        assert!(d.unreachable(head, 10).send.is_empty(), "a write is not resent: it may have been applied");
+        assert!(d.is_busy());
     }
 }

@@ -21,6 +21,9 @@ use tokio::sync::mpsc;
 /// Replies are written out once this much is buffered, even mid-pipeline,
 /// so one client cannot make the node buffer without bound.
 const MAX_PENDING_OUTPUT: usize = 1 << 20;
+/// How often a waiting request checks for a new configuration or an
+/// unreachable peer.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// A connection's state, as commands see it.
 pub struct Conn {
@@ -43,10 +46,7 @@ impl Conn {
     pub async fn run(&mut self, request: Request) -> Result<Response, ClientError> {
         let id = self.id();
         // The session follows the node's configuration.
-        let topology = self.node.topology();
-        if topology.epoch > self.driver.topology().epoch {
-            self.driver.set_topology(topology);
-        }
+        self.driver.reconfigured(self.node.topology(), now_ms());
         // Replies to an earlier, abandoned request may still be queued.
         while self.replies.try_recv().is_ok() {}
         let progress = self.driver.start(request, now_ms());
@@ -63,13 +63,24 @@ impl Conn {
                     return done;
                 }
             }
-            match tokio::time::timeout_at(deadline, self.replies.recv()).await {
+            let wake = deadline.min(tokio::time::Instant::now() + RECHECK);
+            match tokio::time::timeout_at(wake, self.replies.recv()).await {
                 Ok(Some(msg)) => inbox.push_back(msg),
                 Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
-                Err(_) => {
+                Err(_) if tokio::time::Instant::now() >= deadline => {
                     // Past the deadline: the driver gives up (its clock agrees).
                     let progress = self.driver.tick(now_ms() + self.node.config.request_timeout_ms);
                     return progress.done.unwrap_or(Err(ClientError::Timeout));
+                }
+                Err(_) => {
+                    // Still waiting: route around what changed meanwhile (a
+                    // new configuration, a peer that went away).
+                    let mut progress = self.driver.reconfigured(self.node.topology(), now_ms());
+                    for peer in self.node.down_peers() {
+                        let more = self.driver.unreachable(peer, now_ms());
+                        progress.send.extend(more.send);
+                    }
+                    inbox.extend(self.node.route_sends(progress.send, id));
                 }
             }
         }

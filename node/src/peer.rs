@@ -15,6 +15,7 @@ use bytes::BytesMut;
 use causeway_core::message::{Hello, Message, Welcome, BINARY_MAGIC};
 use causeway_core::ring::NodeId;
 use causeway_core::wire::{put_frame, take_frame};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +29,8 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 pub struct Sender {
     eager: mpsc::UnboundedSender<Message>,
     lazy: mpsc::UnboundedSender<Message>,
+    /// Whether the peer is unreachable right now (connect or write failed).
+    down: Arc<AtomicBool>,
 }
 
 impl Sender {
@@ -35,8 +38,13 @@ impl Sender {
     pub fn spawn(me: NodeId, addr: String) -> Sender {
         let (eager, eager_rx) = mpsc::unbounded_channel();
         let (lazy, lazy_rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(me, addr, eager_rx, lazy_rx));
-        Sender { eager, lazy }
+        let down = Arc::new(AtomicBool::new(false));
+        tokio::spawn(write_loop(me, addr, eager_rx, lazy_rx, down.clone()));
+        Sender { eager, lazy, down }
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
     }
 
     pub fn send(&self, msg: Message) {
@@ -45,19 +53,27 @@ impl Sender {
     }
 }
 
-async fn write_loop(me: NodeId, addr: String, mut eager: mpsc::UnboundedReceiver<Message>, mut lazy: mpsc::UnboundedReceiver<Message>) {
+async fn write_loop(
+    me: NodeId,
+    addr: String,
+    mut eager: mpsc::UnboundedReceiver<Message>,
+    mut lazy: mpsc::UnboundedReceiver<Message>,
+    down: Arc<AtomicBool>,
+) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     'connect: loop {
         let mut stream = match TcpStream::connect(&addr).await {
             Ok(s) => s,
             Err(_) => {
                 // Peer down or not up yet: drop what is queued, try again soon.
+                down.store(true, Ordering::Relaxed);
                 while eager.try_recv().is_ok() || lazy.try_recv().is_ok() {}
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
+        down.store(false, Ordering::Relaxed);
         buf.clear();
         buf.extend_from_slice(&[BINARY_MAGIC]);
         put_frame(&Hello::Node(me), &mut buf);
@@ -81,6 +97,7 @@ async fn write_loop(me: NodeId, addr: String, mut eager: mpsc::UnboundedReceiver
             }
             if let Err(e) = stream.write_all(&buf).await {
                 tracing::debug!("lost connection to peer {addr}: {e}");
+                down.store(true, Ordering::Relaxed);
                 continue 'connect;
             }
             buf.clear();

@@ -103,6 +103,11 @@ impl Node {
         *current = Arc::new(new);
     }
 
+    /// Peers this node cannot reach right now.
+    pub fn down_peers(&self) -> Vec<NodeId> {
+        self.peers.read().iter().filter(|(_, p)| p.is_down()).map(|(&n, _)| n).collect()
+    }
+
     fn send_to_peer(&self, n: NodeId, msg: Message) {
         match self.peers.read().get(&n) {
             Some(p) => p.send(msg),

@@ -80,6 +80,9 @@ struct NodeArgs {
     /// When the log is synced to disk: always, everysec or no.
     #[arg(long, default_value = "everysec")]
     fsync: String,
+    /// Compact the write-ahead log once it passes this many bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    wal_compact_bytes: u64,
     /// Join a running site (then `causeway cluster add ID ADDR` hands this node its partitions).
     #[arg(long)]
     join: bool,
@@ -111,6 +114,7 @@ impl NodeArgs {
             data_dir: self.data_dir,
             fsync: self.fsync,
             join: self.join,
+            wal_compact_bytes: self.wal_compact_bytes,
         })
     }
 }

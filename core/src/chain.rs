@@ -232,17 +232,46 @@ impl ChainReplica {
     /// Recovery: re-applies updates read back from this node's log, in
     /// order, sending nothing. Updates not known stable are kept for the
     /// successor, which is sent them on the next tick (duplicates are
-    /// ignored there).
+    /// ignored there); a checkpoint's list of such updates lands here too.
     pub fn replay(&mut self, updates: Vec<Update>, now_ms: u64) {
         let mut forward = Vec::new();
         let mut ignored = Outbox::new();
         for u in updates {
             if u.seq == self.applied + 1 {
                 self.apply(u, now_ms, &mut forward, &mut ignored);
+            } else if !self.is_tail() && u.seq > self.stable && u.seq <= self.applied && !self.unstable.iter().any(|x| x.seq == u.seq) {
+                let at = self.unstable.partition_point(|x| x.seq < u.seq);
+                self.unstable.insert(at, u);
             }
         }
         self.to_log.clear();
-        self.unstable.extend(forward);
+        for u in forward {
+            let at = self.unstable.partition_point(|x| x.seq < u.seq);
+            self.unstable.insert(at, u);
+        }
+    }
+
+    /// This replica as log records, for compacting the log: its state (as a
+    /// `Transfer`) and the updates not yet known stable (as a `Forward`).
+    /// Empty while the replica is still joining.
+    pub fn checkpoint(&self) -> Vec<Message> {
+        if self.joining {
+            return Vec::new();
+        }
+        let state = Message::Transfer {
+            epoch: self.epoch,
+            partition: self.partition,
+            applied: self.applied,
+            stable: self.stable,
+            entries: self.store.digest(),
+        };
+        let unstable = Message::Forward {
+            epoch: self.epoch,
+            partition: self.partition,
+            updates: self.unstable.iter().cloned().collect(),
+            lazy: false,
+        };
+        vec![state, unstable]
     }
 
     /// Recovery: installs a state transfer read back from this node's log.

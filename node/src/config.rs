@@ -43,6 +43,10 @@ pub struct NodeConfig {
     /// When the log is synced: always, everysec or no (like appendfsync).
     #[serde(default = "default_fsync")]
     pub fsync: String,
+    /// Compact the write-ahead log (checkpoint + recent records) once it
+    /// grows past this many bytes.
+    #[serde(default = "default_compact")]
+    pub wal_compact_bytes: u64,
     /// Join a running site: start with no partitions and wait for the
     /// coordinator (after `CW.CLUSTER ADD`) to hand this node its share.
     #[serde(default)]
@@ -63,6 +67,9 @@ fn default_max_args() -> usize {
 }
 fn default_timeout() -> u64 {
     5_000
+}
+fn default_compact() -> u64 {
+    64 << 20
 }
 fn default_fsync() -> String {
     "everysec".into()

@@ -249,6 +249,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     tracing::info!("node {me} serving on {}", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
     let heartbeats = tokio::spawn(heartbeat_loop(node.clone()));
+    let compaction = tokio::spawn(compact_loop(node.clone()));
     coordinator::start(&node).await?;
     tokio::select! {
         _ = accept_loop(node.clone(), listener) => {}
@@ -256,6 +257,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     }
     ticker.abort();
     heartbeats.abort();
+    compaction.abort();
     if let Some(c) = node.coordinator.get() {
         c.shutdown().await;
     }
@@ -314,6 +316,28 @@ async fn serve(node: Arc<Node>, stream: TcpStream) {
             node.stats.connections.fetch_sub(1, Ordering::Relaxed);
         }
         _ => {}
+    }
+}
+
+/// Compacts the write-ahead log when it has grown past its limit: marks
+/// it, checkpoints every replica, and lets the writer swap the files (see
+/// `wal`).
+async fn compact_loop(node: Arc<Node>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        interval.tick().await;
+        let Some(wal) = node.wal.get() else { continue };
+        if wal.size() < node.config.wal_compact_bytes {
+            continue;
+        }
+        wal.mark();
+        let mut checkpoint = Vec::new();
+        for p in 0..node.topology().shape.partitions {
+            node.with(p, |r| checkpoint.extend(r.checkpoint()));
+        }
+        wal.compact(&checkpoint);
+        // Give the writer time to swap the files before looking again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -14,9 +14,18 @@
 //! messages (acknowledgements, forwards) are released, `everysec` syncs in
 //! the background once a second, `no` leaves it to the OS.
 //!
-//! Not done yet: snapshots and log compaction (the log grows until the node
-//! is restarted with an empty data directory), and durable coordinator
-//! state beyond the last configuration (`topology.bin`).
+//! Compaction: once the log passes a size, the node `mark`s it, takes a
+//! checkpoint of every replica (its state and its not-yet-stable updates,
+//! as records) and hands it to `compact`; the writer replaces the log with
+//! the checkpoint followed by every record appended since the mark. A record
+//! appended before the mark belongs to an update applied before it, so the
+//! checkpoint (taken after the mark) holds it; one appended after the mark
+//! is kept (replaying it again is harmless: replicas skip what they have).
+//! The new log is written beside the old one and renamed over it, so a crash
+//! during compaction leaves one of the two whole.
+//!
+//! Not done yet: durable coordinator state beyond the last configuration
+//! (`topology.bin`).
 
 use bytes::{Buf, BufMut, BytesMut};
 use causeway_core::message::{Envelope, Message};
@@ -25,7 +34,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// When the log is synced to disk.
@@ -48,16 +58,24 @@ impl FromStr for Fsync {
     }
 }
 
-struct Job {
-    record: Vec<u8>,
-    /// Sent once the record is durable (fsync=always only).
-    then: Vec<Envelope>,
+enum Job {
+    Append {
+        record: Vec<u8>,
+        /// Sent once the record is durable (fsync=always only).
+        then: Vec<Envelope>,
+    },
+    /// Start keeping a copy of every record from here on.
+    Mark,
+    /// Replace the log with this checkpoint and the records since the mark.
+    Compact(Vec<u8>),
 }
 
 /// The sending side of the log.
 pub struct Wal {
     policy: Fsync,
     tx: mpsc::Sender<Job>,
+    /// Bytes in the log file.
+    size: Arc<AtomicU64>,
 }
 
 impl Wal {
@@ -83,11 +101,29 @@ impl Wal {
         }
         file.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("causeway-wal".into())
-            .spawn(move || write_loop(file, path, policy, rx, release))
-            .map_err(|e| e.to_string())?;
-        Ok((Wal { policy, tx }, records))
+        let size = Arc::new(AtomicU64::new(valid as u64));
+        let writer = Writer { file, path, policy, size: size.clone(), since_mark: None };
+        std::thread::Builder::new().name("causeway-wal".into()).spawn(move || writer.run(rx, release)).map_err(|e| e.to_string())?;
+        Ok((Wal { policy, tx, size }, records))
+    }
+
+    /// Bytes in the log.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// First step of a compaction: call before taking the checkpoint.
+    pub fn mark(&self) {
+        let _ = self.tx.send(Job::Mark);
+    }
+
+    /// Second step: the checkpoint records, taken after `mark`.
+    pub fn compact(&self, checkpoint: &[Message]) {
+        let mut buf = BytesMut::new();
+        for record in checkpoint {
+            encode_record(record, &mut buf);
+        }
+        let _ = self.tx.send(Job::Compact(buf.to_vec()));
     }
 
     /// Appends `record`. With fsync=always, `then` is sent by the writer once
@@ -99,7 +135,7 @@ impl Wal {
             Fsync::Always => (then, Vec::new()),
             _ => (Vec::new(), then),
         };
-        if self.tx.send(Job { record: buf.to_vec(), then }).is_err() {
+        if self.tx.send(Job::Append { record: buf.to_vec(), then }).is_err() {
             tracing::error!("the write-ahead log writer has stopped");
         }
         now
@@ -132,45 +168,86 @@ fn read_records(mut bytes: &[u8]) -> (Vec<Message>, usize) {
     (records, total - bytes.len())
 }
 
-fn write_loop(mut file: File, path: PathBuf, policy: Fsync, rx: mpsc::Receiver<Job>, release: impl Fn(Vec<Envelope>)) {
-    let mut last_sync = Instant::now();
-    let mut dirty = false;
-    loop {
-        let first = match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(job) => Some(job),
-            Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
-        };
-        let mut buf = Vec::new();
-        let mut then = Vec::new();
-        for job in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
-            buf.extend_from_slice(&job.record);
-            then.extend(job.then);
-        }
-        if !buf.is_empty() {
-            if let Err(e) = file.write_all(&buf) {
-                // Nothing after this record may be acknowledged: stop.
-                tracing::error!("{}: write failed ({e}); the node stops acknowledging writes", path.display());
-                return;
+struct Writer {
+    file: File,
+    path: PathBuf,
+    policy: Fsync,
+    size: Arc<AtomicU64>,
+    /// Records appended since a compaction's mark.
+    since_mark: Option<Vec<u8>>,
+}
+
+impl Writer {
+    fn run(mut self, rx: mpsc::Receiver<Job>, release: impl Fn(Vec<Envelope>)) {
+        let mut last_sync = Instant::now();
+        let mut dirty = false;
+        loop {
+            let first = match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(job) => Some(job),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let mut buf = Vec::new();
+            let mut then = Vec::new();
+            let mut compact = None;
+            for job in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+                match job {
+                    Job::Append { record, then: t } => {
+                        if let Some(since) = &mut self.since_mark {
+                            since.extend_from_slice(&record);
+                        }
+                        buf.extend_from_slice(&record);
+                        then.extend(t);
+                    }
+                    Job::Mark => self.since_mark = Some(Vec::new()),
+                    Job::Compact(checkpoint) => compact = Some(checkpoint),
+                }
             }
-            dirty = true;
-        }
-        let due = match policy {
-            Fsync::Always => dirty,
-            Fsync::EverySec => dirty && last_sync.elapsed() >= Duration::from_secs(1),
-            Fsync::No => false,
-        };
-        if due {
-            if let Err(e) = file.sync_data() {
-                tracing::error!("{}: fsync failed ({e}); the node stops acknowledging writes", path.display());
-                return;
+            if !buf.is_empty() {
+                if let Err(e) = self.file.write_all(&buf) {
+                    // Nothing after this record may be acknowledged: stop.
+                    tracing::error!("{}: write failed ({e}); the node stops acknowledging writes", self.path.display());
+                    return;
+                }
+                self.size.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                dirty = true;
             }
-            last_sync = Instant::now();
-            dirty = false;
+            let due = match self.policy {
+                Fsync::Always => dirty,
+                Fsync::EverySec => dirty && last_sync.elapsed() >= Duration::from_secs(1),
+                Fsync::No => false,
+            };
+            if due {
+                if let Err(e) = self.file.sync_data() {
+                    tracing::error!("{}: fsync failed ({e}); the node stops acknowledging writes", self.path.display());
+                    return;
+                }
+                last_sync = Instant::now();
+                dirty = false;
+            }
+            if !then.is_empty() {
+                release(then);
+            }
+            if let Some(checkpoint) = compact {
+                if let Err(e) = self.compact(checkpoint) {
+                    tracing::error!("{}: compaction failed ({e}); the log keeps growing", self.path.display());
+                }
+            }
         }
-        if !then.is_empty() {
-            release(then);
-        }
+    }
+
+    fn compact(&mut self, checkpoint: Vec<u8>) -> std::io::Result<()> {
+        let since = self.since_mark.take().unwrap_or_default();
+        let tmp = self.path.with_extension("compacting");
+        let mut f = File::create(&tmp)?;
+        f.write_all(&checkpoint)?;
+        f.write_all(&since)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        let before = self.size.swap((checkpoint.len() + since.len()) as u64, Ordering::Relaxed);
+        tracing::info!("{}: compacted from {before} to {} bytes", self.path.display(), checkpoint.len() + since.len());
+        Ok(())
     }
 }
 
@@ -226,6 +303,31 @@ mod tests {
             std::fs::metadata(dir.join("wal.log")).unwrap().len() as usize,
             read_records(&std::fs::read(dir.join("wal.log")).unwrap()).1
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn compaction_keeps_the_checkpoint_and_what_came_after_the_mark() {
+        let dir = std::env::temp_dir().join(format!("causeway-wal-compact-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let (wal, _) = Wal::open(&dir, Fsync::Always, |_| {}).unwrap();
+            for i in 0..100 {
+                wal.append(&record(i), vec![]);
+            }
+            wal.mark();
+            wal.append(&record(100), vec![]);
+            wal.compact(&[record(1000)]);
+            wal.append(&record(101), vec![]);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while wal.size() > 1000 {
+                assert!(Instant::now() < deadline, "no compaction");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let (_wal, replay) = Wal::open(&dir, Fsync::No, |_| {}).unwrap();
+        assert_eq!(replay, vec![record(1000), record(100), record(101)]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -60,6 +60,9 @@ impl From<ClientError> for Error {
     }
 }
 
+/// How often a waiting request lets the driver retry what is due.
+const RECHECK: Duration = Duration::from_millis(100);
+
 /// How long a request may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -171,7 +174,8 @@ impl Client {
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
         let result = loop {
-            match tokio::time::timeout_at(deadline, self.replies.recv()).await {
+            let wake = deadline.min(tokio::time::Instant::now() + RECHECK);
+            match tokio::time::timeout_at(wake, self.replies.recv()).await {
                 Ok(Some(incoming)) => {
                     let progress = match incoming {
                         Incoming::Reply(msg) => self.driver.on_message(msg, now_ms()),
@@ -187,7 +191,17 @@ impl Client {
                     }
                 }
                 Ok(None) => unreachable!("the client holds a sender"),
-                Err(_) => break self.driver.tick(now_ms() + self.timeout.as_millis() as u64).done.unwrap_or(Err(ClientError::Timeout)),
+                Err(_) if tokio::time::Instant::now() >= deadline => {
+                    break self.driver.tick(now_ms() + self.timeout.as_millis() as u64).done.unwrap_or(Err(ClientError::Timeout))
+                }
+                Err(_) => {
+                    // Let the driver retry what is due (a write whose head
+                    // could not be reached).
+                    let progress = self.driver.tick(now_ms());
+                    if let Some(done) = self.send(progress.send).await.or(progress.done) {
+                        break done;
+                    }
+                }
             }
         };
         if self.driver.topology().epoch != epoch {
@@ -227,7 +241,7 @@ impl Client {
             for node in failed {
                 if !reported.contains(&node) {
                     reported.push(node);
-                    let progress = self.driver.unreachable(node, now_ms());
+                    let progress = self.driver.undeliverable(node, now_ms());
                     if progress.done.is_some() {
                         return progress.done;
                     }

@@ -34,6 +34,9 @@ const MAX_REDIRECTS: u8 = 5;
 /// How long a node found unreachable is avoided (unless the configuration
 /// changes first).
 const SUSPECT_MS: u64 = 1_000;
+/// How long a write whose head was unreachable waits before it fetches the
+/// partition map again.
+const RETRY_MS: u64 = 200;
 
 /// The guarantee a session asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,6 +165,11 @@ enum Phase {
         remaining: usize,
     },
     Refreshing,
+    /// A write that never left (its head was unreachable): fetch the map
+    /// again at `at_ms` and retry, until the request times out.
+    Retrying {
+        at_ms: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -268,14 +276,43 @@ impl Driver {
     }
 
     /// Gives up on a request that has taken longer than the timeout.
+    /// Gives up on a request that has taken longer than the timeout, and
+    /// retries a write whose head was unreachable once its wait is over.
     pub fn tick(&mut self, now_ms: u64) -> Progress {
         match &self.op {
             Some(op) if now_ms.saturating_sub(op.started_ms) >= self.timeout_ms => {
                 self.op = None;
                 Progress { send: Vec::new(), done: Some(Err(ClientError::Timeout)) }
             }
+            Some(InFlight { phase: Phase::Retrying { at_ms }, .. }) if now_ms >= *at_ms => {
+                let mut p = Progress::default();
+                self.refresh(&mut p);
+                self.sent(p)
+            }
             _ => Progress::default(),
         }
+    }
+
+    /// The shell could not send this step's messages to `node` (no
+    /// connection): they never left, so even a write can be redone. A write
+    /// waits `RETRY_MS`, refreshes the partition map and goes to whichever
+    /// node heads the chain then; other work restarts elsewhere now.
+    pub fn undeliverable(&mut self, node: NodeId, now_ms: u64) -> Progress {
+        let known = self.down.insert(node, now_ms + SUSPECT_MS).is_some();
+        let Some(op) = &mut self.op else { return Progress::default() };
+        if !op.outstanding.iter().any(|s| op.targets.get(s) == Some(&node)) {
+            return Progress::default();
+        }
+        // Work that may go elsewhere does so at once (the new choice avoids
+        // this node); a write, or work with nowhere else to go (it picked a
+        // node already known down), waits and retries on a fresh map.
+        if matches!(op.phase, Phase::Writing) || known {
+            op.outstanding.clear();
+            op.targets.clear();
+            op.phase = Phase::Retrying { at_ms: now_ms + RETRY_MS };
+            return Progress::default();
+        }
+        self.restart(now_ms)
     }
 
     fn next_op(&mut self) -> OpId {
@@ -450,7 +487,7 @@ impl Driver {
         self.down.insert(node, now_ms + SUSPECT_MS);
         let Some(op) = &self.op else { return Progress::default() };
         let waits_on_it = op.outstanding.iter().any(|s| op.targets.get(s) == Some(&node));
-        if !waits_on_it || matches!(op.phase, Phase::Writing | Phase::Flushing { .. }) {
+        if !waits_on_it || matches!(op.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. }) {
             return Progress::default();
         }
         self.restart(now_ms)
@@ -466,7 +503,7 @@ impl Driver {
         self.topology = topology;
         self.down.clear();
         match &self.op {
-            Some(op) if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. }) => self.restart(now_ms),
+            Some(op) if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. }) => self.restart(now_ms),
             _ => Progress::default(),
         }
     }
@@ -687,5 +724,23 @@ mod tests {
         let head = p.send[0].0;
         assert!(d.unreachable(head, 10).send.is_empty(), "a write is not resent: it may have been applied");
         assert!(d.is_busy());
+    }
+
+    #[test]
+    fn a_write_that_never_left_is_retried_on_a_fresh_map() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let head = d.start(put, 0).send[0].0;
+        assert!(d.undeliverable(head, 10).send.is_empty());
+        assert!(d.tick(100).send.is_empty(), "it waits a little first");
+        let p = d.tick(10 + RETRY_MS);
+        let [(asked, Message::GetTopology { op })] = &p.send[..] else { panic!("expected a topology refresh, got {:?}", p.send) };
+        assert_ne!(*asked, head);
+        // The site moved on: the chain has a new head.
+        let mut t = (**d.topology()).clone().without(head);
+        t.epoch = 2;
+        let new_head = t.chain(t.partition_of(b"k")).head();
+        let p = d.on_message(Message::TopologyIs { op: *op, topology: t }, 300);
+        assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head));
     }
 }

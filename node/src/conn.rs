@@ -49,23 +49,34 @@ impl Conn {
         self.driver.reconfigured(self.node.topology(), now_ms());
         // Replies to an earlier, abandoned request may still be queued.
         while self.replies.try_recv().is_ok() {}
-        let progress = self.driver.start(request, now_ms());
-        if let Some(done) = progress.done {
-            return done;
-        }
-        let mut inbox: VecDeque<Message> = self.node.route_sends(progress.send, id).into();
+        let mut progress = self.driver.start(request, now_ms());
+        let mut inbox: VecDeque<Message> = VecDeque::new();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(self.node.config.request_timeout_ms);
         loop {
-            while let Some(msg) = inbox.pop_front() {
-                let progress = self.driver.on_message(msg, now_ms());
-                inbox.extend(self.node.route_sends(progress.send, id));
-                if let Some(done) = progress.done {
+            // Send what the driver asked for; tell it about nodes that could
+            // not be reached, and send what that produces, until it settles.
+            loop {
+                if let Some(done) = progress.done.take() {
                     return done;
+                }
+                let (mine, undelivered) = self.node.route_sends(std::mem::take(&mut progress.send), id);
+                inbox.extend(mine);
+                for n in undelivered {
+                    let more = self.driver.undeliverable(n, now_ms());
+                    progress.send.extend(more.send);
+                    progress.done = progress.done.or(more.done);
+                }
+                if let Some(msg) = inbox.pop_front() {
+                    let more = self.driver.on_message(msg, now_ms());
+                    progress.send.extend(more.send);
+                    progress.done = progress.done.or(more.done);
+                } else if progress.send.is_empty() && progress.done.is_none() {
+                    break;
                 }
             }
             let wake = deadline.min(tokio::time::Instant::now() + RECHECK);
             match tokio::time::timeout_at(wake, self.replies.recv()).await {
-                Ok(Some(msg)) => inbox.push_back(msg),
+                Ok(Some(msg)) => progress = self.driver.on_message(msg, now_ms()),
                 Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
                 Err(_) if tokio::time::Instant::now() >= deadline => {
                     // Past the deadline: the driver gives up (its clock agrees).
@@ -74,13 +85,15 @@ impl Conn {
                 }
                 Err(_) => {
                     // Still waiting: route around what changed meanwhile (a
-                    // new configuration, a peer that went away).
-                    let mut progress = self.driver.reconfigured(self.node.topology(), now_ms());
+                    // new configuration, a peer that went away), and let the
+                    // driver retry what is due.
+                    progress = self.driver.reconfigured(self.node.topology(), now_ms());
                     for peer in self.node.down_peers() {
-                        let more = self.driver.unreachable(peer, now_ms());
-                        progress.send.extend(more.send);
+                        progress.send.extend(self.driver.unreachable(peer, now_ms()).send);
                     }
-                    inbox.extend(self.node.route_sends(progress.send, id));
+                    let more = self.driver.tick(now_ms());
+                    progress.send.extend(more.send);
+                    progress.done = more.done;
                 }
             }
         }

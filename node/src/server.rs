@@ -179,9 +179,20 @@ impl Node {
         mine
     }
 
-    /// A driver's sends, routed.
-    pub fn route_sends(&self, sends: Vec<(NodeId, Message)>, local: ClientId) -> Vec<Message> {
-        self.route(sends.into_iter().map(|(n, msg)| Envelope { to: Dest::Node(n), msg }).collect(), Some(local))
+    /// A driver's sends, routed: the replies for `local` that were produced
+    /// right here, and the nodes that could not be sent to (their
+    /// connection is down, so those messages never left).
+    pub fn route_sends(&self, sends: Vec<(NodeId, Message)>, local: ClientId) -> (Vec<Message>, Vec<NodeId>) {
+        let mut undelivered = Vec::new();
+        let mut out = Vec::with_capacity(sends.len());
+        for (n, msg) in sends {
+            if n != self.me && self.peers.read().get(&n).is_none_or(|p| p.is_down()) {
+                undelivered.push(n);
+            } else {
+                out.push(Envelope { to: Dest::Node(n), msg });
+            }
+        }
+        (self.route(out, Some(local)), undelivered)
     }
 
     /// Replicas on this node still waiting for a state transfer.

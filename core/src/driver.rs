@@ -494,8 +494,7 @@ impl Driver {
     }
 
     /// The site moved to `topology` while a request may be in flight: work
-    /// that is safe to repeat starts over on the new chains (a write keeps
-    /// waiting for its acknowledgement).
+    /// that is safe to repeat starts over on the new chains.
     pub fn reconfigured(&mut self, topology: Arc<Topology>, now_ms: u64) -> Progress {
         if topology.epoch <= self.topology.epoch {
             return Progress::default();
@@ -503,7 +502,20 @@ impl Driver {
         self.topology = topology;
         self.down.clear();
         match &self.op {
-            Some(op) if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. }) => self.restart(now_ms),
+            // A plain SET may be sent again in the causal and eventual modes:
+            // if the first one was applied too, the key gets the same value
+            // twice, the second time with a newer version. Not in
+            // linearizable mode (a reader could see the value, another
+            // write, then the value again), and not NX/XX or DEL (their
+            // answers would be wrong the second time): those wait.
+            Some(op)
+                if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. })
+                    || (matches!(op.phase, Phase::Writing)
+                        && self.consistency != Consistency::Linearizable
+                        && matches!(op.request, Request::Put { value: Some(_), condition: Condition::Always, .. })) =>
+            {
+                self.restart(now_ms)
+            }
             _ => Progress::default(),
         }
     }

@@ -29,6 +29,6 @@ for w in a b c; do
   done
 done
 for level in causal linearizable; do
-  $B bench --target causeway --addr 127.0.0.1:7520 --hot-key --clients $clients --duration $secs \
+  $B bench --target causeway --addr 127.0.0.1:7520 --hot-key --workload c --clients $clients --duration $secs \
     --consistency $level --label "causeway-r3-hotkey-$level" --json $out/hotkey-$level.json
 done

@@ -4,20 +4,9 @@
 
 mod common;
 
-use common::{eventually, Cluster, Opts};
+use common::{eventually, write_keys, Cluster, Opts};
 use redis::Commands;
 use std::time::Duration;
-
-fn write_keys(c: &Cluster, prefix: &str, n: usize) -> Vec<(String, String)> {
-    let mut con = c.conn(0);
-    (0..n)
-        .map(|i| {
-            let (k, v) = (format!("{prefix}{i}"), format!("value-{i}"));
-            let _: () = con.set(&k, &v).unwrap();
-            (k, v)
-        })
-        .collect()
-}
 
 fn all_present(c: &Cluster, node: usize, keys: &[(String, String)]) -> bool {
     let Ok(mut con) = c.client(node).get_connection_with_timeout(Duration::from_secs(1)) else { return false };

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{eventually, Cluster, Opts};
+use common::{assert_readable, cluster_status, eventually, Cluster, Opts};
 use redis::Commands;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,17 +18,11 @@ fn site() -> Cluster {
     Cluster::start_with(Opts::new(4, 3, 2).flag("--request-timeout-ms", 1500).flag("--failure-timeout-ms", 800))
 }
 
-fn status(c: &Cluster, via: usize) -> Option<HashMap<String, String>> {
-    let mut con = c.client(via).get_connection_with_timeout(Duration::from_secs(1)).ok()?;
-    let text: String = redis::cmd("CW.CLUSTER").arg("STATUS").query(&mut con).ok()?;
-    Some(text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
-}
-
 /// Waits until node `via` serves a configuration without `gone`, with every
 /// chain back to R.
 fn wait_healed(c: &Cluster, via: usize, gone: usize) -> u64 {
     eventually(Duration::from_secs(20), "the site to heal", || {
-        let s = status(c, via)?;
+        let s = cluster_status(c, via)?;
         let healed = !s.contains_key(&format!("node{gone}")) && s.get("short_chains")? == "0" && s.get("joining_replicas_here")? == "0";
         healed.then(|| s["epoch"].parse().unwrap())
     })
@@ -94,21 +88,8 @@ impl Workload {
 /// returns, through a linearizable (tail) read and a causal read.
 fn check_acknowledged(c: &Cluster, survivors: &[usize], acked: &HashMap<String, String>) {
     assert!(acked.len() >= 20, "only {} keys were acknowledged", acked.len());
-    for &node in survivors {
-        for level in ["linearizable", "causal"] {
-            let mut con = c.conn(node);
-            let _: () = redis::cmd("CW.CONSISTENCY").arg(level).query(&mut con).unwrap();
-            for (k, v) in acked {
-                let got: Option<String> = con.get(k).unwrap();
-                assert_eq!(
-                    got.as_deref(),
-                    Some(v.as_str()),
-                    "{level} read of {k} via node {node} lost an acknowledged write\n{}",
-                    c.logs()
-                );
-            }
-        }
-    }
+    let keys: Vec<(String, String)> = acked.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    assert_readable(c, survivors, &keys);
 }
 
 fn kill_during_writes(victim: usize) {
@@ -148,7 +129,7 @@ fn a_frozen_node_is_replaced_and_stays_out_when_it_wakes() {
     // The woken node learns it was removed (its heartbeats show an old
     // epoch, so the leader pushes the current one) and serves nothing.
     eventually(Duration::from_secs(10), "node 3 to adopt the new configuration", || {
-        let s = status(&c, 3)?;
+        let s = cluster_status(&c, 3)?;
         (!s.contains_key("node3")).then_some(())
     });
     let (acked, _) = load.finish();

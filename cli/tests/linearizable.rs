@@ -59,9 +59,15 @@ fn the_checker_rejects_a_stale_read() {
 #[test]
 fn linearizable_mode_through_a_node_failure() {
     let mut c = Cluster::start_with(Opts::new(4, 3, 2).flag("--request-timeout-ms", 1500).flag("--failure-timeout-ms", 800));
+    let survivors = [0usize, 1, 2];
+    for &n in &survivors {
+        common::eventually(Duration::from_secs(10), &format!("node {n} to answer\n{}", c.logs()), || {
+            let mut con = c.client(n).get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+            redis::cmd("PING").query::<String>(&mut con).ok()
+        });
+    }
     let start = Instant::now();
     let history = Arc::new(Mutex::new(Vec::<String>::new()));
-    let survivors = [0usize, 1, 2];
     let threads: Vec<_> = (0..6)
         .map(|client| {
             let (redis_client, history) = (c.client(survivors[client % 3]), history.clone());

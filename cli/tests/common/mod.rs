@@ -511,3 +511,39 @@ pub fn simple(s: &str) -> Frame {
 pub fn error(s: &str) -> Frame {
     Frame::Error(s.to_string())
 }
+
+/// `CW.CLUSTER STATUS` through node `via`, as field -> value (None if the
+/// node does not answer).
+pub fn cluster_status(c: &Cluster, via: usize) -> Option<std::collections::HashMap<String, String>> {
+    let mut con = c.client(via).get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+    let text: String = redis::cmd("CW.CLUSTER").arg("STATUS").query(&mut con).ok()?;
+    Some(text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
+}
+
+/// Writes `n` keys `{prefix}{i}` through node 0 and returns what was
+/// acknowledged.
+pub fn write_keys(c: &Cluster, prefix: &str, n: usize) -> Vec<(String, String)> {
+    let mut con = c.conn(0);
+    (0..n)
+        .map(|i| {
+            let (k, v) = (format!("{prefix}{i}"), format!("v{i}"));
+            let _: () = redis::Commands::set(&mut con, &k, &v).unwrap();
+            (k, v)
+        })
+        .collect()
+}
+
+/// Every (key, value) reads back through each of `nodes`, with a
+/// linearizable (tail) read and a causal read.
+pub fn assert_readable(c: &Cluster, nodes: &[usize], keys: &[(String, String)]) {
+    for &node in nodes {
+        for level in ["linearizable", "causal"] {
+            let mut con = c.conn(node);
+            let _: () = redis::cmd("CW.CONSISTENCY").arg(level).query(&mut con).unwrap();
+            for (k, v) in keys {
+                let got: Option<String> = redis::Commands::get(&mut con, k).unwrap();
+                assert_eq!(got.as_deref(), Some(v.as_str()), "{level} read of {k} via node {node}\n{}", c.logs());
+            }
+        }
+    }
+}

@@ -143,10 +143,13 @@ impl RaftHandle {
         // openraft allows): if only one did and died before replicating it,
         // the others could never elect a leader.
         let members: BTreeMap<u64, BasicNode> = voters.iter().map(|(&id, addr)| (id.into(), BasicNode::new(addr))).collect();
+        // Another member's initialization may already have reached this one
+        // (then openraft refuses a second one): that is the group forming,
+        // not an error worth stopping the node for.
         match raft.initialize(members).await {
             Ok(()) => tracing::info!(node = me, voters = ?voters, "initialized the coordinator's raft group"),
             Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-            Err(e) => return Err(format!("initializing the raft group: {e}")),
+            Err(e) => tracing::warn!(node = me, "initializing the raft group: {e}; joining the group another member formed"),
         }
         Ok(Arc::new(RaftHandle { me, raft, topology }))
     }

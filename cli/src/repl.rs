@@ -131,19 +131,10 @@ async fn execute(client: &mut Option<Client>, cmd: &str, args: &[&str], line: &s
                     t.shape.k
                 );
                 for n in &t.nodes {
-                    let roles = t.roles_of(n.id).fold([0; 3], |mut acc, (_, i)| {
-                        acc[if i == 0 {
-                            0
-                        } else if i + 1 == t.shape.replicas {
-                            2
-                        } else {
-                            1
-                        }] += 1;
-                        acc
-                    });
+                    let roles = t.roles(n.id);
                     s.push_str(&format!(
                         "\n  node {} {}: head of {}, middle of {}, tail of {}",
-                        n.id, n.addr, roles[0], roles[1], roles[2]
+                        n.id, n.addr, roles.head, roles.middle, roles.tail
                     ));
                 }
                 s

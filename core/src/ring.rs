@@ -60,6 +60,14 @@ impl Chain {
     }
 }
 
+/// A node's share of the chains (see `Topology::roles`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Roles {
+    pub head: usize,
+    pub middle: usize,
+    pub tail: usize,
+}
+
 /// The shape of a site's replication.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shape {
@@ -154,9 +162,21 @@ impl Topology {
         t
     }
 
-    /// The partitions `node` replicates, with its position in each chain.
-    pub fn roles_of(&self, node: NodeId) -> impl Iterator<Item = (PartitionId, usize)> + '_ {
-        self.chains.iter().enumerate().filter_map(move |(p, c)| c.index_of(node).map(|i| (p as PartitionId, i)))
+    /// How many chains `node` heads, sits in the middle of, and ends. The
+    /// only member of a one-node chain is both its head and its tail.
+    pub fn roles(&self, node: NodeId) -> Roles {
+        let mut r = Roles::default();
+        for c in &self.chains {
+            match c.index_of(node) {
+                Some(i) if i == 0 || i + 1 == c.len() => {
+                    r.head += (i == 0) as usize;
+                    r.tail += (i + 1 == c.len()) as usize;
+                }
+                Some(_) => r.middle += 1,
+                None => {}
+            }
+        }
+        r
     }
 }
 
@@ -203,10 +223,16 @@ mod tests {
             s.dedup();
             assert_eq!(s.len(), 3);
         }
-        // Every node heads some partitions.
+        // Every node heads some partitions; roles add up to the chains.
         for n in 0..5 {
             assert!(t.chains.iter().any(|c| c.head() == n), "node {n} heads nothing");
         }
+        let roles: Vec<Roles> = (0..5).map(|n| t.roles(n)).collect();
+        assert_eq!(roles.iter().map(|r| r.head).sum::<usize>(), 64);
+        assert_eq!(roles.iter().map(|r| r.tail).sum::<usize>(), 64);
+        assert_eq!(roles.iter().map(|r| r.middle).sum::<usize>(), 64);
+        let single = Topology::new(1, Shape { partitions: 8, replicas: 1, k: 1 }, nodes(1)).unwrap();
+        assert_eq!(single.roles(0), Roles { head: 8, middle: 0, tail: 8 });
     }
 
     #[test]

@@ -199,25 +199,6 @@ impl Node {
     pub fn joining_replicas(&self) -> usize {
         self.parts.iter().filter(|p| p.lock().as_ref().is_some_and(|r| r.is_joining())).count()
     }
-
-    /// Counts (role name, partitions) for status output.
-    pub fn roles(&self) -> (usize, usize, usize) {
-        let (mut head, mut middle, mut tail) = (0, 0, 0);
-        let topology = self.topology();
-        for (p, i) in topology.roles_of(self.me) {
-            let len = topology.chain(p).len();
-            if i == 0 {
-                head += 1;
-            }
-            if i + 1 == len {
-                tail += 1;
-            }
-            if i != 0 && i + 1 != len {
-                middle += 1;
-            }
-        }
-        (head, middle, tail)
-    }
 }
 
 /// Starts a node and serves until `shutdown` resolves.

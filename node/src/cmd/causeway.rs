@@ -101,7 +101,7 @@ pub async fn chain(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 /// CW.STATUS: this node at a glance.
 pub async fn status(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let node = &conn.node;
-    let (head, middle, tail) = node.roles();
+    let causeway_core::ring::Roles { head, middle, tail } = node.topology().roles(node.me);
     let t = node.topology();
     let text = format!(
         "node:{}\r\nepoch:{}\r\nnodes:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\n",
@@ -172,17 +172,7 @@ fn cluster_status(node: &crate::server::Node) -> String {
         node.joining_replicas()
     ));
     for n in &t.nodes {
-        let (mut head, mut middle, mut tail) = (0, 0, 0);
-        for (p, i) in t.roles_of(n.id) {
-            let len = t.chain(p).len();
-            if i == 0 {
-                head += 1;
-            } else if i + 1 == len {
-                tail += 1;
-            } else {
-                middle += 1;
-            }
-        }
+        let causeway_core::ring::Roles { head, middle, tail } = t.roles(n.id);
         s.push_str(&format!("node{}:addr={},head={head},middle={middle},tail={tail}\r\n", n.id, n.addr));
     }
     s

@@ -159,7 +159,7 @@ pub async fn command(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 /// keyspace (this node's replicas).
 pub async fn info(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let node = &conn.node;
-    let (head, middle, tail) = node.roles();
+    let causeway_core::ring::Roles { head, middle, tail } = node.topology().roles(node.me);
     let topology = node.topology();
     let shape = topology.shape;
     let text = format!(

@@ -62,6 +62,11 @@ impl From<ClientError> for Error {
 
 /// How often a waiting request lets the driver retry what is due.
 const RECHECK: Duration = Duration::from_millis(100);
+/// A request waiting this long makes the client check for a new map.
+const PROBE_AFTER: Duration = Duration::from_millis(300);
+/// The op sequence number of those checks (the driver's own never get
+/// this high).
+const PROBE: u64 = u64::MAX;
 
 /// How long a request may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -172,12 +177,17 @@ impl Client {
         if let Some(done) = self.send(progress.send).await.or(progress.done) {
             return Ok(done?);
         }
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.timeout;
         let result = loop {
             let wake = deadline.min(tokio::time::Instant::now() + RECHECK);
             match tokio::time::timeout_at(wake, self.replies.recv()).await {
                 Ok(Some(incoming)) => {
                     let progress = match incoming {
+                        // The answer to our own probe for a newer map.
+                        Incoming::Reply(Message::TopologyIs { op, topology }) if op.seq == PROBE => {
+                            self.driver.reconfigured(Arc::new(topology), now_ms())
+                        }
                         Incoming::Reply(msg) => self.driver.on_message(msg, now_ms()),
                         Incoming::Closed(Some(node)) => {
                             // Reconnect next time; reads waiting on it go elsewhere now.
@@ -195,6 +205,12 @@ impl Client {
                     break self.driver.tick(now_ms() + self.timeout.as_millis() as u64).done.unwrap_or(Err(ClientError::Timeout))
                 }
                 Err(_) => {
+                    // A request this slow may be waiting on a node that
+                    // died: ask a node for the current map (the driver
+                    // resends what is safe to resend if it changed).
+                    if started.elapsed() >= PROBE_AFTER {
+                        self.probe().await;
+                    }
                     // Let the driver retry what is due (a write whose head
                     // could not be reached).
                     let progress = self.driver.tick(now_ms());
@@ -208,6 +224,18 @@ impl Client {
             self.connect_all().await?;
         }
         Ok(result?)
+    }
+
+    /// Asks one connected node for the current partition map; the answer
+    /// comes back as a `TopologyIs` for op `PROBE`.
+    async fn probe(&mut self) {
+        let id = self.driver.id();
+        let Some((&node, w)) = self.writers.iter_mut().next() else { return };
+        self.out.clear();
+        put_frame(&Message::GetTopology { op: OpId { client: id, seq: PROBE } }, &mut self.out);
+        if w.write_all(&self.out).await.is_err() {
+            self.writers.remove(&node);
+        }
     }
 
     /// Sends a step's messages. A node that cannot be reached is reported

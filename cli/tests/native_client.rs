@@ -216,6 +216,7 @@ async fn sessions_move_between_native_and_redis_clients() {
     }
 }
 
+/// Regression (fixed; this was the bug):
 /// With `set_timeout` below half the library's built-in 5 s, a request that
 /// times out leaves the driver busy (`Client::run` calls
 /// `driver.tick(now + self.timeout)`, but the driver was built with the

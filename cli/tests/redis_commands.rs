@@ -536,8 +536,8 @@ fn set_accepts_repeated_flags_like_redis() {
 }
 
 /// Redis refuses an expire time that overflows when added to the current
-/// time ("invalid expire time in 'set' command"); Causeway accepts it (the
-/// expiry saturates to "never").
+/// time ("invalid expire time in 'set' command"); Causeway used to accept
+/// it (the expiry saturated to "never").
 #[test]
 fn set_rejects_overflowing_expire_like_redis() {
     let c = Cluster::start(1, 1, 1);

@@ -516,6 +516,7 @@ fn keyrange_matches_the_ring() {
     assert_eq!(from_node, local);
 }
 
+/// Regression (fixed; this was the bug):
 /// A connection that wrote causally (acknowledged at k=2, not yet at the
 /// tail) and then switches to `CW.CONSISTENCY linearizable` reads at the
 /// tail without the session's version floor, so it can read a value older

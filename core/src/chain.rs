@@ -118,17 +118,9 @@ impl ChainReplica {
         })
     }
 
-    pub fn index(&self) -> usize {
-        self.index
-    }
-
     /// Still waiting for the partition's state (a node that just joined).
     pub fn is_joining(&self) -> bool {
         self.joining
-    }
-
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     fn is_tail(&self) -> bool {

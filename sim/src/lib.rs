@@ -193,10 +193,6 @@ impl Sim {
         &self.topology
     }
 
-    pub fn client_count(&self) -> usize {
-        self.clients.len()
-    }
-
     pub fn set_consistency(&mut self, client: usize, level: causeway_core::driver::Consistency) {
         self.clients[client].driver.set_consistency(level);
     }

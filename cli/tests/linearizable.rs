@@ -4,56 +4,20 @@
 
 mod common;
 
+use causeway_sim::lincheck::{check, Op, OpKind};
 use common::{Cluster, Opts};
 use redis::Commands;
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Builds tools/lincheck once per test binary.
-fn lincheck() -> PathBuf {
-    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut built = BUILT.lock().unwrap();
-    if let Some(p) = &*built {
-        return p.clone();
-    }
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/lincheck");
-    let out = std::env::temp_dir().join(format!("causeway-lincheck-{}", std::process::id()));
-    let status = Command::new("go")
-        .arg("build")
-        .arg("-o")
-        .arg(&out)
-        .arg(".")
-        .current_dir(&dir)
-        .status()
-        .expect("go is installed (.ci/run installs it)");
-    assert!(status.success(), "building tools/lincheck failed");
-    *built = Some(out.clone());
-    out
-}
-
-/// Runs the checker on a JSON history; true if linearizable.
-fn check(history: &str) -> bool {
-    let mut child = Command::new(lincheck()).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(history.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    eprintln!("{text}");
-    match out.status.code() {
-        Some(0) => true,
-        Some(1) => false,
-        other => panic!("lincheck failed ({other:?}): {text}"),
-    }
-}
 
 #[test]
 fn the_checker_rejects_a_stale_read() {
     // put(a,1) completes, then a get that starts later reads nothing.
-    let bad = r#"[{"client":0,"op":"put","key":"a","value":"1","output":"","call":0,"return":10},
-                 {"client":1,"op":"get","key":"a","value":"","output":"","call":20,"return":30}]"#;
-    assert!(!check(bad));
+    let op = |kind, call, ret| Op { client: 0, key: "a".into(), kind, call, ret: Some(ret) };
+    let bad = [op(OpKind::Put("1".into()), 0, 10), op(OpKind::Get(String::new()), 20, 30)];
+    assert!(!check(&bad));
+    let good = [op(OpKind::Put("1".into()), 0, 10), op(OpKind::Get("1".into()), 20, 30)];
+    assert!(check(&good));
 }
 
 #[test]
@@ -67,7 +31,7 @@ fn linearizable_mode_through_a_node_failure() {
         });
     }
     let start = Instant::now();
-    let history = Arc::new(Mutex::new(Vec::<String>::new()));
+    let history = Arc::new(Mutex::new(Vec::<Op>::new()));
     let threads: Vec<_> = (0..6)
         .map(|client| {
             let (redis_client, history) = (c.client(survivors[client % 3]), history.clone());
@@ -84,27 +48,20 @@ fn linearizable_mode_through_a_node_failure() {
                     n += 1;
                     let key = format!("lk{}", (n * 7 + client as u64) % 4);
                     let call = start.elapsed().as_nanos() as i64;
-                    let entry = if n.is_multiple_of(2) {
+                    let op = if n.is_multiple_of(2) {
                         let value = format!("c{client}-{n}");
                         let result: redis::RedisResult<String> = con.set(&key, &value);
                         // A put that failed may still have happened.
-                        let ret = if result.is_ok() { start.elapsed().as_nanos() as i64 } else { -1 };
-                        Some(format!(
-                            r#"{{"client":{client},"op":"put","key":"{key}","value":"{value}","output":"","call":{call},"return":{ret}}}"#
-                        ))
+                        let ret = result.is_ok().then(|| start.elapsed().as_nanos() as i64);
+                        Some(Op { client, key, kind: OpKind::Put(value), call, ret })
                     } else {
                         // A get that failed tells nothing: left out.
                         let result: redis::RedisResult<Option<String>> = con.get(&key);
-                        let ret = start.elapsed().as_nanos() as i64;
-                        result.ok().map(|v| {
-                            format!(
-                                r#"{{"client":{client},"op":"get","key":"{key}","value":"","output":"{}","call":{call},"return":{ret}}}"#,
-                                v.unwrap_or_default()
-                            )
-                        })
+                        let ret = Some(start.elapsed().as_nanos() as i64);
+                        result.ok().map(|v| Op { client, key, kind: OpKind::Get(v.unwrap_or_default()), call, ret })
                     };
-                    let failed = entry.as_ref().is_none_or(|e| e.contains(r#""return":-1"#));
-                    history.lock().unwrap().extend(entry);
+                    let failed = op.as_ref().is_none_or(|o| o.ret.is_none());
+                    history.lock().unwrap().extend(op);
                     if failed {
                         con = connect();
                     }
@@ -119,6 +76,5 @@ fn linearizable_mode_through_a_node_failure() {
     }
     let history = history.lock().unwrap();
     assert!(history.len() > 100, "only {} operations recorded", history.len());
-    let json = format!("[{}]", history.join(","));
-    assert!(check(&json), "linearizable mode produced a non-linearizable history:\n{json}");
+    assert!(check(&history), "linearizable mode produced a non-linearizable history:\n{}", causeway_sim::lincheck::to_json(&history));
 }

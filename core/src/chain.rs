@@ -170,7 +170,7 @@ impl ChainReplica {
             version: Version::local(self.site, ts),
             value: req.value,
             expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
-            ack: Some((req.op, req.ack_at.min(self.chain.len() as u8 - 1))),
+            ack: Some((req.op, req.ack_at)),
         };
         let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);

@@ -18,7 +18,7 @@
 //! * a `NotResponsible` answer refreshes the topology and starts over.
 
 use crate::hlc::Timestamp;
-use crate::message::{ClientId, Condition, Item, Message, OpId, Refusal};
+use crate::message::{ClientId, Condition, Item, Message, OpId, Refusal, ACK_AT_TAIL};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::session::{Dep, Session};
 use crate::version::Version;
@@ -165,8 +165,9 @@ enum Phase {
         remaining: usize,
     },
     Refreshing,
-    /// A write that never left (its head was unreachable): fetch the map
-    /// again at `at_ms` and retry, until the request times out.
+    /// A write that never left (its head was unreachable), or a
+    /// linearizable read its joining tail refused: fetch the map again at
+    /// `at_ms` and retry, until the request times out.
     Retrying {
         at_ms: u64,
     },
@@ -401,7 +402,7 @@ impl Driver {
         let ack_at = match self.consistency {
             Consistency::Causal => self.topology.shape.k.min(chain.len()) - 1,
             Consistency::Eventual => 0,
-            Consistency::Linearizable => chain.len() - 1,
+            Consistency::Linearizable => ACK_AT_TAIL as usize,
         } as u8;
         let head = chain.head();
         let after = self.session.max_ts();
@@ -603,6 +604,18 @@ impl Driver {
                 let Request::Get(key) = self.request().clone() else {
                     return p;
                 };
+                if self.consistency == Consistency::Linearizable {
+                    // The tail is still joining (fetching the partition's
+                    // state). The head would answer with versions the tail
+                    // may not have acknowledged yet: wait, then ask the tail
+                    // of a fresh map.
+                    if let Some(op) = &mut self.op {
+                        op.outstanding.clear();
+                        op.targets.clear();
+                        op.phase = Phase::Retrying { at_ms: now_ms + RETRY_MS };
+                    }
+                    return p;
+                }
                 // The replica's chain index is stale: go to the head, which
                 // has every version (ChainReaction §3.3.3). If even the head
                 // lacks it, the data is gone (FLUSHALL) and the head's answer

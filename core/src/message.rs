@@ -87,12 +87,18 @@ pub enum Refusal {
     Unavailable { alive: u8, needed: u8 },
 }
 
+/// `ack_at` for a write answered only by the tail (linearizable): a
+/// position past any chain's end, so that a chain that grows while the
+/// write is on its way still answers only at its end.
+pub const ACK_AT_TAIL: u8 = u8::MAX;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     // ---- client -> node -------------------------------------------------
     /// Write `key` (sent to the head). `after` is the session's causal past:
     /// the new version's timestamp will be greater. The node at chain
-    /// position `ack_at` answers.
+    /// position `ack_at` answers, or the tail if the chain is shorter
+    /// (`ACK_AT_TAIL`: whichever node is the tail when the write gets there).
     Put {
         op: OpId,
         epoch: u64,

@@ -6,6 +6,7 @@
 //! `Sim` runs the site; `check` holds the invariants the runs are judged by.
 
 pub mod check;
+pub mod lincheck;
 pub mod workload;
 
 use causeway_core::chain::ChainReplica;

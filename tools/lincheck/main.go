@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sort"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -99,9 +100,29 @@ func main() {
 		fmt.Printf("lincheck: %d operations are linearizable\n", len(history))
 	case porcupine.Illegal:
 		fmt.Printf("lincheck: %d operations are NOT linearizable\n", len(history))
+		explain(history)
 		os.Exit(1)
 	default:
 		fmt.Println("lincheck: the check timed out")
 		os.Exit(2)
+	}
+}
+
+// explain prints the operations on each key whose own history fails, in
+// call order, to show where to look.
+func explain(history []porcupine.Operation) {
+	for _, part := range model.Partition(history) {
+		if porcupine.CheckOperations(model, part) {
+			continue
+		}
+		sort.Slice(part, func(i, j int) bool { return part[i].Call < part[j].Call })
+		fmt.Printf("key %s:\n", part[0].Input.(input).key)
+		for _, o := range part {
+			ret := fmt.Sprint(o.Return)
+			if o.Return == math.MaxInt64 {
+				ret = "?"
+			}
+			fmt.Printf("  [%d, %s] client %d %s\n", o.Call, ret, o.ClientId, model.DescribeOperation(o.Input, o.Output))
+		}
 	}
 }

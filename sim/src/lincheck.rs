@@ -1,0 +1,92 @@
+//! Linearizability checking of key-value histories with porcupine
+//! (github.com/anishathalye/porcupine), a well-kept checker, through the
+//! small Go program in tools/lincheck. Used by the simulation tests and by
+//! the real-process tests alike.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+/// One operation of a history: times in any unit, as long as one history
+/// uses one.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub client: usize,
+    pub key: String,
+    pub kind: OpKind,
+    pub call: i64,
+    /// `None` for a write whose outcome is unknown (it failed or timed out):
+    /// it may have taken effect at any time after its call.
+    pub ret: Option<i64>,
+}
+
+#[derive(Clone, Debug)]
+pub enum OpKind {
+    Put(String),
+    /// What the read returned ("" for nil).
+    Get(String),
+}
+
+/// True if `history` is linearizable (per key, a register starting empty).
+pub fn check(history: &[Op]) -> bool {
+    let mut child = Command::new(binary()).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run lincheck");
+    child.stdin.take().expect("piped").write_all(to_json(history).as_bytes()).expect("write history");
+    let out = child.wait_with_output().expect("lincheck ran");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    match out.status.code() {
+        Some(0) => true,
+        Some(1) => {
+            eprintln!("{text}");
+            false
+        }
+        other => panic!("lincheck failed ({other:?}): {text}"),
+    }
+}
+
+/// The history in lincheck's input format.
+pub fn to_json(history: &[Op]) -> String {
+    let mut s = String::from("[");
+    for (i, op) in history.iter().enumerate() {
+        let (kind, value, output) = match &op.kind {
+            OpKind::Put(v) => ("put", v.as_str(), ""),
+            OpKind::Get(v) => ("get", "", v.as_str()),
+        };
+        let sep = if i == 0 { "" } else { ",\n" };
+        let _ = write!(
+            s,
+            r#"{sep}{{"client":{},"op":"{kind}","key":{:?},"value":{:?},"output":{:?},"call":{},"return":{}}}"#,
+            op.client,
+            op.key,
+            value,
+            output,
+            op.call,
+            op.ret.unwrap_or(-1)
+        );
+    }
+    s.push(']');
+    s
+}
+
+/// Builds tools/lincheck once per process.
+fn binary() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().expect("not poisoned");
+    if let Some(p) = &*built {
+        return p.clone();
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/lincheck");
+    let out = std::env::temp_dir().join(format!("causeway-lincheck-{}", std::process::id()));
+    let status = Command::new("go")
+        .arg("build")
+        .arg("-o")
+        .arg(&out)
+        .arg(".")
+        .current_dir(&dir)
+        .status()
+        .expect("go is installed (.ci/run installs it)");
+    assert!(status.success(), "building tools/lincheck failed");
+    *built = Some(out.clone());
+    out
+}

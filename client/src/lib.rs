@@ -169,11 +169,17 @@ impl Client {
         self.driver.set_session(s);
     }
 
-    /// Runs one request to completion.
+    /// Runs one request to completion at the session's consistency level.
     pub async fn run(&mut self, request: Request) -> Result<Response, Error> {
+        let level = self.driver.consistency();
+        self.run_at(request, level).await
+    }
+
+    /// Runs one request to completion at `level`, for this request only.
+    pub async fn run_at(&mut self, request: Request, level: Consistency) -> Result<Response, Error> {
         while self.replies.try_recv().is_ok() {}
         let epoch = self.driver.topology().epoch;
-        let progress = self.driver.start(request, now_ms());
+        let progress = self.driver.start_at(request, level, now_ms());
         if let Some(done) = self.send(progress.send).await.or(progress.done) {
             return Ok(done?);
         }

@@ -176,6 +176,8 @@ enum Phase {
 #[derive(Debug)]
 struct InFlight {
     request: Request,
+    /// This request's level: the session's, or one given for it alone.
+    consistency: Consistency,
     started_ms: u64,
     redirects: u8,
     phase: Phase,
@@ -260,12 +262,22 @@ impl Driver {
         self.op.is_some()
     }
 
-    /// Starts `request`. One request at a time: a session is sequential.
+    /// Starts `request` at the session's consistency level. One request at
+    /// a time: a session is sequential.
     pub fn start(&mut self, request: Request, now_ms: u64) -> Progress {
+        self.start_at(request, self.consistency, now_ms)
+    }
+
+    /// Starts `request` at `consistency`, for this request only. The session
+    /// metadata carries over between levels: a linearizable request first
+    /// waits for what the session saw unstable, as a causal write does, so
+    /// mixing levels in one session keeps its causal past.
+    pub fn start_at(&mut self, request: Request, consistency: Consistency, now_ms: u64) -> Progress {
         assert!(self.op.is_none(), "a driver runs one request at a time");
         self.down.retain(|_, until| *until > now_ms);
         self.op = Some(InFlight {
             request,
+            consistency,
             started_ms: now_ms,
             redirects: 0,
             phase: Phase::Writing,
@@ -342,13 +354,18 @@ impl Driver {
         &self.op.as_ref().expect("in flight").request
     }
 
+    /// The consistency level of the request in flight.
+    fn level(&self) -> Consistency {
+        self.op.as_ref().map_or(self.consistency, |op| op.consistency)
+    }
+
     fn begin(&mut self, now_ms: u64) -> Progress {
         let mut p = Progress::default();
         match self.request().clone() {
             Request::Get(key) => self.read(&key, false, &mut p),
             Request::Put { .. } => {
-                let deps: Vec<(Bytes, Dep)> = match self.consistency {
-                    Consistency::Causal => self.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect(),
+                let deps: Vec<(Bytes, Dep)> = match self.level() {
+                    Consistency::Causal | Consistency::Linearizable => self.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect(),
                     _ => Vec::new(),
                 };
                 if deps.is_empty() {
@@ -399,7 +416,7 @@ impl Driver {
         let Request::Put { key, value, ttl_ms, condition } = self.request().clone() else { unreachable!("write() runs for puts") };
         let partition = self.topology.partition_of(&key);
         let chain = self.topology.chain(partition);
-        let ack_at = match self.consistency {
+        let ack_at = match self.level() {
             Consistency::Causal => self.topology.shape.k.min(chain.len()) - 1,
             Consistency::Eventual => 0,
             Consistency::Linearizable => ACK_AT_TAIL as usize,
@@ -418,7 +435,7 @@ impl Driver {
         let (target, min) = if at_head {
             (chain.head(), None)
         } else {
-            match self.consistency {
+            match self.level() {
                 Consistency::Linearizable => {
                     if let Some(seen) = self.session.seen(key).cloned() {
                         // The session wrote or read a version the tail may
@@ -512,7 +529,7 @@ impl Driver {
             Some(op)
                 if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. })
                     || (matches!(op.phase, Phase::Writing)
-                        && self.consistency != Consistency::Linearizable
+                        && op.consistency != Consistency::Linearizable
                         && matches!(op.request, Request::Put { value: Some(_), condition: Condition::Always, .. })) =>
             {
                 self.restart(now_ms)
@@ -604,7 +621,7 @@ impl Driver {
                 let Request::Get(key) = self.request().clone() else {
                     return p;
                 };
-                if self.consistency == Consistency::Linearizable {
+                if self.level() == Consistency::Linearizable {
                     // The tail is still joining (fetching the partition's
                     // state). The head would answer with versions the tail
                     // may not have acknowledged yet: wait, then ask the tail
@@ -651,7 +668,7 @@ impl Driver {
                     return p;
                 };
                 if let Some(version) = &version {
-                    if self.consistency == Consistency::Causal {
+                    if self.level() != Consistency::Eventual {
                         self.session.observe_write(&key, version, seq, chain_index, stable);
                     }
                 }
@@ -661,7 +678,7 @@ impl Driver {
                 let Request::Get(key) = self.request().clone() else {
                     return p;
                 };
-                if self.consistency == Consistency::Causal {
+                if self.level() != Consistency::Eventual {
                     self.session.observe_read(&key, &item, chain_index);
                 }
                 p.done = self.finish(Ok(Response::Read { value: item.value, chain_index }));
@@ -681,7 +698,7 @@ impl Driver {
                     let Request::MultiGet(keys) = self.request().clone() else {
                         return p;
                     };
-                    if self.consistency == Consistency::Causal {
+                    if self.level() != Consistency::Eventual {
                         for (key, item) in keys.iter().zip(&items) {
                             self.session.observe_read(key, item, 0);
                         }
@@ -767,5 +784,39 @@ mod tests {
         let new_head = t.chain(t.partition_of(b"k")).head();
         let p = d.on_message(Message::TopologyIs { op: *op, topology: t }, 300);
         assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head));
+    }
+
+    #[test]
+    fn a_request_can_run_at_its_own_level() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
+        let chain = t.chain(t.partition_of(b"k")).clone();
+        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let p = d.start_at(put, Consistency::Linearizable, 0);
+        let [(_, Message::Put { op, ack_at, .. })] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
+        assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
+        let version = Version::local(0, Timestamp { physical_ms: 1, logical: 0 });
+        let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true };
+        assert_eq!(d.on_message(acked, 1).done, Some(Ok(Response::Written(true))));
+        // The session's level is unchanged; a linearizable read goes to the tail.
+        assert_eq!(d.consistency(), Consistency::Causal);
+        let p = d.start_at(Request::Get(Bytes::from("k")), Consistency::Linearizable, 2);
+        assert!(matches!(&p.send[..], [(n, Message::Get { .. })] if *n == chain.tail()), "got {:?}", p.send);
+    }
+
+    #[test]
+    fn a_linearizable_write_first_waits_for_what_the_session_saw_unstable() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), None, 5_000);
+        // A causal read of a version not yet at the tail.
+        let p = d.start(Request::Get(Bytes::from("a")), 0);
+        let [(at, Message::Get { op, .. })] = &p.send[..] else { panic!("expected a get") };
+        let version = Version::local(0, Timestamp { physical_ms: 1, logical: 0 });
+        let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false };
+        let at = t.chain(t.partition_of(b"a")).index_of(*at).unwrap() as u8;
+        assert!(d.on_message(Message::Value { op: *op, item, chain_index: at }, 1).done.is_some());
+        let put = Request::Put { key: Bytes::from("b"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let p = d.start_at(put, Consistency::Linearizable, 2);
+        assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 4, .. })]), "got {:?}", p.send);
     }
 }

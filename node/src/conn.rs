@@ -8,7 +8,7 @@
 use crate::cmd::{self, Outcome};
 use crate::server::{now_ms, Node};
 use bytes::BytesMut;
-use causeway_core::driver::{ClientError, Driver, Request, Response};
+use causeway_core::driver::{ClientError, Consistency, Driver, Request, Response};
 use causeway_core::message::{ClientId, Message};
 use causeway_resp::{Frame, Protocol, RequestDecoder};
 use std::collections::VecDeque;
@@ -32,6 +32,8 @@ pub struct Conn {
     pub proto: Protocol,
     pub authed: bool,
     pub name: Option<String>,
+    /// The level of the command being run, if `CW.WITH` gave one.
+    pub level: Option<Consistency>,
     replies: mpsc::UnboundedReceiver<Message>,
 }
 
@@ -49,7 +51,8 @@ impl Conn {
         self.driver.reconfigured(self.node.topology(), now_ms());
         // Replies to an earlier, abandoned request may still be queued.
         while self.replies.try_recv().is_ok() {}
-        let mut progress = self.driver.start(request, now_ms());
+        let level = self.level.unwrap_or(self.driver.consistency());
+        let mut progress = self.driver.start_at(request, level, now_ms());
         let mut inbox: VecDeque<Message> = VecDeque::new();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(self.node.config.request_timeout_ms);
         loop {
@@ -107,7 +110,7 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
     node.register(id, tx.clone());
     let driver = Driver::new(id, node.topology(), Some(node.me), node.config.request_timeout_ms);
     let authed = node.config.requirepass.is_none();
-    let mut conn = Conn { node: node.clone(), driver, proto: Protocol::Resp2, authed, name: None, replies };
+    let mut conn = Conn { node: node.clone(), driver, proto: Protocol::Resp2, authed, name: None, level: None, replies };
     let limits = node.limits.clone();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut output = BytesMut::with_capacity(16 * 1024);

@@ -25,6 +25,25 @@ pub async fn consistency(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     .into()
 }
 
+/// CW.WITH level command [args ...]: runs one data command (GET, SET, DEL,
+/// EXISTS, MGET) at `level`, leaving the connection's level as it was; the
+/// session's causal metadata carries over.
+pub async fn with(conn: &mut Conn, mut args: Vec<Bytes>) -> Outcome {
+    let level = match String::from_utf8_lossy(&args[1]).parse::<Consistency>() {
+        Ok(c) => c,
+        Err(e) => return Frame::error(format!("ERR {e}")).into(),
+    };
+    let inner: Vec<Bytes> = args.drain(2..).collect();
+    if !["GET", "SET", "DEL", "EXISTS", "MGET"].contains(&upper(&inner[0]).as_str()) {
+        return Frame::error(format!("ERR CW.WITH runs GET, SET, DEL, EXISTS or MGET, not '{}'", String::from_utf8_lossy(&inner[0])))
+            .into();
+    }
+    conn.level = Some(level);
+    let outcome = Box::pin(super::execute(conn, inner)).await;
+    conn.level = None;
+    outcome
+}
+
 /// CW.KEYRANGE: the partition map, as the p2p store's `keyrange`: one entry
 /// per partition, `[partition, [[node id, address, role], ...]]`, head first.
 pub async fn keyrange(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {

@@ -65,6 +65,7 @@ pub static COMMANDS: &[Command] = &[
     command!("config", -2, false, server::config),
     command!("quit", -1, true, server::quit),
     command!("cw.consistency", -1, false, causeway::consistency),
+    command!("cw.with", -3, false, causeway::with),
     command!("cw.keyrange", 1, false, causeway::keyrange),
     command!("cw.chain", 2, false, causeway::chain),
     command!("cw.session", -2, false, causeway::session),

@@ -470,12 +470,17 @@ fn cw_with_runs_one_command_at_a_level() {
     }
     assert_eq!(cmd("CW.CONSISTENCY").query::<String>(&mut a).unwrap(), "causal", "the connection's level is unchanged");
     assert_eq!(cmd("CW.WITH").arg("eventual").arg("get").arg("with-0").query::<String>(&mut a).unwrap(), "v");
-    assert_eq!(cmd("CW.WITH").arg("linearizable").arg("MGET").arg("with-0").arg("with-1").query::<Vec<String>>(&mut a).unwrap(), ["v", "v"]);
+    assert_eq!(
+        cmd("CW.WITH").arg("linearizable").arg("MGET").arg("with-0").arg("with-1").query::<Vec<String>>(&mut a).unwrap(),
+        ["v", "v"]
+    );
     assert_eq!(cmd("CW.WITH").arg("linearizable").arg("EXISTS").arg("with-0").arg("nope").query::<i64>(&mut a).unwrap(), 1);
     assert_eq!(cmd("CW.WITH").arg("causal").arg("DEL").arg("with-0").query::<i64>(&mut a).unwrap(), 1);
     assert!(expect_err(&mut a, cmd("CW.WITH").arg("strong").arg("GET").arg("k")).starts_with("ERR unknown consistency"));
     assert!(expect_err(&mut a, cmd("CW.WITH").arg("causal").arg("PING")).starts_with("ERR CW.WITH runs"));
-    assert!(expect_err(&mut a, cmd("CW.WITH").arg("causal").arg("CW.WITH").arg("eventual").arg("GET").arg("k")).starts_with("ERR CW.WITH runs"));
+    assert!(
+        expect_err(&mut a, cmd("CW.WITH").arg("causal").arg("CW.WITH").arg("eventual").arg("GET").arg("k")).starts_with("ERR CW.WITH runs")
+    );
     assert!(expect_err(&mut a, cmd("CW.WITH").arg("causal")).starts_with("ERR wrong number of arguments"));
     assert!(expect_err(&mut a, cmd("CW.WITH").arg("causal").arg("GET")).starts_with("ERR wrong number of arguments for 'get'"));
     assert_eq!(cmd("PING").query::<String>(&mut a).unwrap(), "PONG", "the connection still works");

@@ -365,7 +365,9 @@ impl Driver {
             Request::Get(key) => self.read(&key, false, &mut p),
             Request::Put { .. } => {
                 let deps: Vec<(Bytes, Dep)> = match self.level() {
-                    Consistency::Causal | Consistency::Linearizable => self.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect(),
+                    Consistency::Causal | Consistency::Linearizable => {
+                        self.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect()
+                    }
                     _ => Vec::new(),
                 };
                 if deps.is_empty() {

@@ -219,11 +219,13 @@ pub enum Message {
     Reconfigure {
         topology: Topology,
     },
-    /// "I am alive and serve `epoch`", sent by every node to every
-    /// coordinator member: failure detection.
+    /// "I am alive, serve `epoch`, and `joining` of my replicas are still
+    /// fetching their state", sent by every node to every coordinator
+    /// member: failure detection and the site's status.
     Heartbeat {
         from: NodeId,
         epoch: u64,
+        joining: u32,
     },
 
     // ---- node -> node (one chain), continued ------------------------------

@@ -16,12 +16,31 @@
 use crate::ring::{NodeId, NodeInfo, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// A node's last heartbeat: when, and what it said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Heard {
+    at_ms: u64,
+    epoch: u64,
+    joining: u32,
+}
+
+/// One node as the heartbeats show it (for `CW.CLUSTER STATUS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeReport {
+    pub node: NodeId,
+    pub alive: bool,
+    pub silent_ms: u64,
+    pub epoch: u64,
+    /// Replicas still fetching their state: state transfers in flight.
+    pub joining: u32,
+}
+
 /// Failure detection and repair planning.
 #[derive(Debug)]
 pub struct Supervisor {
     failure_timeout_ms: u64,
-    /// When each node was last heard from, and the epoch it reported.
-    last_seen: BTreeMap<NodeId, (u64, u64)>,
+    /// Each node's last heartbeat.
+    last_seen: BTreeMap<NodeId, Heard>,
     /// Nodes an operator asked to remove.
     draining: BTreeSet<NodeId>,
     /// Nodes an operator asked to add, not yet in the topology.
@@ -36,21 +55,36 @@ impl Supervisor {
         Supervisor { failure_timeout_ms, last_seen: BTreeMap::new(), draining: BTreeSet::new(), joining: Vec::new(), started_ms: now_ms }
     }
 
-    /// `node` is alive and serving `epoch`.
-    pub fn heartbeat(&mut self, node: NodeId, epoch: u64, now_ms: u64) {
-        self.last_seen.insert(node, (now_ms, epoch));
+    /// `node` is alive, serving `epoch`, with `joining` replicas still
+    /// fetching their state.
+    pub fn heartbeat(&mut self, node: NodeId, epoch: u64, joining: u32, now_ms: u64) {
+        self.last_seen.insert(node, Heard { at_ms: now_ms, epoch, joining });
     }
 
     /// Whether `node` has been heard from within the failure timeout.
     pub fn is_alive(&self, node: NodeId, now_ms: u64) -> bool {
-        let since = self.last_seen.get(&node).map_or(self.started_ms, |&(at, _)| at);
+        let since = self.last_seen.get(&node).map_or(self.started_ms, |h| h.at_ms);
         now_ms.saturating_sub(since) < self.failure_timeout_ms
     }
 
     /// Nodes whose last heartbeat reported an older epoch than `epoch` (they
     /// missed a push).
     pub fn lagging(&self, epoch: u64) -> Vec<NodeId> {
-        self.last_seen.iter().filter(|(_, &(_, e))| e < epoch).map(|(&n, _)| n).collect()
+        self.last_seen.iter().filter(|(_, h)| h.epoch < epoch).map(|(&n, _)| n).collect()
+    }
+
+    /// Every node heard from, by id.
+    pub fn reports(&self, now_ms: u64) -> Vec<NodeReport> {
+        self.last_seen
+            .iter()
+            .map(|(&node, h)| NodeReport {
+                node,
+                alive: self.is_alive(node, now_ms),
+                silent_ms: now_ms.saturating_sub(h.at_ms),
+                epoch: h.epoch,
+                joining: h.joining,
+            })
+            .collect()
     }
 
     /// An operator asks to remove `node` without losing replication.
@@ -103,11 +137,11 @@ mod tests {
         let mut t = site(4);
         let mut s = Supervisor::new(1_000, 0);
         for n in 0..4 {
-            s.heartbeat(n, 1, 500);
+            s.heartbeat(n, 1, 0, 500);
         }
         assert_eq!(s.next(&t, 900), None);
         for n in [0, 1, 3] {
-            s.heartbeat(n, 1, 1_400);
+            s.heartbeat(n, 1, 0, 1_400);
         }
         let cut = s.next(&t, 1_600).expect("node 2 is silent");
         assert!(cut.node(2).is_none() && cut.chains.iter().all(|c| !c.nodes.contains(&2)));
@@ -122,7 +156,7 @@ mod tests {
         let t = site(3);
         let mut s = Supervisor::new(1_000, 0);
         for n in 0..4 {
-            s.heartbeat(n, 1, 100);
+            s.heartbeat(n, 1, 0, 100);
         }
         s.add(NodeInfo { id: 3, addr: "n3".into() });
         let added = s.next(&t, 200).unwrap();
@@ -133,5 +167,9 @@ mod tests {
         let healed = s.next(&drained, 200).unwrap();
         assert!(healed.chains.iter().all(|c| c.len() == 3 && !c.nodes.contains(&0)));
         assert_eq!(s.lagging(2), vec![0, 1, 2, 3]);
+        s.heartbeat(3, 3, 5, 900);
+        let reports = s.reports(1_500);
+        assert_eq!(reports[3], NodeReport { node: 3, alive: true, silent_ms: 600, epoch: 3, joining: 5 });
+        assert!(!reports[0].alive && reports[0].silent_ms == 1_400);
     }
 }

@@ -146,9 +146,9 @@ impl Node {
                     let mut more = Outbox::new();
                     match env.msg {
                         Message::Reconfigure { topology } => self.install(topology, &mut more),
-                        Message::Heartbeat { from, epoch } => {
+                        Message::Heartbeat { from, epoch, joining } => {
                             if let Some(c) = self.coordinator.get() {
-                                c.heartbeat(from, epoch);
+                                c.heartbeat(from, epoch, joining);
                             }
                         }
                         msg => node::handle(&self.topology(), self, msg, now_ms(), &mut more),
@@ -262,11 +262,12 @@ async fn heartbeat_loop(node: Arc<Node>) {
     loop {
         interval.tick().await;
         let epoch = node.topology().epoch;
+        let joining = node.joining_replicas() as u32;
         let out = node
             .config
             .coordinators()
             .into_iter()
-            .map(|c| Envelope { to: Dest::Node(c), msg: Message::Heartbeat { from: node.me, epoch } });
+            .map(|c| Envelope { to: Dest::Node(c), msg: Message::Heartbeat { from: node.me, epoch, joining } });
         node.route(out.collect(), None);
     }
 }

@@ -520,6 +520,12 @@ pub fn cluster_status(c: &Cluster, via: usize) -> Option<std::collections::HashM
     Some(text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
 }
 
+/// Whether `CW.CLUSTER STATUS` lists `node` in the configuration (a
+/// coordinator also lists nodes it hears from outside it, as `member=no`).
+pub fn is_member(status: &std::collections::HashMap<String, String>, node: usize) -> bool {
+    status.get(&format!("node{node}")).is_some_and(|l| !l.starts_with("member=no"))
+}
+
 /// Writes `n` keys `{prefix}{i}` through node 0 and returns what was
 /// acknowledged.
 pub fn write_keys(c: &Cluster, prefix: &str, n: usize) -> Vec<(String, String)> {

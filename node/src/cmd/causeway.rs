@@ -176,11 +176,22 @@ fn not_coordinator() -> String {
     "this node does not run the coordinator; send this to the coordinator leader (see CW.CLUSTER STATUS)".into()
 }
 
+fn heard(r: &causeway_core::supervisor::NodeReport) -> String {
+    let state = if r.alive { "up" } else { "silent" };
+    format!(",state={state},heartbeat_ms_ago={},epoch={},joining={}", r.silent_ms, r.epoch, r.joining)
+}
+
 fn cluster_status(node: &crate::server::Node) -> String {
     let t = node.topology();
     let mut s = format!("epoch:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\n", t.epoch, t.shape.partitions, t.shape.replicas, t.shape.k);
+    let coordinators: Vec<String> = node.config.coordinators().iter().map(|c| c.to_string()).collect();
+    s.push_str(&format!("coordinators:{}\r\n", coordinators.join(",")));
+    // Coordinator members hear every node's heartbeats: they know the
+    // site's in-flight state transfers and which nodes are silent.
+    let reports = node.coordinator.get().map(|c| c.reports()).unwrap_or_default();
     if let Some(c) = node.coordinator.get() {
         s.push_str(&format!("coordinator_leader:{}\r\n", c.leader().map_or("unknown".into(), |l| l.to_string())));
+        s.push_str(&format!("transfers_in_flight:{}\r\n", reports.iter().filter(|r| r.alive).map(|r| r.joining).sum::<u32>()));
     }
     let lengths: Vec<usize> = t.chains.iter().map(|c| c.len()).collect();
     let short = lengths.iter().filter(|&&l| l < t.shape.replicas).count();
@@ -192,7 +203,16 @@ fn cluster_status(node: &crate::server::Node) -> String {
     ));
     for n in &t.nodes {
         let causeway_core::ring::Roles { head, middle, tail } = t.roles(n.id);
-        s.push_str(&format!("node{}:addr={},head={head},middle={middle},tail={tail}\r\n", n.id, n.addr));
+        s.push_str(&format!("node{}:addr={},head={head},middle={middle},tail={tail}", n.id, n.addr));
+        if let Some(r) = reports.iter().find(|r| r.node == n.id) {
+            s.push_str(&heard(r));
+        }
+        s.push_str("\r\n");
+    }
+    // Heard from but not in the configuration: added and not placed yet,
+    // or removed and still running.
+    for r in reports.iter().filter(|r| t.node(r.node).is_none()) {
+        s.push_str(&format!("node{}:member=no{}\r\n", r.node, heard(r)));
     }
     s
 }

@@ -14,7 +14,7 @@ pub mod raft;
 use crate::server::{now_ms, Node};
 use causeway_core::message::{Dest, Envelope, Message};
 use causeway_core::ring::{NodeId, NodeInfo, Topology};
-use causeway_core::supervisor::Supervisor;
+use causeway_core::supervisor::{NodeReport, Supervisor};
 use parking_lot::Mutex;
 use raft::RaftHandle;
 use std::collections::BTreeMap;
@@ -33,8 +33,13 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    pub fn heartbeat(&self, from: NodeId, epoch: u64) {
-        self.supervisor.lock().heartbeat(from, epoch, now_ms());
+    pub fn heartbeat(&self, from: NodeId, epoch: u64, joining: u32) {
+        self.supervisor.lock().heartbeat(from, epoch, joining, now_ms());
+    }
+
+    /// What the heartbeats say about every node heard from.
+    pub fn reports(&self) -> Vec<NodeReport> {
+        self.supervisor.lock().reports(now_ms())
     }
 
     /// The leader's node id, if known.
@@ -82,7 +87,8 @@ pub async fn start(node: &Arc<Node>) -> Result<(), String> {
     if !voters.contains_key(&node.me) {
         return Ok(());
     }
-    let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone()).await?;
+    let dir = node.config.data_dir.as_ref().map(|d| std::path::Path::new(d).join("raft"));
+    let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone(), dir.as_deref()).await?;
     let coordinator = Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(node.config.failure_timeout_ms, now_ms())) });
     let _ = node.coordinator.set(coordinator.clone());
     tokio::spawn(follow(node.clone(), coordinator.clone()));

@@ -27,10 +27,11 @@
 //! `snapshot_read`.
 
 use crate::hlc::{Clock, Timestamp};
-use crate::message::{send, Condition, Dest, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, ClientId, Condition, Dest, Item, Message, OpId, Outbox, Refusal, Update};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored};
 use crate::version::{SiteId, Version};
+use ahash::AHashMap;
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -57,6 +58,21 @@ pub struct PutRequest {
     pub condition: Condition,
     pub after: Timestamp,
     pub ack_at: u8,
+    /// The write's id in its session (see `Message::Put`).
+    pub write: u64,
+}
+
+/// How long a replica remembers a session's last write, to recognise it
+/// when it is resent after a failure (well past any request timeout).
+pub const WRITE_MEMORY_MS: u64 = 60_000;
+
+/// A session's last write this replica applied.
+#[derive(Clone, Debug)]
+struct LastWrite {
+    write: u64,
+    seq: u64,
+    version: Version,
+    at_ms: u64,
 }
 
 /// This node's replica of one partition.
@@ -87,8 +103,15 @@ pub struct ChainReplica {
     early: BTreeMap<u64, Update>,
     /// Applied in the current step, to be logged before its effects leave.
     to_log: Vec<Update>,
-    /// Dependency-stabilization requests, by the seq they wait for.
-    waiters: BTreeMap<u64, Vec<OpId>>,
+    /// Replies to send once the update with this seq is stable:
+    /// dependency-stabilization answers, and acknowledgements of resent
+    /// writes.
+    waiters: BTreeMap<u64, Vec<Message>>,
+    /// Each session's last write applied here (sessions are sequential, so
+    /// one per session), to apply a resent write only once.
+    last_writes: AHashMap<ClientId, LastWrite>,
+    /// When `last_writes` was last pruned.
+    pruned_ms: u64,
     /// When the successor last made progress (or we last resent).
     last_progress_ms: u64,
 }
@@ -114,6 +137,8 @@ impl ChainReplica {
             early: BTreeMap::new(),
             to_log: Vec::new(),
             waiters: BTreeMap::new(),
+            last_writes: AHashMap::new(),
+            pruned_ms: 0,
             last_progress_ms: 0,
         })
     }
@@ -153,6 +178,15 @@ impl ChainReplica {
             // we do not have (ChainReaction §3.3.3: R - k failures tolerated).
             return self.refuse(out, req.op, Refusal::Unavailable { alive: self.chain.len() as u8, needed: self.k as u8 });
         }
+        let write = OpId { client: req.op.client, seq: req.write };
+        if let Some(last) = self.last_writes.get(&write.client).filter(|l| l.write == write.seq) {
+            // A resend of a write this chain already has (its first head
+            // failed after forwarding it): answer once it is stable, which
+            // satisfies every level, instead of applying it twice.
+            let chain_index = (self.chain.len() - 1) as u8;
+            let done = Message::PutDone { op: write, version: Some(last.version.clone()), seq: last.seq, chain_index, stable: true };
+            return self.when_stable(last.seq, done, out);
+        }
         let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
         let holds = match req.condition {
             Condition::Always => true,
@@ -170,7 +204,7 @@ impl ChainReplica {
             version: Version::local(self.site, ts),
             value: req.value,
             expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
-            ack: Some((req.op, req.ack_at)),
+            ack: Some((write, req.ack_at)),
         };
         let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);
@@ -285,6 +319,10 @@ impl ChainReplica {
         self.clock.observe(u.version.ts);
         let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
         self.store.apply(u.key.clone(), stored, now_ms);
+        if let Some((op, _)) = u.ack {
+            let last = LastWrite { write: op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
+            self.last_writes.insert(op.client, last);
+        }
         if let Some((op, at)) = u.ack {
             // The tail also answers for positions past the end of a chain
             // that has shrunk.
@@ -356,6 +394,10 @@ impl ChainReplica {
     /// Periodic work: resend unacknowledged updates if the successor has made
     /// no progress for `RETRANSMIT_MS`.
     pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if now_ms.saturating_sub(self.pruned_ms) >= WRITE_MEMORY_MS / 4 {
+            self.pruned_ms = now_ms;
+            self.last_writes.retain(|_, w| now_ms.saturating_sub(w.at_ms) < WRITE_MEMORY_MS);
+        }
         if self.joining && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
             self.last_progress_ms = now_ms;
             self.request_state(out);
@@ -396,10 +438,16 @@ impl ChainReplica {
     /// reaches them), so a session asks its own node when it is in the chain
     /// and spares a round trip.
     pub fn wait_stable(&mut self, op: OpId, seq: u64, out: &mut Outbox) {
+        self.when_stable(seq, Message::Stable { op }, out);
+    }
+
+    /// Sends `reply` to its client once update `seq` is stable.
+    fn when_stable(&mut self, seq: u64, reply: Message, out: &mut Outbox) {
         if seq <= self.stable {
-            send(out, Dest::Client(op.client), Message::Stable { op });
+            let client = reply.op().expect("replies carry their op").client;
+            send(out, Dest::Client(client), reply);
         } else {
-            self.waiters.entry(seq).or_default().push(op);
+            self.waiters.entry(seq).or_default().push(reply);
         }
     }
 
@@ -408,8 +456,9 @@ impl ChainReplica {
             if *entry.key() > self.stable {
                 break;
             }
-            for op in entry.remove() {
-                send(out, Dest::Client(op.client), Message::Stable { op });
+            for reply in entry.remove() {
+                let client = reply.op().expect("replies carry their op").client;
+                send(out, Dest::Client(client), reply);
             }
         }
     }
@@ -538,5 +587,67 @@ impl ChainReplica {
     /// in flight still line up.
     pub fn flush_all(&mut self) {
         self.store.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Envelope;
+    use crate::ring::{NodeInfo, Shape};
+
+    fn put(seq: u64, write: u64) -> PutRequest {
+        PutRequest {
+            op: OpId { client: 9, seq },
+            key: Bytes::from("k"),
+            value: Some(Bytes::from("v")),
+            ttl_ms: None,
+            condition: Condition::Always,
+            after: Timestamp::default(),
+            ack_at: 1,
+            write,
+        }
+    }
+
+    fn take(out: &mut Outbox, to: Dest) -> Vec<Message> {
+        let (mine, rest): (Vec<Envelope>, Vec<Envelope>) = std::mem::take(out).into_iter().partition(|e| e.to == to);
+        *out = rest;
+        mine.into_iter().map(|e| e.msg).collect()
+    }
+
+    #[test]
+    fn a_write_resent_to_a_new_head_that_has_it_is_answered_not_applied_twice() {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
+        let [a, b, c] = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
+        let (mut head, mut middle, mut tail) =
+            (ChainReplica::new(&t, 0, a, 0).unwrap(), ChainReplica::new(&t, 0, b, 0).unwrap(), ChainReplica::new(&t, 0, c, 0).unwrap());
+        let mut out = Outbox::new();
+        head.put(put(1, 1), 10, &mut out);
+        let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the head forwards") };
+        middle.forward(updates, 11, &mut out);
+        // The middle's acknowledgement is lost, and the head dies.
+        out.clear();
+        let repaired = t.without(a);
+        middle.reconfigure(&repaired, b, 20, &mut out);
+        tail.reconfigure(&repaired, c, 20, &mut out);
+        // The client resends the write with its id to the new head.
+        middle.put(put(2, 1), 21, &mut out);
+        assert_eq!(middle.digest().applied, 1, "applied once");
+        assert!(take(&mut out, Dest::Client(9)).is_empty(), "answered only once stable");
+        let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the new head resends") };
+        assert_eq!(updates.len(), 1);
+        tail.forward(updates, 22, &mut out);
+        take(&mut out, Dest::Client(9));
+        let Some(Message::StableUpTo { seq, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the tail acknowledges") };
+        middle.stable_up_to(seq, 23, &mut out);
+        let replies = take(&mut out, Dest::Client(9));
+        assert!(
+            matches!(&replies[..], [Message::PutDone { op: OpId { seq: 1, .. }, seq: 1, stable: true, .. }]),
+            "the write is acknowledged under its id: {replies:?}"
+        );
+        // A different write from the same session is applied.
+        middle.put(put(3, 3), 30, &mut out);
+        assert_eq!(middle.digest().applied, 2);
     }
 }

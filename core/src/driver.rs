@@ -185,6 +185,9 @@ struct InFlight {
     outstanding: Vec<u64>,
     /// Where each outstanding message went.
     targets: AHashMap<u64, NodeId>,
+    /// A write's id (the op seq of its first `Put`): every resend carries
+    /// it, and its acknowledgement is accepted whichever attempt it answers.
+    write: Option<u64>,
 }
 
 /// The keys one head serves in a get-transaction, and their positions in
@@ -283,6 +286,7 @@ impl Driver {
             phase: Phase::Writing,
             outstanding: Vec::new(),
             targets: AHashMap::new(),
+            write: None,
         });
         let p = self.begin(now_ms);
         self.sent(p)
@@ -426,8 +430,9 @@ impl Driver {
         let head = chain.head();
         let after = self.session.max_ts();
         let op = self.next_op();
+        let write = *self.op.as_mut().expect("in flight").write.get_or_insert(op.seq);
         let epoch = self.topology.epoch;
-        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at }));
+        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write }));
         self.set_phase(Phase::Writing);
     }
 
@@ -522,20 +527,12 @@ impl Driver {
         self.topology = topology;
         self.down.clear();
         match &self.op {
-            // A plain SET may be sent again in the causal and eventual modes:
-            // if the first one was applied too, the key gets the same value
-            // twice, the second time with a newer version. Not in
-            // linearizable mode (a reader could see the value, another
-            // write, then the value again), and not NX/XX or DEL (their
-            // answers would be wrong the second time): those wait.
-            Some(op)
-                if !matches!(op.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. })
-                    || (matches!(op.phase, Phase::Writing)
-                        && op.consistency != Consistency::Linearizable
-                        && matches!(op.request, Request::Put { value: Some(_), condition: Condition::Always, .. })) =>
-            {
-                self.restart(now_ms)
-            }
+            // A write is resent with its id: a new head that already has it
+            // (the old head forwarded it before failing) answers instead of
+            // applying it again (ChainReaction §3.3.3: the proxy
+            // retransmits to the new head). A write that reached no
+            // survivor is applied now. A flush or a pending retry waits.
+            Some(op) if !matches!(op.phase, Phase::Flushing { .. } | Phase::Retrying { .. }) => self.restart(now_ms),
             _ => Progress::default(),
         }
     }
@@ -596,13 +593,18 @@ impl Driver {
         let Some(inflight) = &mut self.op else {
             return p;
         };
-        let Some(pos) = inflight.outstanding.iter().position(|&s| s == op.seq) else {
-            return p;
-        };
         if op.client != self.id {
             return p;
         }
-        inflight.outstanding.swap_remove(pos);
+        match inflight.outstanding.iter().position(|&s| s == op.seq) {
+            Some(pos) => {
+                inflight.outstanding.swap_remove(pos);
+            }
+            // The write's acknowledgement answers its first attempt even
+            // after a resend.
+            None if matches!(msg, Message::PutDone { .. }) && inflight.write == Some(op.seq) => {}
+            None => return p,
+        }
         match msg {
             Message::Refused { reason: Refusal::NotResponsible { .. }, .. } | Message::Refused { reason: Refusal::SnapshotTooOld, .. } => {
                 let inflight = self.op.as_mut().expect("in flight");

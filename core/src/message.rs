@@ -55,7 +55,8 @@ pub struct Update {
     /// `None` deletes.
     pub value: Option<Bytes>,
     pub expires_at_ms: Option<u64>,
-    /// Who to answer, and at which chain position (k-1 for causal writes).
+    /// Who to answer (the client and its write id), and at which chain
+    /// position (k-1 for causal writes).
     pub ack: Option<(OpId, u8)>,
 }
 
@@ -109,6 +110,10 @@ pub enum Message {
         condition: Condition,
         after: Timestamp,
         ack_at: u8,
+        /// The write's id within the client's session: the `op` seq of its
+        /// first attempt. A write resent after a failure keeps it, so a head
+        /// that already has the write answers instead of applying it again.
+        write: u64,
     },
     /// Read the latest version of `key` at this replica; refused as `Behind`
     /// if older than `min` (the version the session already saw).

@@ -25,8 +25,8 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
         send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NotResponsible { epoch: topology.epoch } })
     };
     match msg {
-        Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at } => {
-            let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at };
+        Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write } => {
+            let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at, write };
             if stale(epoch) || parts.with(partition, |r| r.put(req, now_ms, out)).is_none() {
                 refuse(out, op);
             }

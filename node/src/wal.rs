@@ -24,8 +24,8 @@
 //! The new log is written beside the old one and renamed over it, so a crash
 //! during compaction leaves one of the two whole.
 //!
-//! Not done yet: durable coordinator state beyond the last configuration
-//! (`topology.bin`).
+//! The coordinator's Raft state (vote, log, snapshot) has its own files under
+//! `<data_dir>/raft/`: see `coordinator::raft::log`.
 
 use bytes::{Buf, BufMut, BytesMut};
 use causeway_core::message::{Envelope, Message};

@@ -21,26 +21,40 @@
 //! (300-600 ms) before standing, so writes are unavailable for about a second
 //! (1.0-1.2 s on loopback in the tests), within the 2 s we aim for.
 //!
-//! The rooms: `log` (the Raft log), `state` (the topology state machine and
-//! its snapshots), `network` (Raft RPCs over the node's binary port, on
-//! `Hello::Raft` connections); this file ties them into a `RaftHandle`.
+//! The rooms: `log` (the Raft log and the vote), `state` (the topology state
+//! machine and its snapshots), `network` (Raft RPCs over the node's binary
+//! port, on `Hello::Raft` connections); this file ties them into a
+//! `RaftHandle`.
+//!
+//! Durability: with a data directory, a member keeps its Raft state in
+//! `<data_dir>/raft/`: the vote, the commit index and the log entries (`log`)
+//! and the latest snapshot (`state`), each write synced before openraft is
+//! told it is done (the vote before it is answered, entries before they are
+//! acknowledged to the leader). A member that restarts still knows its vote,
+//! so it cannot vote twice in one term, and its log. On start openraft
+//! re-applies the entries a member knew to be committed (the next leader's
+//! first entry commits whatever else the group had committed), so a whole
+//! group that restarts elects a leader among its members and comes back at
+//! the latest committed epoch, whatever topology its nodes start with.
+//! Without a data directory all of it is in memory: a restarted member comes
+//! back empty (forgetting its vote) and is caught up by the leader, and a
+//! whole group that restarts starts again from the topology its nodes start
+//! with.
 //!
 //! Not done yet:
-//! * Storage is in memory (log, vote and state machine). If the whole
-//!   coordinator group restarts, the log is lost and the group starts again
-//!   from the boot topology (every member initializes the group with the
-//!   same membership on start). A single member that restarts comes back
-//!   empty and is caught up by the leader, but it has also forgotten its
-//!   vote, which Raft assumes survives: it could vote twice in one term.
-//!   Durable storage of the vote and the log fixes both.
 //! * Membership of the Raft group is static: the voters given to `start`.
 //!   Adding or removing coordinator nodes needs openraft's membership changes.
+//!   With a data directory the members' addresses are those the group was
+//!   first formed with (they are in the log's membership entry; `start`'s
+//!   `initialize` is refused once the log has entries), so a coordinator
+//!   node that comes back on another address is not found by the others.
 
 mod log;
 mod network;
 mod state;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,11 +132,17 @@ fn node_id(id: u64) -> NodeId {
 impl RaftHandle {
     /// Starts this node's Raft member. `voters` maps every coordinator node id
     /// to its address (host:port, the port the node serves clients and peers
-    /// on). The member with the smallest id initializes the group with all
-    /// voters as members. `initial` is the topology the site boots with: the
-    /// state machine starts from it, so `watch` has a value before any
-    /// proposal.
-    pub async fn start(me: NodeId, voters: BTreeMap<NodeId, String>, initial: Topology) -> Result<Arc<RaftHandle>, String> {
+    /// on). Every member initializes the group with all voters as members.
+    /// `initial` is the topology the node starts with: the state machine
+    /// starts from it (or from its saved snapshot, if newer), so `watch` has
+    /// a value before any proposal. `dir` is where the member keeps its log,
+    /// vote and snapshot; None keeps them in memory.
+    pub async fn start(
+        me: NodeId,
+        voters: BTreeMap<NodeId, String>,
+        initial: Topology,
+        dir: Option<&Path>,
+    ) -> Result<Arc<RaftHandle>, String> {
         if !voters.contains_key(&me) {
             return Err(format!("node {me} is not among the coordinator's voters {:?}", voters.keys().collect::<Vec<_>>()));
         }
@@ -135,17 +155,19 @@ impl RaftHandle {
         }
         .validate()
         .map_err(|e| format!("raft config: {e}"))?;
-        let (machine, topology) = TopologyMachine::new(initial);
-        let raft = Raft::new(me.into(), Arc::new(config), Network::new(me), LogStore::default(), machine)
+        let log = LogStore::open(dir).map_err(|e| format!("the coordinator's raft log: {e}"))?;
+        let (machine, topology) = TopologyMachine::open(initial, dir).map_err(|e| format!("the coordinator's raft snapshot: {e}"))?;
+        let raft = Raft::new(me.into(), Arc::new(config), Network::new(me), log, machine)
             .await
             .map_err(|e| format!("starting the raft member: {e}"))?;
         // Every voter initializes the group with the same membership (which
         // openraft allows): if only one did and died before replicating it,
         // the others could never elect a leader.
         let members: BTreeMap<u64, BasicNode> = voters.iter().map(|(&id, addr)| (id.into(), BasicNode::new(addr))).collect();
-        // Another member's initialization may already have reached this one
-        // (then openraft refuses a second one): that is the group forming,
-        // not an error worth stopping the node for.
+        // Another member's initialization may already have reached this one,
+        // or this member restarted with its log (then openraft refuses a
+        // second one): that is the group forming or already formed, not an
+        // error worth stopping the node for.
         match raft.initialize(members).await {
             Ok(()) => tracing::info!(node = me, voters = ?voters, "initialized the coordinator's raft group"),
             Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
@@ -272,7 +294,54 @@ mod tests {
         }
     }
 
-    async fn cluster() -> Vec<Member> {
+    /// A fresh directory under the system's temp dir, removed on drop (for
+    /// the storage tests here, in `log` and in `state`).
+    pub(super) struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        pub(super) fn new(name: &str) -> Scratch {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("causeway-raft-{name}-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+
+        pub(super) fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Binds `addr` again once the member that listened there has stopped.
+    async fn rebind(addr: &str) -> TcpListener {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match TcpListener::bind(addr).await {
+                    Ok(listener) => return listener,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        })
+        .await
+        .expect("the address is free again")
+    }
+
+    /// Starts member `id` on `listener`; `voters` are everyone's addresses.
+    async fn start_member(id: NodeId, listener: TcpListener, voters: &BTreeMap<NodeId, String>, dir: Option<&Path>) -> Member {
+        let handle = RaftHandle::start(id, voters.clone(), topology(1), dir).await.unwrap();
+        let listener = tokio::spawn(accept(listener, handle.clone()));
+        Member { handle, listener }
+    }
+
+    /// Three members on fresh ports, keeping their state in `dirs` if given.
+    async fn cluster_in(dirs: Option<&BTreeMap<NodeId, Scratch>>) -> (Vec<Member>, BTreeMap<NodeId, String>) {
         let mut listeners = BTreeMap::new();
         for id in 1..=3 {
             listeners.insert(id, TcpListener::bind("127.0.0.1:0").await.unwrap());
@@ -280,11 +349,13 @@ mod tests {
         let voters: BTreeMap<NodeId, String> = listeners.iter().map(|(&id, l)| (id, l.local_addr().unwrap().to_string())).collect();
         let mut members = Vec::new();
         for (id, listener) in listeners {
-            let handle = RaftHandle::start(id, voters.clone(), topology(1)).await.unwrap();
-            let listener = tokio::spawn(accept(listener, handle.clone()));
-            members.push(Member { handle, listener });
+            members.push(start_member(id, listener, &voters, dirs.map(|d| d[&id].path())).await);
         }
-        members
+        (members, voters)
+    }
+
+    async fn cluster() -> Vec<Member> {
+        cluster_in(None).await.0
     }
 
     /// Waits until every running member agrees on a leader, and it knows it.
@@ -361,6 +432,61 @@ mod tests {
             sees_epoch(m, 3).await;
         }
 
+        for m in &rest {
+            m.stop().await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_group_restarted_with_its_data_comes_back_at_the_latest_epoch() {
+        let dirs: BTreeMap<NodeId, Scratch> = (1..=3).map(|id| (id, Scratch::new(&format!("group-{id}")))).collect();
+        let dir = |id: NodeId| Some(dirs[&id].path());
+        let (members, voters) = cluster_in(Some(&dirs)).await;
+        let leader = elected(&members.iter().collect::<Vec<_>>()).await;
+        member(&members, leader).handle.propose(topology(2)).await.unwrap();
+        member(&members, leader).handle.propose(topology(3)).await.unwrap();
+        for m in &members {
+            sees_epoch(m, 3).await;
+            m.stop().await;
+        }
+
+        // Every member starts again from the boot topology (epoch 1): only
+        // its own log can bring epoch 3 back.
+        let mut members = Vec::new();
+        for (&id, addr) in &voters {
+            members.push(start_member(id, rebind(addr).await, &voters, dir(id)).await);
+        }
+        for m in &members {
+            sees_epoch(m, 3).await;
+        }
+        let leader = elected(&members.iter().collect::<Vec<_>>()).await;
+        match member(&members, leader).handle.propose(topology(3)).await {
+            Err(ProposeError::Stale { current_epoch }) => assert_eq!(current_epoch, 3),
+            other => panic!("a stale proposal after the restart was answered {other:?}"),
+        }
+        member(&members, leader).handle.propose(topology(4)).await.unwrap();
+
+        // The leader alone restarts: it comes back with its log and vote, as
+        // the leader again if the others have not elected another one
+        // meanwhile (openraft resumes a leader whose committed vote
+        // survived), else as a follower.
+        member(&members, leader).stop().await;
+        let restarted = start_member(leader, rebind(&voters[&leader]).await, &voters, dir(leader)).await;
+        let mut members: Vec<Member> = members.into_iter().filter(|m| m.handle.me != leader).collect();
+        members.push(restarted);
+        sees_epoch(member(&members, leader), 4).await;
+        let now = elected(&members.iter().collect::<Vec<_>>()).await;
+
+        // It is a working voter: with another member stopped, the group
+        // needs it to commit.
+        let other = members.iter().find(|m| m.handle.me != leader && m.handle.me != now).map_or(now, |m| m.handle.me);
+        member(&members, other).stop().await;
+        let rest: Vec<&Member> = members.iter().filter(|m| m.handle.me != other).collect();
+        let now = elected(&rest).await;
+        member(&members, now).handle.propose(topology(5)).await.unwrap();
+        for m in &rest {
+            sees_epoch(m, 5).await;
+        }
         for m in &rest {
             m.stop().await;
         }

@@ -54,6 +54,16 @@ fn linearizable_mode_through_a_node_failure() {
                         // A put that failed may still have happened.
                         let ret = result.is_ok().then(|| start.elapsed().as_nanos() as i64);
                         Some(Op { client, key, kind: OpKind::Put(value), call, ret })
+                    } else if n % 6 == 1 {
+                        // An MGET of two keys: one snapshot. A failed read
+                        // tells nothing: left out.
+                        let keys = vec![key.clone(), format!("lk{}", (n + client as u64) % 4)];
+                        let result: redis::RedisResult<Vec<Option<String>>> = con.mget(&keys);
+                        let ret = Some(start.elapsed().as_nanos() as i64);
+                        result.ok().map(|v| {
+                            let values = v.into_iter().map(Option::unwrap_or_default).collect();
+                            Op { client, key, kind: OpKind::MultiGet { keys, values }, call, ret }
+                        })
                     } else {
                         // A get that failed tells nothing: left out.
                         let result: redis::RedisResult<Option<String>> = con.get(&key);

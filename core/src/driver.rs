@@ -157,6 +157,13 @@ enum Phase {
         items: Vec<Option<Item>>,
         parts: AHashMap<u64, Vec<usize>>,
     },
+    /// A linearizable MGET's round of tail reads (see `collect`): replies
+    /// by op seq to key position, and the previous round's items.
+    Collect {
+        items: Vec<Option<Item>>,
+        parts: AHashMap<u64, usize>,
+        previous: Option<Vec<Item>>,
+    },
     Counting {
         remaining: usize,
         total: u64,
@@ -391,6 +398,7 @@ impl Driver {
                     self.set_phase(Phase::Stabilizing { deps: waiting, then_read: false });
                 }
             }
+            Request::MultiGet(keys) if self.level() == Consistency::Linearizable => self.collect(&keys, None, &mut p),
             Request::MultiGet(keys) => self.snapshot(&keys, now_ms, &mut p),
             Request::Count => {
                 let mut by_node: AHashMap<NodeId, Vec<PartitionId>> = AHashMap::new();
@@ -567,6 +575,44 @@ impl Driver {
         }
     }
 
+    /// A linearizable MGET: every key read at its tail, in rounds ("double
+    /// collect"). When no version changed between two consecutive rounds,
+    /// each value was the current one for the whole time between them, so
+    /// the read takes effect there; otherwise the last round is compared
+    /// with a new one, until the request times out. A session that saw some
+    /// of the keys unstable first waits for those versions to reach the
+    /// tail, as a linearizable GET does.
+    fn collect(&mut self, keys: &[Bytes], previous: Option<Vec<Item>>, p: &mut Progress) {
+        if keys.is_empty() {
+            p.done = self.finish(Ok(Response::Values(Vec::new())));
+            return;
+        }
+        if previous.is_none() {
+            let mut deps = AHashMap::new();
+            for key in keys {
+                if let Some(seen) = self.session.seen(key).cloned() {
+                    let partition = self.topology.partition_of(key);
+                    let at = self.stability_witness(&self.topology.chain(partition).nodes.clone());
+                    let op = self.next_op();
+                    p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: seen.seq }));
+                    deps.insert(op.seq, (key.clone(), seen.version));
+                }
+            }
+            if !deps.is_empty() {
+                return self.set_phase(Phase::Stabilizing { deps, then_read: true });
+            }
+        }
+        let mut parts = AHashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let partition = self.topology.partition_of(key);
+            let op = self.next_op();
+            let get = Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min: None };
+            p.send.push((self.topology.chain(partition).tail(), get));
+            parts.insert(op.seq, i);
+        }
+        self.set_phase(Phase::Collect { items: vec![None; keys.len()], parts, previous });
+    }
+
     fn refresh(&mut self, p: &mut Progress) {
         let nodes: Vec<NodeId> = self.topology.nodes.iter().map(|n| n.id).collect();
         let node = self.pick(&nodes);
@@ -622,9 +668,6 @@ impl Driver {
                 p.done = self.finish(Err(ClientError::Unavailable { alive, needed }));
             }
             Message::Refused { reason: Refusal::Behind, .. } => {
-                let Request::Get(key) = self.request().clone() else {
-                    return p;
-                };
                 if self.level() == Consistency::Linearizable {
                     // The tail is still joining (fetching the partition's
                     // state). The head would answer with versions the tail
@@ -637,6 +680,9 @@ impl Driver {
                     }
                     return p;
                 }
+                let Request::Get(key) = self.request().clone() else {
+                    return p;
+                };
                 // The replica's chain index is stale: go to the head, which
                 // has every version (ChainReaction §3.3.3). If even the head
                 // lacks it, the data is gone (FLUSHALL) and the head's answer
@@ -663,6 +709,7 @@ impl Driver {
                 if deps.is_empty() {
                     match self.request().clone() {
                         Request::Get(key) if then_read => self.read(&key, false, &mut p),
+                        Request::MultiGet(keys) if then_read => self.collect(&keys, None, &mut p),
                         _ => self.write(&mut p),
                     }
                 }
@@ -677,6 +724,30 @@ impl Driver {
                     }
                 }
                 p.done = self.finish(Ok(Response::Written(version.is_some())));
+            }
+            Message::Value { item, .. } if matches!(self.op, Some(InFlight { phase: Phase::Collect { .. }, .. })) => {
+                let Some(InFlight { phase: Phase::Collect { items, parts, previous }, .. }) = &mut self.op else {
+                    unreachable!("matched above")
+                };
+                let Some(pos) = parts.remove(&op.seq) else {
+                    return p;
+                };
+                items[pos] = Some(item);
+                if parts.is_empty() {
+                    let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
+                    let unchanged = previous.as_ref().is_some_and(|prev| prev.iter().zip(&items).all(|(a, b)| a.version == b.version));
+                    let Request::MultiGet(keys) = self.request().clone() else {
+                        return p;
+                    };
+                    if !unchanged {
+                        self.collect(&keys, Some(items), &mut p);
+                        return p;
+                    }
+                    for (key, item) in keys.iter().zip(&items) {
+                        self.session.observe_read(key, item, 0);
+                    }
+                    p.done = self.finish(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
+                }
             }
             Message::Value { item, chain_index, .. } => {
                 let Request::Get(key) = self.request().clone() else {

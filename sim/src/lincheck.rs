@@ -27,9 +27,16 @@ pub enum OpKind {
     Put(String),
     /// What the read returned ("" for nil).
     Get(String),
+    /// A multi-key read of `keys` (the op's `key` is unused), one atomic
+    /// snapshot, and what it returned.
+    MultiGet {
+        keys: Vec<String>,
+        values: Vec<String>,
+    },
 }
 
-/// True if `history` is linearizable (per key, a register starting empty).
+/// True if `history` is linearizable (every key a register starting empty;
+/// multi-key reads see all their keys at one instant).
 pub fn check(history: &[Op]) -> bool {
     let mut child = Command::new(binary()).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run lincheck");
     child.stdin.take().expect("piped").write_all(to_json(history).as_bytes()).expect("write history");
@@ -49,21 +56,21 @@ pub fn check(history: &[Op]) -> bool {
 pub fn to_json(history: &[Op]) -> String {
     let mut s = String::from("[");
     for (i, op) in history.iter().enumerate() {
-        let (kind, value, output) = match &op.kind {
-            OpKind::Put(v) => ("put", v.as_str(), ""),
-            OpKind::Get(v) => ("get", "", v.as_str()),
-        };
         let sep = if i == 0 { "" } else { ",\n" };
-        let _ = write!(
-            s,
-            r#"{sep}{{"client":{},"op":"{kind}","key":{:?},"value":{:?},"output":{:?},"call":{},"return":{}}}"#,
-            op.client,
-            op.key,
-            value,
-            output,
-            op.call,
-            op.ret.unwrap_or(-1)
-        );
+        let (call, ret) = (op.call, op.ret.unwrap_or(-1));
+        let _ = match &op.kind {
+            OpKind::Put(v) => {
+                write!(s, r#"{sep}{{"client":{},"op":"put","key":{:?},"value":{v:?},"call":{call},"return":{ret}}}"#, op.client, op.key)
+            }
+            OpKind::Get(v) => {
+                write!(s, r#"{sep}{{"client":{},"op":"get","key":{:?},"output":{v:?},"call":{call},"return":{ret}}}"#, op.client, op.key)
+            }
+            OpKind::MultiGet { keys, values } => write!(
+                s,
+                r#"{sep}{{"client":{},"op":"mget","keys":{keys:?},"outputs":{values:?},"call":{call},"return":{ret}}}"#,
+                op.client
+            ),
+        };
     }
     s.push(']');
     s

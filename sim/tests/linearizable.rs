@@ -1,4 +1,4 @@
-//! Linearizable mode through chain repair: clients write and read a few keys
+//! Linearizable mode through chain repair: clients write, read and MGET a few keys
 //! while a node dies, the coordinator removes it, then extends the chains
 //! back with a joining tail (state transfer). Every history must pass
 //! porcupine (tools/lincheck), with writes whose outcome is unknown allowed
@@ -11,6 +11,10 @@ use causeway_core::ring::{NodeId, Shape};
 use causeway_sim::lincheck::{self, Op, OpKind};
 use causeway_sim::workload::seeds;
 use causeway_sim::{Completed, Network, Rng, Sim};
+
+fn text(value: &Option<Bytes>) -> String {
+    value.as_ref().map(|v| String::from_utf8_lossy(v).to_string()).unwrap_or_default()
+}
 
 const SHAPE: Shape = Shape { partitions: 8, replicas: 3, k: 2 };
 const CLIENTS: usize = 6;
@@ -32,11 +36,15 @@ fn history_through_repair(seed: u64, network: Network) {
             (OpKind::Put(_), Ok(_)) => op.ret = Some(*clock),
             (OpKind::Put(_), Err(_)) => {}
             (OpKind::Get(out), Ok(Response::Read { value, .. })) => {
-                *out = value.as_ref().map(|v| String::from_utf8_lossy(v).to_string()).unwrap_or_default();
+                *out = text(value);
+                op.ret = Some(*clock);
+            }
+            (OpKind::MultiGet { values, .. }, Ok(Response::Values(got))) => {
+                *values = got.iter().map(text).collect();
                 op.ret = Some(*clock);
             }
             // A failed read tells nothing.
-            (OpKind::Get(_), _) => return,
+            (OpKind::Get(_) | OpKind::MultiGet { .. }, _) => return,
         }
         history.push(op);
     };
@@ -52,11 +60,17 @@ fn history_through_repair(seed: u64, network: Network) {
                 continue;
             }
             let key = format!("k{}", rng.below(3));
-            let kind = if rng.chance(0.5) {
-                writes += 1;
-                OpKind::Put(format!("c{client}-{writes}"))
-            } else {
-                OpKind::Get(String::new())
+            let kind = match rng.below(10) {
+                0..=4 => {
+                    writes += 1;
+                    OpKind::Put(format!("c{client}-{writes}"))
+                }
+                5..=7 => OpKind::Get(String::new()),
+                _ => {
+                    let first = rng.below(3);
+                    let keys = vec![format!("k{first}"), format!("k{}", (first + 1 + rng.below(2)) % 3)];
+                    OpKind::MultiGet { keys, values: Vec::new() }
+                }
             };
             let request = match &kind {
                 OpKind::Put(v) => Request::Put {
@@ -66,6 +80,7 @@ fn history_through_repair(seed: u64, network: Network) {
                     condition: Condition::Always,
                 },
                 OpKind::Get(_) => Request::Get(Bytes::from(key.clone())),
+                OpKind::MultiGet { keys, .. } => Request::MultiGet(keys.iter().map(|k| Bytes::from(k.clone())).collect()),
             };
             clock += 1;
             pending[client] = Some(Op { client, key, kind, call: clock, ret: None });

@@ -19,18 +19,19 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; pkill -f "causeway node --id 
 trap cleanup EXIT
 node_pid() { pgrep -f "causeway node --id $1 --listen 127.0.0.1:$2" | head -1; }
 
-echo "== 1. a node dies during writes to one hot key (4 nodes, R=3, k=2)"
-for victim in head tail; do
+echo "== 1. a node dies during writes to one hot key (4 nodes, R=3, k=2), causal and linearizable"
+for run in head:causal tail:causal head:linearizable tail:linearizable; do
+  victim=${run%%:*}; level=${run##*:}
   $B dev --port 7900 --nodes 4 >/dev/null 2>&1 & pids+=($!)
   sleep 2
   ids=($(redis-cli -p 7900 --no-raw cw.chain causeway-bench-hot-key | grep -oE '\(integer\) [0-9]+' | awk '{print $2}' | tail -n +2))
   if [ "$victim" = head ]; then id=${ids[0]}; else id=${ids[-1]}; fi
   port=$((7900 + id))
-  (sleep 4; kill -9 "$(node_pid "$id" "$port")"; echo "killed node $id, the hot key's $victim") &
+  (sleep 4; kill -9 "$(node_pid "$id" "$port")"; echo "killed node $id, the hot key's $victim ($level)") &
   # Clients connect through a node that survives.
   via=$(( (id + 1) % 4 ))
   $B bench --target causeway --addr 127.0.0.1:$((7900 + via)) --hot-key --workload a --clients $clients --duration $((secs + 6)) \
-    --label "kill-$victim" --json target/bench-kill-$victim.json
+    --consistency "$level" --label "kill-$victim-$level" --json "target/bench-kill-$victim-$level.json"
   kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=()
   sleep 1
 done

@@ -33,6 +33,7 @@ use crate::store::{PartitionStore, Stored};
 use crate::version::{SiteId, Version};
 use ahash::AHashMap;
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Resend unacknowledged updates to the successor after this long without
@@ -66,9 +67,22 @@ pub struct PutRequest {
 /// when it is resent after a failure (well past any request timeout).
 pub const WRITE_MEMORY_MS: u64 = 60_000;
 
+/// A replica's state as a state transfer or a checkpoint carries it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PartitionState {
+    pub applied: u64,
+    pub stable: u64,
+    /// Every key's latest version.
+    pub entries: Vec<(Bytes, Stored)>,
+    /// Each session's last write, so that a resent write is still
+    /// recognised by a replica that got its state this way.
+    pub sessions: Vec<(ClientId, LastWrite)>,
+}
+
 /// A session's last write this replica applied.
-#[derive(Clone, Debug)]
-struct LastWrite {
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LastWrite {
+    key: Bytes,
     write: u64,
     seq: u64,
     version: Version,
@@ -179,7 +193,7 @@ impl ChainReplica {
             return self.refuse(out, req.op, Refusal::Unavailable { alive: self.chain.len() as u8, needed: self.k as u8 });
         }
         let write = OpId { client: req.op.client, seq: req.write };
-        if let Some(last) = self.last_writes.get(&write.client).filter(|l| l.write == write.seq) {
+        if let Some(last) = self.last_writes.get(&write.client).filter(|l| l.write == write.seq && l.key == req.key) {
             // A resend of a write this chain already has (its first head
             // failed after forwarding it): answer once it is stable, which
             // satisfies every level, instead of applying it twice.
@@ -237,6 +251,10 @@ impl ChainReplica {
         for u in updates {
             if u.seq <= self.applied {
                 duplicate = true;
+                // Already here, maybe inside the state transfer that
+                // installed this replica: its answer may never have been
+                // sent (answering twice is harmless).
+                self.answer(&u, &mut effects);
             } else if u.seq == self.applied + 1 {
                 self.apply(u, now_ms, &mut forward, &mut effects);
                 while let Some(next) = self.early.remove(&(self.applied + 1)) {
@@ -284,13 +302,7 @@ impl ChainReplica {
         if self.joining {
             return Vec::new();
         }
-        let state = Message::Transfer {
-            epoch: self.epoch,
-            partition: self.partition,
-            applied: self.applied,
-            stable: self.stable,
-            entries: self.store.digest(),
-        };
+        let state = Message::Transfer { epoch: self.epoch, partition: self.partition, state: self.state() };
         let unstable = Message::Forward {
             epoch: self.epoch,
             partition: self.partition,
@@ -300,12 +312,26 @@ impl ChainReplica {
         vec![state, unstable]
     }
 
+    fn state(&self) -> PartitionState {
+        PartitionState {
+            applied: self.applied,
+            stable: self.stable,
+            entries: self.store.digest(),
+            sessions: self.last_writes.iter().map(|(c, w)| (*c, w.clone())).collect(),
+        }
+    }
+
     /// Recovery: installs a state transfer read back from this node's log.
-    pub fn restore(&mut self, applied: u64, stable: u64, entries: Vec<(Bytes, Stored)>) {
+    pub fn restore(&mut self, state: PartitionState, now_ms: u64) {
+        let PartitionState { applied, stable, entries, sessions } = state;
         for (_, s) in &entries {
             self.clock.observe(s.version.ts);
         }
         self.store.install(entries);
+        for (client, mut w) in sessions {
+            w.at_ms = now_ms;
+            self.last_writes.insert(client, w);
+        }
         self.applied = applied;
         self.stable = if self.is_tail() { applied } else { stable.min(applied) };
         self.unstable.clear();
@@ -320,12 +346,23 @@ impl ChainReplica {
         let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
         self.store.apply(u.key.clone(), stored, now_ms);
         if let Some((op, _)) = u.ack {
-            let last = LastWrite { write: op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
+            let last = LastWrite { key: u.key.clone(), write: op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
             self.last_writes.insert(op.client, last);
         }
+        self.answer(&u, out);
+        if self.is_tail() {
+            self.stable = u.seq;
+            self.wake_waiters(out);
+        } else {
+            forward.push(u);
+        }
+    }
+
+    /// Answers the client of `u` if this position is the one it waits for.
+    /// The tail also answers for positions past the end of a chain that
+    /// has shrunk.
+    fn answer(&self, u: &Update, out: &mut Outbox) {
         if let Some((op, at)) = u.ack {
-            // The tail also answers for positions past the end of a chain
-            // that has shrunk.
             if at as usize == self.index || (self.is_tail() && at as usize > self.index) {
                 let msg = Message::PutDone {
                     op,
@@ -336,12 +373,6 @@ impl ChainReplica {
                 };
                 send(out, Dest::Client(op.client), msg);
             }
-        }
-        if self.is_tail() {
-            self.stable = u.seq;
-            self.wake_waiters(out);
-        } else {
-            forward.push(u);
         }
     }
 
@@ -512,21 +543,19 @@ impl ChainReplica {
         if epoch != self.epoch || self.joining || self.successor() != Some(from) {
             return;
         }
-        let entries = self.store.digest();
-        let msg = Message::Transfer { epoch, partition: self.partition, applied: self.applied, stable: self.stable, entries };
-        send(out, Dest::Node(from), msg);
+        send(out, Dest::Node(from), Message::Transfer { epoch, partition: self.partition, state: self.state() });
     }
 
     /// Installs a state transfer, then applies the updates that arrived
     /// meanwhile.
-    pub fn transfer(&mut self, epoch: u64, applied: u64, stable: u64, entries: Vec<(Bytes, Stored)>, now_ms: u64, out: &mut Outbox) {
+    pub fn transfer(&mut self, epoch: u64, state: PartitionState, now_ms: u64, out: &mut Outbox) {
         if !self.joining || epoch != self.epoch {
             return;
         }
-        let record = Message::Transfer { epoch, partition: self.partition, applied, stable, entries: entries.clone() };
-        send(out, Dest::Log, record);
-        self.restore(applied, stable, entries);
+        send(out, Dest::Log, Message::Transfer { epoch, partition: self.partition, state: state.clone() });
+        // Taken before `restore`, which clears it.
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
+        self.restore(state, now_ms);
         self.forward(early, now_ms, out);
         if self.is_tail() {
             self.wake_waiters(out);

@@ -648,7 +648,9 @@ impl Driver {
             }
             // The write's acknowledgement answers its first attempt even
             // after a resend.
-            None if matches!(msg, Message::PutDone { .. }) && inflight.write == Some(op.seq) => {}
+            // A "not written" answer (NX/XX) counts only from the attempt
+            // in flight: an earlier attempt's may be stale.
+            None if matches!(msg, Message::PutDone { version: Some(_), .. }) && inflight.write == Some(op.seq) => {}
             None => return p,
         }
         match msg {

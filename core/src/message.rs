@@ -209,14 +209,12 @@ pub enum Message {
         partition: PartitionId,
         from: NodeId,
     },
-    /// The partition's state: every key's latest version, and the update
-    /// order position it reflects.
+    /// The partition's state: every key's latest version, the update order
+    /// position it reflects, and each session's last write.
     Transfer {
         epoch: u64,
         partition: PartitionId,
-        applied: u64,
-        stable: u64,
-        entries: Vec<(Bytes, crate::store::Stored)>,
+        state: crate::chain::PartitionState,
     },
 
     // ---- coordinator <-> node ---------------------------------------------

@@ -85,8 +85,8 @@ pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms
         Message::Fetch { epoch, partition, from } => {
             parts.with(partition, |r| r.fetch(epoch, from, out));
         }
-        Message::Transfer { epoch, partition, applied, stable, entries } => {
-            parts.with(partition, |r| r.transfer(epoch, applied, stable, entries, now_ms, out));
+        Message::Transfer { epoch, partition, state } => {
+            parts.with(partition, |r| r.transfer(epoch, state, now_ms, out));
         }
         // The node's owner installs configurations (`reconfigure`): it owns
         // the topology this function reads; heartbeats are for its

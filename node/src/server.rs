@@ -233,7 +233,10 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         started: Instant::now(),
         parts,
         clients: Mutex::new(AHashMap::new()),
-        next_session: AtomicU64::new(1),
+        // Session ids must not repeat across restarts: replicas remember
+        // each session's last write (to apply a resent write once), and a
+        // new session reusing an old id would look like a resend.
+        next_session: AtomicU64::new(random_u64() >> 17),
     });
     if let Some(dir) = &node.config.data_dir {
         recover(&node, Path::new(dir))?;
@@ -350,8 +353,8 @@ fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
             Message::Forward { partition, updates, .. } => {
                 node.with(partition, |r| r.replay(updates, now));
             }
-            Message::Transfer { partition, applied, stable, entries, .. } => {
-                node.with(partition, |r| r.restore(applied, stable, entries));
+            Message::Transfer { partition, state, .. } => {
+                node.with(partition, |r| r.restore(state, now));
             }
             other => tracing::warn!("ignoring an unexpected log record {other:?}"),
         }
@@ -375,4 +378,12 @@ fn save_topology(dir: &Path, t: &Topology) -> Result<(), String> {
 
 fn load_topology(dir: &Path) -> Option<Topology> {
     causeway_core::wire::decode(&std::fs::read(dir.join(TOPOLOGY_FILE)).ok()?).ok()
+}
+
+/// A random number from the standard library's per-process hash seed.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish()
 }

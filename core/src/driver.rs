@@ -299,7 +299,6 @@ impl Driver {
         self.sent(p)
     }
 
-    /// Gives up on a request that has taken longer than the timeout.
     /// Gives up on a request that has taken longer than the timeout, and
     /// retries a write whose head was unreachable once its wait is over.
     pub fn tick(&mut self, now_ms: u64) -> Progress {
@@ -331,9 +330,7 @@ impl Driver {
         // this node); a write, or work with nowhere else to go (it picked a
         // node already known down), waits and retries on a fresh map.
         if matches!(op.phase, Phase::Writing) || known {
-            op.outstanding.clear();
-            op.targets.clear();
-            op.phase = Phase::Retrying { at_ms: now_ms + RETRY_MS };
+            self.retry_later(now_ms);
             return Progress::default();
         }
         self.restart(now_ms)
@@ -381,21 +378,8 @@ impl Driver {
                     }
                     _ => Vec::new(),
                 };
-                if deps.is_empty() {
+                if !self.stabilize(deps, false, &mut p) {
                     self.write(&mut p);
-                } else {
-                    let mut waiting = AHashMap::new();
-                    for (key, dep) in deps {
-                        let partition = self.topology.partition_of(&key);
-                        // Any replica learns stability; our own node (no hop)
-                        // if it is one, else the tail (which knows first).
-                        let chain = self.topology.chain(partition);
-                        let at = self.stability_witness(&chain.nodes.clone());
-                        let op = self.next_op();
-                        p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: dep.seq }));
-                        waiting.insert(op.seq, (key, dep.version));
-                    }
-                    self.set_phase(Phase::Stabilizing { deps: waiting, then_read: false });
                 }
             }
             Request::MultiGet(keys) if self.level() == Consistency::Linearizable => self.collect(&keys, None, &mut p),
@@ -452,14 +436,10 @@ impl Driver {
         } else {
             match self.level() {
                 Consistency::Linearizable => {
-                    if let Some(seen) = self.session.seen(key).cloned() {
-                        // The session wrote or read a version the tail may
-                        // not have yet: wait for it to get there first.
-                        let op = self.next_op();
-                        let at = self.stability_witness(&chain.nodes);
-                        p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: seen.seq }));
-                        let deps = AHashMap::from_iter([(op.seq, (key.clone(), seen.version))]);
-                        return self.set_phase(Phase::Stabilizing { deps, then_read: true });
+                    // The session wrote or read a version the tail may not
+                    // have yet: wait for it to get there first.
+                    if self.stabilize(self.seen_unstable(std::slice::from_ref(key)), true, p) {
+                        return;
                     }
                     (chain.tail(), None)
                 }
@@ -545,6 +525,16 @@ impl Driver {
         }
     }
 
+    /// Drops what the request waits for and retries it on a fresh map
+    /// after `RETRY_MS`.
+    fn retry_later(&mut self, now_ms: u64) {
+        if let Some(op) = &mut self.op {
+            op.outstanding.clear();
+            op.targets.clear();
+            op.phase = Phase::Retrying { at_ms: now_ms + RETRY_MS };
+        }
+    }
+
     fn restart(&mut self, now_ms: u64) -> Progress {
         if let Some(op) = &mut self.op {
             op.outstanding.clear();
@@ -575,6 +565,32 @@ impl Driver {
         }
     }
 
+    /// The versions of `keys` this session saw and does not know stable.
+    fn seen_unstable(&self, keys: &[Bytes]) -> Vec<(Bytes, Dep)> {
+        let seen = keys.iter().filter_map(|k| self.session.seen(k).map(|s| (k.clone(), s)));
+        seen.map(|(k, s)| (k, Dep { version: s.version.clone(), seq: s.seq })).collect()
+    }
+
+    /// Asks replicas to confirm `deps` reached their tails, then (`Stable`)
+    /// reads (`then_read`) or writes. False if there is nothing to wait for.
+    fn stabilize(&mut self, deps: Vec<(Bytes, Dep)>, then_read: bool, p: &mut Progress) -> bool {
+        if deps.is_empty() {
+            return false;
+        }
+        let mut waiting = AHashMap::new();
+        for (key, dep) in deps {
+            let partition = self.topology.partition_of(&key);
+            // Any replica learns stability; our own node (no hop) if it is
+            // one, else the tail (which knows first).
+            let at = self.stability_witness(&self.topology.chain(partition).nodes.clone());
+            let op = self.next_op();
+            p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: dep.seq }));
+            waiting.insert(op.seq, (key, dep.version));
+        }
+        self.set_phase(Phase::Stabilizing { deps: waiting, then_read });
+        true
+    }
+
     /// A linearizable MGET: every key read at its tail, in rounds ("double
     /// collect"). When no version changed between two consecutive rounds,
     /// each value was the current one for the whole time between them, so
@@ -587,20 +603,8 @@ impl Driver {
             p.done = self.finish(Ok(Response::Values(Vec::new())));
             return;
         }
-        if previous.is_none() {
-            let mut deps = AHashMap::new();
-            for key in keys {
-                if let Some(seen) = self.session.seen(key).cloned() {
-                    let partition = self.topology.partition_of(key);
-                    let at = self.stability_witness(&self.topology.chain(partition).nodes.clone());
-                    let op = self.next_op();
-                    p.send.push((at, Message::WaitStable { op, epoch: self.topology.epoch, partition, seq: seen.seq }));
-                    deps.insert(op.seq, (key.clone(), seen.version));
-                }
-            }
-            if !deps.is_empty() {
-                return self.set_phase(Phase::Stabilizing { deps, then_read: true });
-            }
+        if previous.is_none() && self.stabilize(self.seen_unstable(keys), true, p) {
+            return;
         }
         let mut parts = AHashMap::new();
         for (i, key) in keys.iter().enumerate() {
@@ -675,11 +679,7 @@ impl Driver {
                     // state). The head would answer with versions the tail
                     // may not have acknowledged yet: wait, then ask the tail
                     // of a fresh map.
-                    if let Some(op) = &mut self.op {
-                        op.outstanding.clear();
-                        op.targets.clear();
-                        op.phase = Phase::Retrying { at_ms: now_ms + RETRY_MS };
-                    }
+                    self.retry_later(now_ms);
                     return p;
                 }
                 let Request::Get(key) = self.request().clone() else {

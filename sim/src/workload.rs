@@ -6,7 +6,7 @@ use crate::{Completed, Network, Rng, Sim};
 use bytes::Bytes;
 use causeway_core::driver::Request;
 use causeway_core::message::Condition;
-use causeway_core::ring::Shape;
+use causeway_core::ring::{NodeId, Shape, Topology};
 use std::collections::HashMap;
 
 /// What a run did.
@@ -126,5 +126,48 @@ pub fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
     match std::env::var("SEED") {
         Ok(s) => vec![s.parse().expect("SEED is a number")],
         Err(_) => default.collect(),
+    }
+}
+
+/// A node failure as the coordinator handles it: the node `pick` chooses
+/// (from the topology at that moment) crashes `crash_at` ms after the first
+/// `step`, is removed from every chain `detect` ms later, and the chains
+/// grow back to R (state transfer) `extend` ms after that.
+pub struct Failure<F> {
+    pick: F,
+    crash_at: u64,
+    detect: u64,
+    extend: u64,
+    start: Option<u64>,
+    victim: NodeId,
+    phase: u8,
+}
+
+impl<F: Fn(&Topology) -> NodeId> Failure<F> {
+    pub fn new(crash_at: u64, detect: u64, extend: u64, pick: F) -> Self {
+        Failure { pick, crash_at, detect, extend, start: None, victim: 0, phase: 0 }
+    }
+
+    /// Does what is due by now; call it between simulation steps.
+    pub fn step(&mut self, sim: &mut Sim) {
+        let t = sim.now_ms - *self.start.get_or_insert(sim.now_ms);
+        if self.phase == 0 && t >= self.crash_at {
+            self.victim = (self.pick)(sim.topology());
+            sim.crash(self.victim);
+            self.phase = 1;
+        } else if self.phase == 1 && t >= self.crash_at + self.detect {
+            let repaired = sim.topology().without(self.victim);
+            sim.install(repaired);
+            self.phase = 2;
+        } else if self.phase == 2 && t >= self.crash_at + self.detect + self.extend {
+            let extended = sim.topology().rebalanced();
+            sim.install(extended);
+            self.phase = 3;
+        }
+    }
+
+    /// Whether the chains were extended back (the whole repair ran).
+    pub fn repaired(&self) -> bool {
+        self.phase == 3
     }
 }

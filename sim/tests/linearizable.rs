@@ -7,9 +7,9 @@
 use bytes::Bytes;
 use causeway_core::driver::{Consistency, Request, Response};
 use causeway_core::message::Condition;
-use causeway_core::ring::{NodeId, Shape};
+use causeway_core::ring::{Shape, Topology};
 use causeway_sim::lincheck::{self, Op, OpKind};
-use causeway_sim::workload::seeds;
+use causeway_sim::workload::{seeds, Failure};
 use causeway_sim::{Completed, Network, Rng, Sim};
 
 fn text(value: &Option<Bytes>) -> String {
@@ -48,11 +48,11 @@ fn history_through_repair(seed: u64, network: Network) {
         }
         history.push(op);
     };
-    let victim_chain = sim.topology().chain((seed % SHAPE.partitions as u64) as u32).clone();
-    let victim: NodeId = victim_chain.nodes[seed as usize % 3];
     let start = sim.now_ms;
     let (crash_at, detect, extend) = (300 + seed * 37 % 400, 100 + seed % 150, 150 + seed * 13 % 300);
-    let mut phase = 0;
+    // Head, middle or tail of one partition's chain.
+    let mut failure =
+        Failure::new(crash_at, detect, extend, |t: &Topology| t.chain((seed % SHAPE.partitions as u64) as u32).nodes[seed as usize % 3]);
     let mut writes = 0;
     while sim.now_ms < start + 2_000 {
         for client in 0..CLIENTS {
@@ -88,19 +88,7 @@ fn history_through_repair(seed: u64, network: Network) {
                 finish(c, &mut clock, &mut pending, &mut history);
             }
         }
-        let t = sim.now_ms - start;
-        if phase == 0 && t >= crash_at {
-            sim.crash(victim);
-            phase = 1;
-        } else if phase == 1 && t >= crash_at + detect {
-            let repaired = sim.topology().without(victim);
-            sim.install(repaired);
-            phase = 2;
-        } else if phase == 2 && t >= crash_at + detect + extend {
-            let extended = sim.topology().rebalanced();
-            sim.install(extended);
-            phase = 3;
-        }
+        failure.step(&mut sim);
         let step = sim.now_ms + 1 + rng.below(3);
         for c in sim.run_until(step) {
             finish(c, &mut clock, &mut pending, &mut history);
@@ -108,7 +96,7 @@ fn history_through_repair(seed: u64, network: Network) {
     }
     // Operations still in flight: unknown outcome for writes.
     history.extend(pending.into_iter().flatten().filter(|op| matches!(op.kind, OpKind::Put(_))));
-    assert_eq!(phase, 3, "seed {seed}: the repair did not run");
+    assert!(failure.repaired(), "seed {seed}: the repair did not run");
     eprintln!("seed {seed}: {} operations, {} with unknown outcome", history.len(), history.iter().filter(|o| o.ret.is_none()).count());
     assert!(history.len() > 50, "seed {seed}: only {} operations", history.len());
     assert!(lincheck::check(&history), "seed {seed}: not linearizable (replay with SEED={seed}):\n{}", lincheck::to_json(&history));

@@ -8,8 +8,8 @@
 //! note); what is checked is what the store promises for acknowledged
 //! writes.
 
-use causeway_core::ring::{NodeId, Shape};
-use causeway_sim::workload::{run_with_faults, seeds};
+use causeway_core::ring::{Shape, Topology};
+use causeway_sim::workload::{run_with_faults, seeds, Failure};
 use causeway_sim::{Network, Sim};
 
 const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2 };
@@ -24,32 +24,16 @@ enum Role {
 /// Kills the node playing `role` in partition `seed % 16`'s chain at
 /// `crash_at` ms, repairs after `detect` ms, extends 300 ms later.
 fn crash_and_repair(seed: u64, role: Role, crash_at: u64, detect: u64, network: Network) {
-    let mut phase = 0;
-    let mut start = None;
-    let mut victim: NodeId = 0;
-    let run = run_with_faults(seed, SHAPE, 5, network, 200, 3_000, false, |sim: &mut Sim| {
-        let t0 = *start.get_or_insert(sim.now_ms);
-        let t = sim.now_ms - t0;
-        if phase == 0 && t >= crash_at {
-            let chain = sim.topology().chain((seed % 16) as u32).clone();
-            victim = match role {
-                Role::Head => chain.head(),
-                Role::Middle => chain.nodes[1],
-                Role::Tail => chain.tail(),
-            };
-            sim.crash(victim);
-            phase = 1;
-        } else if phase == 1 && t >= crash_at + detect {
-            let repaired = sim.topology().without(victim);
-            sim.install(repaired);
-            phase = 2;
-        } else if phase == 2 && t >= crash_at + detect + 300 {
-            let extended = sim.topology().rebalanced();
-            sim.install(extended);
-            phase = 3;
+    let mut failure = Failure::new(crash_at, detect, 300, |t: &Topology| {
+        let chain = t.chain((seed % 16) as u32);
+        match role {
+            Role::Head => chain.head(),
+            Role::Middle => chain.nodes[1],
+            Role::Tail => chain.tail(),
         }
     });
-    assert_eq!(phase, 3, "seed {seed}: the repair did not run");
+    let run = run_with_faults(seed, SHAPE, 5, network, 200, 3_000, false, |sim: &mut Sim| failure.step(sim));
+    assert!(failure.repaired(), "seed {seed}: the repair did not run");
     assert!(run.checker.acknowledged.len() > 50, "seed {seed}: only {} acknowledged writes", run.checker.acknowledged.len());
 }
 

@@ -37,6 +37,10 @@ const SUSPECT_MS: u64 = 1_000;
 /// How long a write whose head was unreachable waits before it fetches the
 /// partition map again.
 const RETRY_MS: u64 = 200;
+/// A write unanswered this long is sent again (with its id, so it is
+/// applied once): its answer, or the write itself, may have been lost on a
+/// connection that broke (a peer restarted).
+const RESEND_MS: u64 = 1_000;
 
 /// The guarantee a session asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -195,6 +199,8 @@ struct InFlight {
     /// A write's id (the op seq of its first `Put`): every resend carries
     /// it, and its acknowledgement is accepted whichever attempt it answers.
     write: Option<u64>,
+    /// How many times `tick` has resent the write.
+    resends: u64,
 }
 
 /// The keys one head serves in a get-transaction, and their positions in
@@ -294,13 +300,15 @@ impl Driver {
             outstanding: Vec::new(),
             targets: AHashMap::new(),
             write: None,
+            resends: 0,
         });
         let p = self.begin(now_ms);
         self.sent(p)
     }
 
-    /// Gives up on a request that has taken longer than the timeout, and
-    /// retries a write whose head was unreachable once its wait is over.
+    /// Gives up on a request that has taken longer than the timeout,
+    /// retries a write whose head was unreachable once its wait is over,
+    /// and resends a write left unanswered for `RESEND_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Progress {
         match &self.op {
             Some(op) if now_ms.saturating_sub(op.started_ms) >= self.timeout_ms => {
@@ -311,6 +319,10 @@ impl Driver {
                 let mut p = Progress::default();
                 self.refresh(&mut p);
                 self.sent(p)
+            }
+            Some(op @ InFlight { phase: Phase::Writing, .. }) if now_ms.saturating_sub(op.started_ms) / RESEND_MS > op.resends => {
+                self.op.as_mut().expect("in flight").resends += 1;
+                self.restart(now_ms)
             }
             _ => Progress::default(),
         }

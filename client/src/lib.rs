@@ -343,7 +343,14 @@ impl Client {
 
 /// An empty map used only until the seed node answers.
 fn placeholder() -> Topology {
-    Topology { epoch: 0, shape: causeway_core::ring::Shape { partitions: 1, replicas: 1, k: 1 }, nodes: Vec::new(), chains: Vec::new() }
+    Topology {
+        epoch: 0,
+        shape: causeway_core::ring::Shape { partitions: 1, replicas: 1, k: 1 },
+        nodes: Vec::new(),
+        chains: Vec::new(),
+        admitted: Default::default(),
+        returning: Vec::new(),
+    }
 }
 
 /// Opens a binary connection to a node and starts reading its replies.

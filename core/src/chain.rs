@@ -28,6 +28,7 @@
 
 use crate::hlc::{Clock, Timestamp};
 use crate::message::{send, ClientId, Condition, Dest, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored};
 use crate::version::{SiteId, Version};
@@ -117,6 +118,9 @@ pub struct ChainReplica {
     early: BTreeMap<u64, Update>,
     /// Applied in the current step, to be logged before its effects leave.
     to_log: Vec<Update>,
+    /// Records for the write-ahead log, in the order they were produced
+    /// (`take_log`).
+    log: Vec<LogRecord>,
     /// Replies to send once the update with this seq is stable:
     /// dependency-stabilization answers, and acknowledgements of resent
     /// writes.
@@ -150,11 +154,21 @@ impl ChainReplica {
             unstable: VecDeque::new(),
             early: BTreeMap::new(),
             to_log: Vec::new(),
+            log: Vec::new(),
             waiters: BTreeMap::new(),
             last_writes: AHashMap::new(),
             pruned_ms: 0,
             last_progress_ms: 0,
         })
+    }
+
+    /// A replica of a partition that starts empty (the site's birth): its
+    /// log starts with the empty state, as every replica's log starts with
+    /// a state record (see `node::Node::recover`).
+    pub fn born(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
+        let mut r = ChainReplica::new(topology, partition, me, site)?;
+        r.log.push(LogRecord::State { partition, state: r.state() });
+        Some(r)
     }
 
     /// Still waiting for the partition's state (a node that just joined).
@@ -227,15 +241,20 @@ impl ChainReplica {
         self.emit(effects, out);
     }
 
-    /// Puts a step's effects in `out`, preceded by the updates it applied as
-    /// one `Dest::Log` record: the shell makes them durable (per its fsync
-    /// policy) before anything that reveals them leaves the node.
+    /// Puts a step's effects in `out` and the updates it applied in the log
+    /// records (`take_log`): the node makes those durable (per its fsync
+    /// policy) before anything of the step leaves it.
     fn emit(&mut self, effects: Outbox, out: &mut Outbox) {
         if !self.to_log.is_empty() {
             let updates = std::mem::take(&mut self.to_log);
-            send(out, Dest::Log, Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy: false });
+            self.log.push(LogRecord::Updates { partition: self.partition, updates });
         }
         out.extend(effects);
+    }
+
+    /// The log records produced since the last call, in order.
+    pub fn take_log(&mut self) -> Vec<LogRecord> {
+        std::mem::take(&mut self.log)
     }
 
     /// Updates from the predecessor.
@@ -273,17 +292,28 @@ impl ChainReplica {
         self.emit(effects, out);
     }
 
-    /// Recovery: re-applies updates read back from this node's log, in
-    /// order, sending nothing. Updates not known stable are kept for the
-    /// successor, which is sent them on the next tick (duplicates are
-    /// ignored there); a checkpoint's list of such updates lands here too.
-    pub fn replay(&mut self, updates: Vec<Update>, now_ms: u64) {
+    /// Recovery: re-applies updates read back from this node's log (those
+    /// after its last state record), sending nothing. They are sorted by
+    /// sequence number first: the log holds them in the order they were
+    /// applied, but a replay must not depend on it. Updates not known
+    /// stable are kept for the successor, which is sent them once the node
+    /// serves again (duplicates are ignored there); a checkpoint's list of
+    /// such updates lands here too. Returns the first missing sequence
+    /// number if the log has a gap: nothing after it is applied (it is
+    /// recovered from the chain instead, never guessed).
+    pub fn replay(&mut self, mut updates: Vec<Update>, now_ms: u64) -> Option<u64> {
+        updates.sort_by_key(|u| u.seq);
+        updates.dedup_by_key(|u| u.seq);
         let mut forward = Vec::new();
         let mut ignored = Outbox::new();
+        let mut gap = None;
         for u in updates {
             if u.seq == self.applied + 1 {
                 self.apply(u, now_ms, &mut forward, &mut ignored);
-            } else if !self.is_tail() && u.seq > self.stable && u.seq <= self.applied && !self.unstable.iter().any(|x| x.seq == u.seq) {
+            } else if u.seq > self.applied + 1 {
+                gap = Some(self.applied + 1);
+                break;
+            } else if !self.is_tail() && u.seq > self.stable && !self.unstable.iter().any(|x| x.seq == u.seq) {
                 let at = self.unstable.partition_point(|x| x.seq < u.seq);
                 self.unstable.insert(at, u);
             }
@@ -293,22 +323,18 @@ impl ChainReplica {
             let at = self.unstable.partition_point(|x| x.seq < u.seq);
             self.unstable.insert(at, u);
         }
+        gap
     }
 
-    /// This replica as log records, for compacting the log: its state (as a
-    /// `Transfer`) and the updates not yet known stable (as a `Forward`).
-    /// Empty while the replica is still joining.
-    pub fn checkpoint(&self) -> Vec<Message> {
+    /// This replica as log records, for compacting the log: its state and
+    /// the updates not yet known stable. Empty while the replica is still
+    /// joining.
+    pub fn checkpoint(&self) -> Vec<LogRecord> {
         if self.joining {
             return Vec::new();
         }
-        let state = Message::Transfer { epoch: self.epoch, partition: self.partition, state: self.state() };
-        let unstable = Message::Forward {
-            epoch: self.epoch,
-            partition: self.partition,
-            updates: self.unstable.iter().cloned().collect(),
-            lazy: false,
-        };
+        let state = LogRecord::State { partition: self.partition, state: self.state() };
+        let unstable = LogRecord::Updates { partition: self.partition, updates: self.unstable.iter().cloned().collect() };
         vec![state, unstable]
     }
 
@@ -519,8 +545,9 @@ impl ChainReplica {
     pub fn joining(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId, now_ms: u64, out: &mut Outbox) -> Option<Self> {
         let mut r = ChainReplica::new(topology, partition, me, site)?;
         if r.index == 0 {
-            // Nobody to copy from: every replica of the partition was lost.
-            return Some(r);
+            // Nobody to copy from: the site is being born (or every replica
+            // of the partition was lost).
+            return ChainReplica::born(topology, partition, me, site);
         }
         r.joining = true;
         r.last_progress_ms = now_ms;
@@ -552,7 +579,7 @@ impl ChainReplica {
         if !self.joining || epoch != self.epoch {
             return;
         }
-        send(out, Dest::Log, Message::Transfer { epoch, partition: self.partition, state: state.clone() });
+        self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
         // Taken before `restore`, which clears it.
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
         self.restore(state, now_ms);

@@ -24,6 +24,7 @@ use crate::session::{Dep, Session};
 use crate::version::Version;
 use ahash::AHashMap;
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -397,7 +398,7 @@ impl Driver {
             Request::MultiGet(keys) if self.level() == Consistency::Linearizable => self.collect(&keys, None, &mut p),
             Request::MultiGet(keys) => self.snapshot(&keys, now_ms, &mut p),
             Request::Count => {
-                let mut by_node: AHashMap<NodeId, Vec<PartitionId>> = AHashMap::new();
+                let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
                 // At the heads, which hold every write (the session's own
                 // included).
                 for (partition, chain) in self.topology.chains.iter().enumerate() {
@@ -558,7 +559,7 @@ impl Driver {
 
     fn snapshot(&mut self, keys: &[Bytes], now_ms: u64, p: &mut Progress) {
         let at = self.session.max_ts().max(Timestamp::new(now_ms, 0));
-        let mut by_head: AHashMap<NodeId, KeysAt> = AHashMap::new();
+        let mut by_head: BTreeMap<NodeId, KeysAt> = BTreeMap::new();
         for (i, key) in keys.iter().enumerate() {
             let partition = self.topology.partition_of(key);
             let entry = by_head.entry(self.topology.chain(partition).head()).or_default();

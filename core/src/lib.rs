@@ -12,7 +12,9 @@
 //!   lazy propagation, stability, get-transaction reads).
 //! * `session`, `driver`: the client library side (metadata, routing,
 //!   dependency stabilization, retries).
-//! * `node`: a node's message dispatch to its replicas.
+//! * `node`: one data node as a state machine (`step`, `tick`): its
+//!   replicas, its admission by the coordinator, its heartbeats.
+//! * `record`: the write-ahead log's records.
 //! * `supervisor`: the coordinator's failure detection and repair plans.
 //! * `message`, `wire`: what crosses the network and how it is encoded.
 
@@ -21,6 +23,7 @@ pub mod driver;
 pub mod hlc;
 pub mod message;
 pub mod node;
+pub mod record;
 pub mod ring;
 pub mod session;
 pub mod store;

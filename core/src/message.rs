@@ -224,12 +224,9 @@ pub enum Message {
     },
     /// "I am alive, serve `epoch`, and `joining` of my replicas are still
     /// fetching their state", sent by every node to every coordinator
-    /// member: failure detection and the site's status.
-    Heartbeat {
-        from: NodeId,
-        epoch: u64,
-        joining: u32,
-    },
+    /// member: failure detection, rejoin after a restart, and the site's
+    /// status.
+    Heartbeat(crate::node::Beat),
 
     // ---- node -> node (one chain), continued ------------------------------
     /// Everything up to `seq` has reached the tail; flows head-wards.
@@ -286,10 +283,6 @@ impl Message {
 pub enum Dest {
     Node(NodeId),
     Client(ClientId),
-    /// This node's write-ahead log: a `Forward` (updates applied) or a
-    /// `Transfer` (state installed) to make durable before the envelopes
-    /// after it are sent.
-    Log,
 }
 
 /// A message and where it goes.

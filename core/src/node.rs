@@ -1,134 +1,388 @@
-//! A data node's message dispatch: which partition replica a message is for,
-//! and the node-wide requests (topology, count, flush, get-transaction parts
-//! spanning partitions). The TCP node and the simulator both call `handle`,
-//! each with its own way of reaching a partition (`Partitions`): the real
-//! node locks one partition at a time so connections on different cores do
-//! not contend; the simulator owns them outright.
+//! A data node as one state machine: its view of the configuration, its
+//! partition replicas, its admission by the coordinator, and its
+//! heartbeats. Driven by `step` (a message) and `tick` (time), it puts what
+//! it wants sent in an outbox and what it wants made durable in its log
+//! (`take_log`), like toyDB's `raft/node.rs`. The TCP node (`causeway-node`)
+//! and the simulator (`causeway-sim`) are thin drivers of it.
+//!
+//! # Admission: a restarted node never serves what it had before
+//!
+//! Every process start is a new *incarnation* (a random number). A node
+//! serves (client requests, chain traffic) only while the configuration it
+//! holds admits its own incarnation (`Topology::admitted`). A restarted
+//! node therefore starts silent, whatever its saved configuration says:
+//! it replays its log, then reports in its heartbeat what it recovered (the
+//! update order position of each replica, and whether its log was whole:
+//! synced before every acknowledgement, without gaps), and the coordinator
+//! decides in a new epoch (`supervisor`): resume in place from the log, or
+//! leave the chains and come back through a state transfer. So a restarted
+//! head never reuses sequence numbers its successors already hold, and a
+//! node restarted without its data never answers as if it had it.
+//!
+//! # Durability
+//!
+//! Replicas produce log records in the order they apply updates; the node
+//! collects them (`take_log`) in that order and its driver appends them in
+//! that order before anything of the same step is sent (with
+//! `fsync=always`, after they are synced). Recovery (`recover`) reads them
+//! back per partition: the last state record, then the updates after it
+//! sorted by sequence number; a gap is reported, and the node then comes
+//! back through a state transfer instead of guessing.
 
-use crate::chain::{ChainReplica, PutRequest};
-use crate::message::{send, Dest, Message, Outbox, Refusal};
+use crate::chain::{ChainReplica, Digest, PutRequest};
+use crate::message::{send, Dest, Message, OpId, Outbox, Refusal, Update};
+use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::SiteId;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-/// Access to a node's partition replicas.
-pub trait Partitions {
-    /// Runs `f` on this node's replica of `partition`, if it has one.
-    fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R>;
-    /// Puts (or removes) this node's replica of `partition`.
-    fn set(&self, partition: PartitionId, replica: Option<ChainReplica>);
+/// How often a node sends its heartbeat to every coordinator member.
+pub const HEARTBEAT_MS: u64 = 200;
+
+/// What a node tells the coordinator members every `HEARTBEAT_MS`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beat {
+    pub from: NodeId,
+    /// Where it serves (so a node removed after a failure can be brought
+    /// back by a coordinator that never knew it).
+    pub addr: String,
+    /// This process's incarnation.
+    pub incarnation: u64,
+    /// The configuration it holds.
+    pub epoch: u64,
+    /// Replicas still fetching their state: state transfers in flight.
+    pub joining: u32,
+    /// Not admitted yet: what it recovered from its log, for the
+    /// coordinator to decide how it rejoins.
+    pub recovered: Option<Recovered>,
 }
 
-/// Handles one message addressed to node `me`.
-pub fn handle(topology: &Topology, parts: &impl Partitions, msg: Message, now_ms: u64, out: &mut Outbox) {
-    let stale = |epoch: u64| epoch != topology.epoch;
-    let refuse = |out: &mut Outbox, op: crate::message::OpId| {
-        send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NotResponsible { epoch: topology.epoch } })
-    };
-    match msg {
-        Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write } => {
-            let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at, write };
-            if stale(epoch) || parts.with(partition, |r| r.put(req, now_ms, out)).is_none() {
-                refuse(out, op);
-            }
-        }
-        Message::Get { op, epoch, partition, key, min } => {
-            if stale(epoch) || parts.with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out)).is_none() {
-                refuse(out, op);
-            }
-        }
-        Message::WaitStable { op, epoch, partition, seq } => {
-            if stale(epoch) || parts.with(partition, |r| r.wait_stable(op, seq, out)).is_none() {
-                refuse(out, op);
-            }
-        }
-        Message::SnapshotRead { op, epoch, at, keys } => {
-            if stale(epoch) {
-                return refuse(out, op);
-            }
-            let mut items = Vec::with_capacity(keys.len());
-            for (partition, key) in keys {
-                match parts.with(partition, |r| r.snapshot_read(&key, at, now_ms)) {
-                    Some(Ok(item)) => items.push(item),
-                    Some(Err(reason)) => return send(out, Dest::Client(op.client), Message::Refused { op, reason }),
-                    None => return refuse(out, op),
-                }
-            }
-            send(out, Dest::Client(op.client), Message::Snapshot { op, items });
-        }
-        Message::Count { op, epoch, partitions } => {
-            if stale(epoch) {
-                return refuse(out, op);
-            }
-            let mut keys = 0;
-            for p in partitions {
-                match parts.with(p, |r| r.live_keys(now_ms)) {
-                    Some(n) => keys += n,
-                    None => return refuse(out, op),
-                }
-            }
-            send(out, Dest::Client(op.client), Message::Counted { op, keys });
-        }
-        Message::Flush { op } => {
+/// What a node not admitted yet holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovered {
+    /// Its log was synced before every acknowledgement (`fsync=always`) and
+    /// replayed without a gap: its replicas hold everything it ever
+    /// acknowledged or passed on.
+    pub whole: bool,
+    /// The update order position of each replica it holds.
+    pub applied: BTreeMap<PartitionId, u64>,
+}
+
+/// Who a node is.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub me: NodeId,
+    pub site: SiteId,
+    pub addr: String,
+    pub incarnation: u64,
+    /// The nodes running the coordinator (heartbeats go to each).
+    pub coordinators: Vec<NodeId>,
+}
+
+/// What `recover` found in the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub records: usize,
+    /// Partitions whose updates stop at a gap: (partition, first missing).
+    pub gaps: Vec<(PartitionId, u64)>,
+}
+
+/// One data node.
+#[derive(Debug)]
+pub struct Node {
+    id: Identity,
+    topology: Arc<Topology>,
+    /// Whether `topology` admits this incarnation: only then does it serve.
+    admitted: bool,
+    /// Whether this incarnation's replicas are whole (see `Recovered`).
+    whole: bool,
+    parts: Vec<Option<ChainReplica>>,
+    /// Records to make durable before this step's messages leave.
+    log: Vec<LogRecord>,
+    last_beat_ms: Option<u64>,
+}
+
+impl Node {
+    /// A node holding `topology`. If it admits this incarnation (a site
+    /// being born, as the simulator builds one), the node serves its chains
+    /// at once with empty replicas; otherwise it waits for the coordinator.
+    pub fn new(id: Identity, topology: Topology) -> Node {
+        let partitions = topology.shape.partitions as usize;
+        let admitted = topology.admits(id.me, id.incarnation);
+        let mut node = Node {
+            id,
+            topology: Arc::new(topology),
+            admitted,
+            whole: false,
+            parts: (0..partitions).map(|_| None).collect(),
+            log: Vec::new(),
+            last_beat_ms: None,
+        };
+        if admitted {
+            let topology = node.topology.clone();
             for p in 0..topology.shape.partitions {
-                parts.with(p, |r| r.flush_all());
-            }
-            send(out, Dest::Client(op.client), Message::Flushed { op });
-        }
-        Message::GetTopology { op } => {
-            send(out, Dest::Client(op.client), Message::TopologyIs { op, topology: topology.clone() });
-        }
-        Message::Forward { epoch, partition, updates, .. } => {
-            if !stale(epoch) {
-                parts.with(partition, |r| r.forward(updates, now_ms, out));
+                node.parts[p as usize] = ChainReplica::born(&topology, p, node.id.me, node.id.site);
+                node.log.extend(node.parts[p as usize].as_mut().map(|r| r.take_log()).unwrap_or_default());
             }
         }
-        Message::Fetch { epoch, partition, from } => {
-            parts.with(partition, |r| r.fetch(epoch, from, out));
-        }
-        Message::Transfer { epoch, partition, state } => {
-            parts.with(partition, |r| r.transfer(epoch, state, now_ms, out));
-        }
-        // The node's owner installs configurations (`reconfigure`): it owns
-        // the topology this function reads; heartbeats are for its
-        // coordinator.
-        Message::Reconfigure { .. } | Message::Heartbeat { .. } => {}
-        Message::StableUpTo { epoch, partition, seq } => {
-            if !stale(epoch) {
-                parts.with(partition, |r| r.stable_up_to(seq, now_ms, out));
-            }
-        }
-        // Replies are for clients, never for nodes.
-        Message::PutDone { .. }
-        | Message::Value { .. }
-        | Message::Stable { .. }
-        | Message::Snapshot { .. }
-        | Message::Counted { .. }
-        | Message::Flushed { .. }
-        | Message::TopologyIs { .. }
-        | Message::Refused { .. } => {}
+        node
     }
-}
 
-/// Periodic work for every replica of the node.
-pub fn tick(topology: &Topology, parts: &impl Partitions, now_ms: u64, out: &mut Outbox) {
-    for p in 0..topology.shape.partitions {
-        parts.with(p, |r| r.tick(now_ms, out));
+    pub fn me(&self) -> NodeId {
+        self.id.me
     }
-}
 
-/// Moves node `me` to configuration `new` (from the coordinator): every
-/// replica learns its new chain, replicas of chains the node left are
-/// dropped, and replicas of chains it joined start by fetching the
-/// partition's state. The caller then serves with `new`.
-pub fn reconfigure(me: NodeId, site: SiteId, new: &Topology, parts: &impl Partitions, now_ms: u64, out: &mut Outbox) {
-    for p in 0..new.shape.partitions {
-        match parts.with(p, |r| r.reconfigure(new, me, now_ms, out)) {
-            Some(true) => {}
-            Some(false) => parts.set(p, None),
-            None => {
-                if let Some(r) = ChainReplica::joining(new, p, me, site, now_ms, out) {
-                    parts.set(p, Some(r));
+    pub fn incarnation(&self) -> u64 {
+        self.id.incarnation
+    }
+
+    /// The configuration this node holds.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topology
+    }
+
+    /// Whether the configuration admits this incarnation (it serves).
+    pub fn is_admitted(&self) -> bool {
+        self.admitted
+    }
+
+    /// Rebuilds the replicas from log records read back at start (before
+    /// any `step`). `synced` says whether every record was synced before
+    /// what followed it was sent (`fsync=always`).
+    pub fn recover(&mut self, records: impl IntoIterator<Item = LogRecord>, synced: bool, now_ms: u64) -> Recovery {
+        let mut report = Recovery::default();
+        // Per partition: the last state, and the updates logged after it.
+        let mut segments: BTreeMap<PartitionId, (Option<crate::chain::PartitionState>, Vec<Update>)> = BTreeMap::new();
+        for record in records {
+            report.records += 1;
+            match record {
+                LogRecord::State { partition, state } => {
+                    segments.insert(partition, (Some(state), Vec::new()));
                 }
+                LogRecord::Updates { partition, updates } => segments.entry(partition).or_default().1.extend(updates),
+            }
+        }
+        for (p, (state, updates)) in segments {
+            // Every replica's log starts with a state record (an empty one at
+            // the site's birth); updates without one are from a replica that
+            // never finished joining, and are worth nothing.
+            let (Some(state), Some(mut r)) = (state, ChainReplica::new(&self.topology, p, self.id.me, self.id.site)) else { continue };
+            r.restore(state, now_ms);
+            if let Some(missing) = r.replay(updates, now_ms) {
+                report.gaps.push((p, missing));
+            }
+            self.parts[p as usize] = Some(r);
+        }
+        self.whole = synced && report.gaps.is_empty();
+        report
+    }
+
+    /// Handles one message addressed to this node.
+    pub fn step(&mut self, msg: Message, now_ms: u64, out: &mut Outbox) {
+        if let Message::Reconfigure { topology } = msg {
+            return self.install(topology, now_ms, out);
+        }
+        if let Message::GetTopology { op } = msg {
+            let topology = (*self.topology).clone();
+            return send(out, Dest::Client(op.client), Message::TopologyIs { op, topology });
+        }
+        if !self.admitted {
+            // Not serving yet: requests go elsewhere (or wait), chain
+            // traffic is resent once this node serves.
+            if let Some(op) = msg.op().filter(|_| !msg.is_reply()) {
+                self.not_responsible(op, out);
+            }
+            return;
+        }
+        let stale = |epoch: u64| epoch != self.topology.epoch;
+        match msg {
+            Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write } => {
+                let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at, write };
+                if stale(epoch) || self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
+                    self.not_responsible(op, out);
+                }
+            }
+            Message::Get { op, epoch, partition, key, min } => {
+                if stale(epoch) || self.with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out)).is_none() {
+                    self.not_responsible(op, out);
+                }
+            }
+            Message::WaitStable { op, epoch, partition, seq } => {
+                if stale(epoch) || self.with(partition, |r| r.wait_stable(op, seq, out)).is_none() {
+                    self.not_responsible(op, out);
+                }
+            }
+            Message::SnapshotRead { op, epoch, at, keys } => {
+                if stale(epoch) {
+                    return self.not_responsible(op, out);
+                }
+                let mut items = Vec::with_capacity(keys.len());
+                for (partition, key) in keys {
+                    match self.with(partition, |r| r.snapshot_read(&key, at, now_ms)) {
+                        Some(Ok(item)) => items.push(item),
+                        Some(Err(reason)) => return send(out, Dest::Client(op.client), Message::Refused { op, reason }),
+                        None => return self.not_responsible(op, out),
+                    }
+                }
+                send(out, Dest::Client(op.client), Message::Snapshot { op, items });
+            }
+            Message::Count { op, epoch, partitions } => {
+                if stale(epoch) {
+                    return self.not_responsible(op, out);
+                }
+                let mut keys = 0;
+                for p in partitions {
+                    match self.with(p, |r| r.live_keys(now_ms)) {
+                        Some(n) => keys += n,
+                        None => return self.not_responsible(op, out),
+                    }
+                }
+                send(out, Dest::Client(op.client), Message::Counted { op, keys });
+            }
+            Message::Flush { op } => {
+                for r in self.parts.iter_mut().flatten() {
+                    r.flush_all();
+                }
+                send(out, Dest::Client(op.client), Message::Flushed { op });
+            }
+            Message::Forward { epoch, partition, updates, .. } => {
+                if !stale(epoch) {
+                    self.with(partition, |r| r.forward(updates, now_ms, out));
+                }
+            }
+            Message::Fetch { epoch, partition, from } => {
+                self.with(partition, |r| r.fetch(epoch, from, out));
+            }
+            Message::Transfer { epoch, partition, state } => {
+                self.with(partition, |r| r.transfer(epoch, state, now_ms, out));
+            }
+            Message::StableUpTo { epoch, partition, seq } => {
+                if !stale(epoch) {
+                    self.with(partition, |r| r.stable_up_to(seq, now_ms, out));
+                }
+            }
+            // Heartbeats are for the coordinator, which the node's driver
+            // runs; configurations and topology requests were handled above.
+            Message::Heartbeat(_) | Message::Reconfigure { .. } | Message::GetTopology { .. } => {}
+            // Replies are for clients, never for nodes.
+            Message::PutDone { .. }
+            | Message::Value { .. }
+            | Message::Stable { .. }
+            | Message::Snapshot { .. }
+            | Message::Counted { .. }
+            | Message::Flushed { .. }
+            | Message::TopologyIs { .. }
+            | Message::Refused { .. } => {}
+        }
+    }
+
+    /// Periodic work: retransmissions, and the heartbeat when it is due.
+    pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if self.admitted {
+            for p in 0..self.parts.len() {
+                self.with(p as PartitionId, |r| r.tick(now_ms, out));
+            }
+        }
+        if self.last_beat_ms.is_none_or(|at| now_ms.saturating_sub(at) >= HEARTBEAT_MS) {
+            self.last_beat_ms = Some(now_ms);
+            let beat = self.beat();
+            for &c in &self.id.coordinators {
+                send(out, Dest::Node(c), Message::Heartbeat(beat.clone()));
+            }
+        }
+    }
+
+    /// This node's heartbeat.
+    pub fn beat(&self) -> Beat {
+        let recovered = (!self.admitted).then(|| Recovered {
+            whole: self.whole,
+            applied: self.parts.iter().enumerate().filter_map(|(p, r)| Some((p as PartitionId, r.as_ref()?.digest().applied))).collect(),
+        });
+        Beat {
+            from: self.id.me,
+            addr: self.id.addr.clone(),
+            incarnation: self.id.incarnation,
+            epoch: self.topology.epoch,
+            joining: self.joining_replicas() as u32,
+            recovered,
+        }
+    }
+
+    /// The log records produced since the last call, in order: the driver
+    /// makes them durable before it sends what the same step produced.
+    pub fn take_log(&mut self) -> Vec<LogRecord> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// Every replica as log records (compaction).
+    pub fn checkpoint(&self) -> Vec<LogRecord> {
+        self.parts.iter().flatten().flat_map(|r| r.checkpoint()).collect()
+    }
+
+    /// Replicas still waiting for a state transfer.
+    pub fn joining_replicas(&self) -> usize {
+        self.parts.iter().flatten().filter(|r| r.is_joining()).count()
+    }
+
+    /// This node's replica of `partition` in brief, if it has one.
+    pub fn digest(&self, partition: PartitionId) -> Option<Digest> {
+        self.parts.get(partition as usize)?.as_ref().map(|r| r.digest())
+    }
+
+    /// Runs `f` on this node's replica of `partition` and collects the log
+    /// records it produced.
+    fn with<R>(&mut self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
+        let r = self.parts.get_mut(partition as usize)?.as_mut()?;
+        let result = f(r);
+        self.log.extend(r.take_log());
+        Some(result)
+    }
+
+    fn not_responsible(&self, op: OpId, out: &mut Outbox) {
+        send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NotResponsible { epoch: self.topology.epoch } });
+    }
+
+    /// Moves to configuration `new` (from the coordinator) if it is newer.
+    /// Not listed in it: the node is out of every chain and drops its
+    /// replicas (it comes back, if ever, through a state transfer). Listed
+    /// but not admitted (this incarnation is not the one the coordinator
+    /// knows): it keeps its recovered replicas untouched and waits.
+    /// Admitted: every replica learns its new chain, replicas of chains the
+    /// node left are dropped, and replicas of chains it joined start by
+    /// fetching the partition's state.
+    fn install(&mut self, new: Topology, now_ms: u64, out: &mut Outbox) {
+        if new.epoch <= self.topology.epoch {
+            return;
+        }
+        let me = self.id.me;
+        self.admitted = new.admits(me, self.id.incarnation);
+        self.topology = Arc::new(new);
+        if self.topology.node(me).is_none() {
+            self.parts.iter_mut().for_each(|p| *p = None);
+            self.whole = false;
+        } else if self.admitted {
+            self.place_replicas(now_ms, out);
+        }
+    }
+
+    /// Puts every replica where the configuration says (see `install`).
+    fn place_replicas(&mut self, now_ms: u64, out: &mut Outbox) {
+        let (me, site) = (self.id.me, self.id.site);
+        let topology = self.topology.clone();
+        for p in 0..topology.shape.partitions {
+            let slot = &mut self.parts[p as usize];
+            match slot {
+                Some(r) => {
+                    if !r.reconfigure(&topology, me, now_ms, out) {
+                        *slot = None;
+                    }
+                }
+                None => *slot = ChainReplica::joining(&topology, p, me, site, now_ms, out),
+            }
+            if let Some(r) = slot {
+                self.log.extend(r.take_log());
             }
         }
     }

@@ -12,6 +12,7 @@
 //! with an old map (the p2p store's `server-not-responsible` + `keyrange`).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// A data node of one site.
@@ -101,6 +102,15 @@ pub struct Topology {
     pub shape: Shape,
     pub nodes: Vec<NodeInfo>,
     pub chains: Vec<Chain>,
+    /// The process incarnation of each node the coordinator admitted. A
+    /// node serves only a configuration that admits its own incarnation: a
+    /// restarted node (a new incarnation) waits until the coordinator has
+    /// decided how it rejoins (see `supervisor`), so it never serves, nor
+    /// orders writes with, what it had before the restart.
+    pub admitted: BTreeMap<NodeId, u64>,
+    /// Nodes removed after a failure (not drained): brought back
+    /// automatically once they are alive again.
+    pub returning: Vec<NodeInfo>,
 }
 
 impl Topology {
@@ -113,7 +123,7 @@ impl Topology {
             return Err("node ids must be distinct".into());
         }
         let chains = (0..shape.partitions).map(|p| Chain { nodes: ring_order(&ids, p).take(shape.replicas).collect() }).collect();
-        Ok(Topology { epoch, shape, nodes, chains })
+        Ok(Topology { epoch, shape, nodes, chains, admitted: BTreeMap::new(), returning: Vec::new() })
     }
 
     /// The partition a key belongs to.
@@ -137,10 +147,27 @@ impl Topology {
         let mut t = self.clone();
         t.epoch += 1;
         t.nodes.retain(|n| n.id != node);
+        t.admitted.remove(&node);
         for c in &mut t.chains {
             c.nodes.retain(|&n| n != node);
         }
         t
+    }
+
+    /// `without(node)` after a failure: the node is remembered in
+    /// `returning`, to come back once it is alive again.
+    pub fn failed(&self, node: NodeId) -> Topology {
+        let mut t = self.without(node);
+        if let Some(info) = self.node(node) {
+            t.returning.retain(|n| n.id != node);
+            t.returning.push(info.clone());
+        }
+        t
+    }
+
+    /// Whether this configuration admits incarnation `incarnation` of `node`.
+    pub fn admits(&self, node: NodeId, incarnation: u64) -> bool {
+        self.admitted.get(&node) == Some(&incarnation)
     }
 
     /// Moves every chain towards its place on the ring of the current

@@ -114,9 +114,12 @@ impl Session {
         }
     }
 
-    /// The versions the next write must wait for.
+    /// The versions the next write must wait for, by key (a fixed order,
+    /// so a simulated run replays exactly).
     pub fn dependencies(&self) -> impl Iterator<Item = (&Bytes, &Dep)> {
-        self.accessed.iter()
+        let mut deps: Vec<(&Bytes, &Dep)> = self.accessed.iter().collect();
+        deps.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        deps.into_iter()
     }
 
     /// Forget everything (after FLUSHALL).

@@ -1,27 +1,63 @@
 //! The coordinator's decisions, as a state machine: which configuration to
-//! propose next, given the nodes' heartbeats and the current one.
+//! propose next, given the nodes' heartbeats and the current one. Time is
+//! the caller's *monotonic* clock: a wall-clock jump never removes anyone.
 //!
 //! * A chain member silent for longer than the failure timeout is removed
 //!   from every chain (minimal repair, ChainReaction §3.3.3): its successor
 //!   takes over as head, its predecessor as tail, or its neighbours are
-//!   bridged; writes continue while k members remain.
-//! * Once nothing is silent, chains shorter than R grow back at the tail
+//!   bridged; writes continue while k members remain. It is remembered in
+//!   `Topology::returning`.
+//! * A supervisor acts only on heartbeats it received itself while it was
+//!   running: a new leader, or one that notices it was paused (its own
+//!   clock jumped), first waits one full failure timeout of fresh
+//!   heartbeats before it removes anyone (`grace`).
+//! * A restarted node (a new incarnation, see `node`) is admitted in a new
+//!   epoch: in place, resuming from its log, when that log is whole (synced
+//!   before every acknowledgement, no gap) and holds every chain it is in;
+//!   otherwise it leaves its chains and returns through a state transfer
+//!   like any failed node, unless no other live member holds those chains
+//!   (a whole site restarted): then every member of such a chain is
+//!   admitted in place and the chain is reordered by how much of the update
+//!   order each one recovered, so the longest log is the head and the
+//!   update invariant (each replica holds what its successors hold) holds
+//!   again. A site's first start is that case with empty logs.
+//! * A failed node that is alive again (a pause, a network blip, a restart)
+//!   comes back once it has adopted the configuration that removed it (so
+//!   it dropped its old replicas) and stayed alive through a hold-out that
+//!   doubles with every failure in a row (flapping is damped).
+//! * Once nothing else is due, chains shorter than R grow back at the tail
 //!   with live nodes (state transfer, then the new tail serves).
 //! * An operator can drain a node (`drain`): it leaves every chain the same
-//!   way, after the chains have been extended past it, so R is never lost.
+//!   way, after the chains have been extended past it, so R is never lost;
+//!   it does not come back by itself.
 //!
 //! The Raft leader runs this; whatever it proposes is committed through
 //! Raft and pushed to the nodes, which apply it as `Reconfigure`.
 
-use crate::ring::{NodeId, NodeInfo, Topology};
+use crate::node::Beat;
+use crate::ring::{NodeId, NodeInfo, PartitionId, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The longest a failed node is held out before it may return.
+pub const MAX_HOLD_OUT_MS: u64 = 30_000;
+/// Failures further apart than this do not add up.
+const STRIKE_MEMORY_MS: u64 = 60_000;
+
 /// A node's last heartbeat: when, and what it said.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Heard {
     at_ms: u64,
-    epoch: u64,
-    joining: u32,
+    /// Since when it has been heard without a silence as long as the failure
+    /// timeout.
+    since_ms: u64,
+    beat: Beat,
+}
+
+/// A node's recent failures, for damping.
+#[derive(Clone, Copy, Debug, Default)]
+struct Strikes {
+    count: u32,
+    last_ms: u64,
 }
 
 /// One node as the heartbeats show it (for `CW.CLUSTER STATUS`).
@@ -33,58 +69,134 @@ pub struct NodeReport {
     pub epoch: u64,
     /// Replicas still fetching their state: state transfers in flight.
     pub joining: u32,
+    /// Failed and not back yet: how much longer it is held out (0 once it
+    /// may return).
+    pub held_out_ms: Option<u64>,
+    /// Failures in a row.
+    pub failures: u32,
+}
+
+/// A change the supervisor proposes, with why (for the operator's log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub topology: Topology,
+    pub why: String,
 }
 
 /// Failure detection and repair planning.
 #[derive(Debug)]
 pub struct Supervisor {
     failure_timeout_ms: u64,
-    /// Each node's last heartbeat.
     last_seen: BTreeMap<NodeId, Heard>,
+    strikes: BTreeMap<NodeId, Strikes>,
     /// Nodes an operator asked to remove.
     draining: BTreeSet<NodeId>,
     /// Nodes an operator asked to add, not yet in the topology.
     joining: Vec<NodeInfo>,
-    /// When this supervisor started (a leader gives every node one timeout
-    /// of grace before judging it).
-    started_ms: u64,
+    /// No removal for silence before this time (see `observe`).
+    grace_until_ms: u64,
+    /// When `observe` was last called, and whether this member led then.
+    observed: Option<(u64, bool)>,
 }
 
 impl Supervisor {
     pub fn new(failure_timeout_ms: u64, now_ms: u64) -> Self {
-        Supervisor { failure_timeout_ms, last_seen: BTreeMap::new(), draining: BTreeSet::new(), joining: Vec::new(), started_ms: now_ms }
+        Supervisor {
+            failure_timeout_ms,
+            last_seen: BTreeMap::new(),
+            strikes: BTreeMap::new(),
+            draining: BTreeSet::new(),
+            joining: Vec::new(),
+            grace_until_ms: now_ms + failure_timeout_ms,
+            observed: None,
+        }
     }
 
-    /// `node` is alive, serving `epoch`, with `joining` replicas still
-    /// fetching their state.
-    pub fn heartbeat(&mut self, node: NodeId, epoch: u64, joining: u32, now_ms: u64) {
-        self.last_seen.insert(node, Heard { at_ms: now_ms, epoch, joining });
+    /// Called regularly (every few hundred ms at most) by every coordinator
+    /// member, saying whether it leads. A member that just became leader,
+    /// or whose clock jumped by half a failure timeout since the last call
+    /// (it was paused: what it heard before is stale), waits one failure
+    /// timeout of fresh heartbeats before judging anyone.
+    pub fn observe(&mut self, now_ms: u64, leader: bool) {
+        let fresh_start = match self.observed {
+            None => true,
+            Some((at, led)) => (leader && !led) || now_ms.saturating_sub(at) > self.failure_timeout_ms / 2,
+        };
+        if fresh_start {
+            self.grace_until_ms = self.grace_until_ms.max(now_ms + self.failure_timeout_ms);
+            for h in self.last_seen.values_mut() {
+                // Nothing heard before the pause counts as recent.
+                h.since_ms = now_ms.max(h.since_ms);
+            }
+        }
+        self.observed = Some((now_ms, leader));
     }
 
-    /// Whether `node` has been heard from within the failure timeout.
+    /// A node's heartbeat.
+    pub fn heartbeat(&mut self, beat: Beat, now_ms: u64) {
+        let since_ms = match self.last_seen.get(&beat.from) {
+            Some(h) if now_ms.saturating_sub(h.at_ms) < self.failure_timeout_ms => h.since_ms,
+            _ => now_ms,
+        };
+        self.last_seen.insert(beat.from, Heard { at_ms: now_ms, since_ms, beat });
+    }
+
+    /// Whether `node` has been heard from within the failure timeout (every
+    /// node is, during the grace period).
     pub fn is_alive(&self, node: NodeId, now_ms: u64) -> bool {
-        let since = self.last_seen.get(&node).map_or(self.started_ms, |h| h.at_ms);
-        now_ms.saturating_sub(since) < self.failure_timeout_ms
+        now_ms < self.grace_until_ms || self.heard_recently(node, now_ms)
+    }
+
+    /// `node`'s last heartbeat, if it is recent.
+    fn alive_beat(&self, node: NodeId, now_ms: u64) -> Option<Beat> {
+        self.last_seen.get(&node).filter(|_| self.heard_recently(node, now_ms)).map(|h| h.beat.clone())
+    }
+
+    fn heard_recently(&self, node: NodeId, now_ms: u64) -> bool {
+        self.last_seen.get(&node).is_some_and(|h| now_ms.saturating_sub(h.at_ms) < self.failure_timeout_ms)
     }
 
     /// Nodes whose last heartbeat reported an older epoch than `epoch` (they
     /// missed a push).
     pub fn lagging(&self, epoch: u64) -> Vec<NodeId> {
-        self.last_seen.iter().filter(|(_, h)| h.epoch < epoch).map(|(&n, _)| n).collect()
+        self.last_seen.iter().filter(|(_, h)| h.beat.epoch < epoch).map(|(&n, _)| n).collect()
     }
 
     /// Every node heard from, by id.
-    pub fn reports(&self, now_ms: u64) -> Vec<NodeReport> {
+    pub fn reports(&self, current: &Topology, now_ms: u64) -> Vec<NodeReport> {
         self.last_seen
             .iter()
             .map(|(&node, h)| NodeReport {
                 node,
-                alive: self.is_alive(node, now_ms),
+                alive: self.heard_recently(node, now_ms),
                 silent_ms: now_ms.saturating_sub(h.at_ms),
-                epoch: h.epoch,
-                joining: h.joining,
+                epoch: h.beat.epoch,
+                joining: h.beat.joining,
+                held_out_ms: current.returning.iter().any(|n| n.id == node).then(|| self.held_out_ms(node, now_ms)),
+                failures: self.strikes.get(&node).map_or(0, |s| s.count),
             })
             .collect()
+    }
+
+    /// How much longer failed `node` must stay alive before it returns.
+    fn held_out_ms(&self, node: NodeId, now_ms: u64) -> u64 {
+        let Some(h) = self.last_seen.get(&node).filter(|_| self.heard_recently(node, now_ms)) else {
+            return self.hold_out_ms(node);
+        };
+        (h.since_ms + self.hold_out_ms(node)).saturating_sub(now_ms)
+    }
+
+    /// The hold-out after the node's failures in a row: one failure timeout,
+    /// doubling with each further failure, at most `MAX_HOLD_OUT_MS`.
+    fn hold_out_ms(&self, node: NodeId) -> u64 {
+        let count = self.strikes.get(&node).map_or(1, |s| s.count.max(1));
+        (self.failure_timeout_ms << (count - 1).min(16)).min(MAX_HOLD_OUT_MS)
+    }
+
+    fn strike(&mut self, node: NodeId, now_ms: u64) {
+        let s = self.strikes.entry(node).or_default();
+        s.count = if s.count > 0 && now_ms.saturating_sub(s.last_ms) < STRIKE_MEMORY_MS { s.count + 1 } else { 1 };
+        s.last_ms = now_ms;
     }
 
     /// An operator asks to remove `node` without losing replication.
@@ -100,53 +212,167 @@ impl Supervisor {
 
     /// The next configuration to propose, if any change is due. One change
     /// per step: the caller commits it, pushes it, and asks again.
-    pub fn next(&mut self, current: &Topology, now_ms: u64) -> Option<Topology> {
-        // 1. Failures first.
-        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms)) {
-            return Some(current.without(dead));
+    pub fn next(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
+        // 1. Failures first; never the last member of a chain (its data
+        // would be gone: the partition waits for it instead).
+        let last_of_a_chain = |n: NodeId| current.chains.iter().any(|c| c.nodes == [n]);
+        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms) && !last_of_a_chain(n)) {
+            self.strike(dead, now_ms);
+            let why = format!("node {dead} silent for {} ms: removed from its chains", self.failure_timeout_ms);
+            return Some(Change { topology: current.failed(dead), why });
         }
-        // 2. Drained nodes leave like failed ones (the chains then grow back).
+        // 2. Restarted nodes rejoin.
+        if let Some(change) = self.readmit(current, now_ms) {
+            return Some(change);
+        }
+        // 3. Drained nodes leave like failed ones (the chains then grow back).
         self.draining.retain(|&n| current.node(n).is_some());
         if let Some(&n) = self.draining.iter().next() {
-            return Some(current.without(n));
+            let mut t = current.without(n);
+            t.returning.retain(|r| r.id != n);
+            return Some(Change { topology: t, why: format!("node {n} drained") });
         }
-        // 3. New nodes join once they are up.
-        if let Some(pos) = self.joining.iter().position(|n| self.is_alive(n.id, now_ms) && current.node(n.id).is_none()) {
-            let mut t = current.clone();
-            t.nodes.push(self.joining.remove(pos));
-            return Some(t.rebalanced());
+        // 4. New nodes join, failed nodes return, once they are up.
+        if let Some(change) = self.admit_new(current, now_ms) {
+            return Some(change);
         }
-        // 4. Chains grow back to R, or move to their place on the ring.
+        // 5. Chains grow back to R, or move to their place on the ring.
         let placed = current.rebalanced();
-        (placed.chains != current.chains).then_some(placed)
+        (placed.chains != current.chains).then(|| Change { topology: placed, why: "chains placed on the ring".into() })
+    }
+
+    /// A node of `current` heard with an incarnation it does not admit: see
+    /// the module doc for how it rejoins.
+    fn readmit(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
+        let restarted: Vec<(NodeId, Beat)> = current
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.id, self.alive_beat(n.id, now_ms)?)))
+            .filter(|(n, beat)| !current.admits(*n, beat.incarnation))
+            .collect();
+        for (n, beat) in &restarted {
+            let Some(recovered) = &beat.recovered else { continue };
+            let mine: Vec<PartitionId> = (0..current.shape.partitions).filter(|&p| current.chain(p).index_of(*n).is_some()).collect();
+            if recovered.whole && mine.iter().all(|p| recovered.applied.contains_key(p)) {
+                let mut t = current.clone();
+                t.epoch += 1;
+                t.admitted.insert(*n, beat.incarnation);
+                return Some(Change { topology: t, why: format!("node {n} restarted with a whole log: resumes in place") });
+            }
+            // Chains of n that no admitted live node holds: n's log is needed.
+            let serving = |m: NodeId| {
+                m != *n && self.heard_recently(m, now_ms) && self.last_seen.get(&m).is_some_and(|h| current.admits(m, h.beat.incarnation))
+            };
+            let orphans: Vec<PartitionId> = mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| serving(m))).collect();
+            if orphans.is_empty() {
+                self.strike(*n, now_ms);
+                let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");
+                return Some(Change { topology: current.failed(*n), why });
+            }
+            // Every member of those chains must have reported, unless the
+            // grace period is over (the silent ones are then removed first).
+            let members: BTreeSet<NodeId> = orphans.iter().flat_map(|&p| current.chain(p).nodes.clone()).collect();
+            let reported = |m: &NodeId| restarted.iter().any(|(r, b)| r == m && b.recovered.is_some());
+            if !members.iter().all(reported) && now_ms < self.grace_until_ms {
+                continue;
+            }
+            let mut t = current.clone();
+            t.epoch += 1;
+            for (m, b) in restarted.iter().filter(|(m, _)| members.contains(m)) {
+                t.admitted.insert(*m, b.incarnation);
+            }
+            for &p in &orphans {
+                let applied =
+                    |m: &NodeId| restarted.iter().find(|(r, _)| r == m).and_then(|(_, b)| b.recovered.as_ref()?.applied.get(&p).copied());
+                // Longest log first; members with no replica last (they fetch
+                // the state from the ones before them). Stable: ties keep order.
+                t.chains[p as usize].nodes.sort_by_key(|m| std::cmp::Reverse(applied(m).map_or(0, |a| a + 1)));
+            }
+            let who: Vec<String> = members.iter().map(|m| m.to_string()).collect();
+            let why = format!("nodes {} admitted from their logs ({} chains had no other copy)", who.join(","), orphans.len());
+            return Some(Change { topology: t, why });
+        }
+        None
+    }
+
+    /// Operator-added nodes and failed nodes that are back, once alive.
+    fn admit_new(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
+        if let Some(pos) = self.joining.iter().position(|n| self.alive_beat(n.id, now_ms).is_some() && current.node(n.id).is_none()) {
+            let info = self.joining.remove(pos);
+            let beat = self.alive_beat(info.id, now_ms).expect("checked alive");
+            let mut t = current.clone();
+            t.returning.retain(|r| r.id != info.id);
+            t.admitted.insert(info.id, beat.incarnation);
+            let why = format!("node {} added", info.id);
+            t.nodes.push(info);
+            return Some(Change { topology: t.rebalanced(), why });
+        }
+        for r in &current.returning {
+            // Back only once it has dropped its old replicas (it holds the
+            // configuration that removed it) and stayed up through its
+            // hold-out.
+            let Some(beat) = self.alive_beat(r.id, now_ms) else { continue };
+            if beat.epoch < current.epoch || self.held_out_ms(r.id, now_ms) > 0 {
+                continue;
+            }
+            let mut t = current.clone();
+            t.returning.retain(|x| x.id != r.id);
+            t.admitted.insert(r.id, beat.incarnation);
+            t.nodes.push(NodeInfo { id: r.id, addr: beat.addr.clone() });
+            let why = format!("node {} is back (after {} failure(s) in a row)", r.id, self.strikes.get(&r.id).map_or(0, |s| s.count));
+            return Some(Change { topology: t.rebalanced(), why });
+        }
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::Recovered;
     use crate::ring::Shape;
 
     fn site(n: u16) -> Topology {
         let nodes = (0..n).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2 }, nodes).unwrap()
+        let mut t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2 }, nodes).unwrap();
+        t.admitted = (0..n).map(|id| (id, 100 + id as u64)).collect();
+        t
+    }
+
+    fn beat(t: &Topology, n: NodeId, epoch: u64) -> Beat {
+        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, joining: 0, recovered: None }.with_admission(t)
+    }
+
+    trait WithAdmission {
+        fn with_admission(self, t: &Topology) -> Self;
+    }
+    impl WithAdmission for Beat {
+        fn with_admission(mut self, t: &Topology) -> Self {
+            if !t.admits(self.from, self.incarnation) {
+                self.recovered = Some(Recovered { whole: false, applied: BTreeMap::new() });
+            }
+            self
+        }
+    }
+
+    fn all_beat(s: &mut Supervisor, t: &Topology, nodes: &[NodeId], at: u64) {
+        for &n in nodes {
+            s.heartbeat(beat(t, n, t.epoch), at);
+        }
     }
 
     #[test]
     fn a_silent_node_is_removed_then_chains_grow_back() {
         let mut t = site(4);
         let mut s = Supervisor::new(1_000, 0);
-        for n in 0..4 {
-            s.heartbeat(n, 1, 0, 500);
-        }
+        all_beat(&mut s, &t, &[0, 1, 2, 3], 500);
         assert_eq!(s.next(&t, 900), None);
-        for n in [0, 1, 3] {
-            s.heartbeat(n, 1, 0, 1_400);
-        }
-        let cut = s.next(&t, 1_600).expect("node 2 is silent");
+        all_beat(&mut s, &t, &[0, 1, 3], 1_400);
+        let cut = s.next(&t, 1_600).expect("node 2 is silent").topology;
         assert!(cut.node(2).is_none() && cut.chains.iter().all(|c| !c.nodes.contains(&2)));
+        assert_eq!(cut.returning.iter().map(|n| n.id).collect::<Vec<_>>(), vec![2]);
         t = cut;
-        let grown = s.next(&t, 1_600).expect("chains are short");
+        let grown = s.next(&t, 1_600).expect("chains are short").topology;
         assert!(grown.chains.iter().all(|c| c.len() == 3));
         assert_eq!(s.next(&grown, 1_600), None);
     }
@@ -155,21 +381,123 @@ mod tests {
     fn drain_and_add() {
         let t = site(3);
         let mut s = Supervisor::new(1_000, 0);
-        for n in 0..4 {
-            s.heartbeat(n, 1, 0, 100);
-        }
+        all_beat(&mut s, &t, &[0, 1, 2, 3], 100);
         s.add(NodeInfo { id: 3, addr: "n3".into() });
-        let added = s.next(&t, 200).unwrap();
+        let added = s.next(&t, 200).unwrap().topology;
         assert!(added.node(3).is_some() && added.chains.iter().any(|c| c.nodes.contains(&3)));
+        assert!(added.admits(3, 103));
         s.drain(0);
-        let drained = s.next(&added, 200).unwrap();
-        assert!(drained.node(0).is_none());
-        let healed = s.next(&drained, 200).unwrap();
+        let drained = s.next(&added, 200).unwrap().topology;
+        assert!(drained.node(0).is_none() && drained.returning.is_empty(), "a drained node does not come back");
+        let healed = s.next(&drained, 200).unwrap().topology;
         assert!(healed.chains.iter().all(|c| c.len() == 3 && !c.nodes.contains(&0)));
         assert_eq!(s.lagging(2), vec![0, 1, 2, 3]);
-        s.heartbeat(3, 3, 5, 900);
-        let reports = s.reports(1_500);
-        assert_eq!(reports[3], NodeReport { node: 3, alive: true, silent_ms: 600, epoch: 3, joining: 5 });
-        assert!(!reports[0].alive && reports[0].silent_ms == 1_400);
+        let reports = s.reports(&healed, 1_500);
+        assert_eq!(reports[3].silent_ms, 1_400);
+        assert!(!reports[0].alive);
+    }
+
+    /// The stale-leader bug: a leader paused past the failure timeout
+    /// resumed with heartbeats from before the pause and removed a healthy
+    /// node at once.
+    #[test]
+    fn a_paused_leader_waits_for_fresh_heartbeats_before_removing_anyone() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        s.observe(0, true);
+        for at in (100..3_000).step_by(100) {
+            all_beat(&mut s, &t, &[0, 1, 2, 3], at);
+            s.observe(at, true);
+        }
+        assert_eq!(s.next(&t, 3_000), None);
+        // Paused for 3 s: the last heartbeats it holds are 3 s old.
+        s.observe(6_000, true);
+        assert_eq!(s.next(&t, 6_000), None, "nothing is judged on stale heartbeats");
+        // Fresh heartbeats from everyone but node 3.
+        for at in (6_100..7_200).step_by(100) {
+            all_beat(&mut s, &t, &[0, 1, 2], at);
+            s.observe(at, true);
+            if at < 7_000 {
+                assert_eq!(s.next(&t, at), None, "grace: a full timeout of fresh heartbeats first");
+            }
+        }
+        let cut = s.next(&t, 7_100).expect("node 3 is silent to this leader too").topology;
+        assert!(cut.node(3).is_none());
+        // A new leader waits the same way.
+        let mut fresh = Supervisor::new(1_000, 10_000);
+        fresh.observe(10_000, true);
+        assert_eq!(fresh.next(&t, 10_500), None);
+    }
+
+    #[test]
+    fn a_failed_node_that_is_alive_again_returns_after_a_growing_hold_out() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        all_beat(&mut s, &t, &[0, 1, 2, 3], 0);
+        all_beat(&mut s, &t, &[0, 1, 2], 1_500);
+        let cut = s.next(&t, 1_500).unwrap().topology;
+        let mut t = s.next(&cut, 1_500).unwrap().topology; // chains grow back
+                                                           // Node 3 resumes, still at the old epoch: not back until it has
+                                                           // adopted the configuration that removed it.
+        s.heartbeat(beat(&t, 3, 1), 1_600);
+        all_beat(&mut s, &t, &[0, 1, 2], 1_600);
+        assert_eq!(s.next(&t, 1_600), None);
+        let mut at = 1_600;
+        let back_at = loop {
+            at += 100;
+            all_beat(&mut s, &t, &[0, 1, 2], at);
+            s.heartbeat(Beat { epoch: t.epoch, ..beat(&t, 3, t.epoch) }, at);
+            if let Some(c) = s.next(&t, at) {
+                break (c, at);
+            }
+            assert!(at < 10_000);
+        };
+        assert_eq!(back_at.1, 1_600 + 1_000, "back after one failure timeout alive");
+        t = back_at.0.topology;
+        assert!(t.node(3).is_some() && t.returning.is_empty() && t.admits(3, 103));
+        assert!(t.chains.iter().all(|c| c.len() == 3));
+        // It fails again at once: the next hold-out is twice as long.
+        let later = at + 5_000;
+        all_beat(&mut s, &t, &[0, 1, 2], later);
+        let cut = s.next(&t, later).unwrap().topology;
+        assert!(cut.node(3).is_none());
+        let reports = s.reports(&cut, later);
+        assert_eq!(reports[3].failures, 2);
+        assert_eq!(reports[3].held_out_ms, Some(2_000));
+    }
+
+    #[test]
+    fn a_restarted_node_resumes_only_with_a_whole_log() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        all_beat(&mut s, &t, &[0, 1, 2, 3], 2_000);
+        // Node 1 restarted without its data (new incarnation, empty log).
+        let restarted =
+            Beat { incarnation: 7, recovered: Some(Recovered { whole: false, applied: BTreeMap::new() }), ..beat(&t, 1, t.epoch) };
+        s.heartbeat(restarted.clone(), 2_100);
+        let out = s.next(&t, 2_100).unwrap();
+        assert!(out.topology.node(1).is_none(), "{}", out.why);
+        // The same with a whole log of every chain it is in: resumes.
+        let mine: BTreeMap<PartitionId, u64> = (0..16).filter(|&p| t.chain(p).nodes.contains(&1)).map(|p| (p, 5)).collect();
+        s.heartbeat(Beat { recovered: Some(Recovered { whole: true, applied: mine }), ..restarted }, 2_200);
+        let out = s.next(&t, 2_200).unwrap();
+        assert!(out.topology.admits(1, 7) && out.topology.chains == t.chains, "{}", out.why);
+    }
+
+    #[test]
+    fn a_whole_site_restart_puts_the_longest_log_at_the_head() {
+        let mut t = site(3);
+        t.admitted.clear();
+        let mut s = Supervisor::new(1_000, 0);
+        s.observe(0, true);
+        let applied = |n: NodeId| -> BTreeMap<PartitionId, u64> { (0..16).map(|p| (p, [10, 30, 20][n as usize])).collect() };
+        let b = |n: NodeId| Beat { recovered: Some(Recovered { whole: false, applied: applied(n) }), ..beat(&t, n, 1) };
+        s.heartbeat(b(0), 100);
+        s.heartbeat(b(1), 100);
+        assert_eq!(s.next(&t, 150), None, "waits for every member of the chains");
+        s.heartbeat(b(2), 200);
+        let out = s.next(&t, 250).unwrap().topology;
+        assert!((0..3).all(|n| out.admits(n, 100 + n as u64)));
+        assert!(out.chains.iter().all(|c| c.nodes == vec![1, 2, 0]), "{:?}", out.chains[0]);
     }
 }

@@ -4,11 +4,19 @@ use bytes::Bytes;
 use causeway_core::chain::{ChainReplica, PutRequest};
 use causeway_core::hlc::Timestamp;
 use causeway_core::message::{Condition, Dest, Envelope, Message, OpId, Outbox, Update, ACK_AT_TAIL};
+use causeway_core::record::LogRecord;
 use causeway_core::ring::{Chain, NodeId, NodeInfo, Shape, Topology};
 
 fn topo(epoch: u64, replicas: usize, k: usize, chain: &[NodeId]) -> Topology {
     let nodes = (0..6).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-    Topology { epoch, shape: Shape { partitions: 1, replicas, k }, nodes, chains: vec![Chain { nodes: chain.to_vec() }] }
+    Topology {
+        epoch,
+        shape: Shape { partitions: 1, replicas, k },
+        nodes,
+        chains: vec![Chain { nodes: chain.to_vec() }],
+        admitted: Default::default(),
+        returning: Vec::new(),
+    }
 }
 
 fn put(seq: u64, write: u64, ack_at: u8, condition: Condition, value: Option<&'static str>) -> PutRequest {
@@ -95,7 +103,6 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
                 rd.forward(updates, now, &mut out)
             }
         }
-        out.retain(|e| e.to != Dest::Log);
         ra.tick(now, &mut out);
         rb.tick(now, &mut out);
         rd.tick(now, &mut out);
@@ -129,7 +136,14 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
     let mut ra = ChainReplica::new(&t, 0, a, 0).unwrap();
     let mut out = Outbox::new();
     ra.put(put(1, 1, 1, Condition::IfAbsent, Some("v")), 10, &mut out);
-    let log: Vec<Update> = fwd(take(&mut out, Dest::Log));
+    let log: Vec<Update> = ra
+        .take_log()
+        .into_iter()
+        .flat_map(|r| match r {
+            LogRecord::Updates { updates, .. } => updates,
+            LogRecord::State { .. } => vec![],
+        })
+        .collect();
     // Restart 1: the plain log.
     let mut replayed = ChainReplica::new(&t, 0, a, 0).unwrap();
     replayed.replay(log, 20);
@@ -141,9 +155,8 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
     let mut restored = ChainReplica::new(&t, 0, a, 0).unwrap();
     for m in cp {
         match m {
-            Message::Transfer { state, .. } => restored.restore(state, 20),
-            Message::Forward { updates, .. } => restored.replay(updates, 20),
-            _ => {}
+            LogRecord::State { state, .. } => restored.restore(state, 20),
+            LogRecord::Updates { updates, .. } => assert_eq!(restored.replay(updates, 20), None),
         }
     }
     let mut o2 = Outbox::new();
@@ -157,9 +170,8 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
     let mut restored2 = ChainReplica::new(&t, 0, a, 0).unwrap();
     for m in ra.checkpoint() {
         match m {
-            Message::Transfer { state, .. } => restored2.restore(state, 20),
-            Message::Forward { updates, .. } => restored2.replay(updates, 20),
-            _ => {}
+            LogRecord::State { state, .. } => restored2.restore(state, 20),
+            LogRecord::Updates { updates, .. } => assert_eq!(restored2.replay(updates, 20), None),
         }
     }
     restored2.put(put(2, 1, 1, Condition::Always, Some("v")), 21, &mut o2);

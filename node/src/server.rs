@@ -10,10 +10,9 @@ use crate::coordinator::{self, Coordinator};
 use crate::wal::{Fsync, Wal};
 use crate::{conn, peer};
 use ahash::AHashMap;
-use causeway_core::chain::ChainReplica;
 use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
-use causeway_core::node::{self, Partitions};
-use causeway_core::ring::{NodeId, PartitionId, Topology};
+use causeway_core::node::{self as core_node, Identity};
+use causeway_core::ring::{NodeId, Topology};
 use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
@@ -24,12 +23,20 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-/// How often replicas get a tick (retransmissions).
+/// How often the node state machine gets a tick (retransmissions,
+/// heartbeats).
 const TICK: Duration = Duration::from_millis(20);
 
 /// Wall-clock milliseconds: the physical part of hybrid timestamps.
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Monotonic milliseconds since the process started: failure detection and
+/// timeouts, which a wall-clock jump must not disturb.
+pub fn mono_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// Counters shown by INFO and CW.STATUS.
@@ -40,18 +47,20 @@ pub struct Stats {
     pub commands: AtomicU64,
 }
 
-/// A node's shared state. Every partition replica has its own lock, so
-/// connections on different cores only meet when they touch the same
-/// partition.
+/// A node's shared state: the node state machine (`causeway_core::node`)
+/// behind one lock, and the I/O around it.
 pub struct Node {
     pub me: NodeId,
-    /// The configuration this node serves; replaced by `Reconfigure`.
+    /// The protocol state. Log records are appended while it is held, so
+    /// they reach the log in the order the replicas produced them.
+    core: Mutex<core_node::Node>,
+    /// A copy of the configuration the core holds, for readers that must
+    /// not wait for the core lock.
     topology: RwLock<Arc<Topology>>,
     pub config: NodeConfig,
     pub limits: Limits,
     pub stats: Stats,
     pub started: Instant,
-    parts: Vec<Mutex<Option<ChainReplica>>>,
     /// One outbound connection per other node, added as nodes join.
     peers: RwLock<AHashMap<NodeId, peer::Sender>>,
     /// The write-ahead log, when the node has a data directory.
@@ -63,36 +72,59 @@ pub struct Node {
     next_session: AtomicU64,
 }
 
-impl Partitions for Node {
-    fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
-        self.parts.get(partition as usize)?.lock().as_mut().map(f)
-    }
-
-    fn set(&self, partition: PartitionId, replica: Option<ChainReplica>) {
-        *self.parts[partition as usize].lock() = replica;
-    }
-}
-
 impl Node {
-    /// The configuration this node currently serves.
+    /// The configuration this node currently holds.
     pub fn topology(&self) -> Arc<Topology> {
         self.topology.read().clone()
     }
 
-    /// Installs a newer configuration: replicas learn their new chains, join
-    /// or leave them (`causeway_core::node::reconfigure`), and connections
-    /// to new nodes open.
-    fn install(&self, new: Topology, out: &mut Outbox) {
-        let mut current = self.topology.write();
-        if new.epoch <= current.epoch {
-            return;
+    /// Whether the coordinator has admitted this process (it serves).
+    pub fn is_admitted(&self) -> bool {
+        self.core.lock().is_admitted()
+    }
+
+    /// This process's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.core.lock().incarnation()
+    }
+
+    /// Runs the node state machine on one message (or a tick), makes its
+    /// log records durable in order, and returns what may be sent now (with
+    /// fsync=always the rest is sent by the log writer once synced).
+    fn step(&self, run: impl FnOnce(&mut core_node::Node, &mut Outbox)) -> Outbox {
+        let mut out = Outbox::new();
+        let mut core = self.core.lock();
+        let before = core.topology().epoch;
+        run(&mut core, &mut out);
+        let log = core.take_log();
+        let ticket = self.wal.get().filter(|_| !log.is_empty()).map(|w| (w, w.append(&log)));
+        let adopted = (core.topology().epoch != before).then(|| core.topology().clone());
+        drop(core);
+        if let Some(t) = adopted {
+            self.adopted(t);
         }
-        tracing::info!("node {} moves to epoch {}", self.me, new.epoch);
-        node::reconfigure(self.me, self.config.site, &new, self, now_ms(), out);
-        let mut peers = self.peers.write();
-        for n in &new.nodes {
-            if n.id != self.me && !peers.contains_key(&n.id) {
-                peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone()));
+        match ticket {
+            Some((wal, ticket)) => wal.after(ticket, out),
+            None => out,
+        }
+    }
+
+    /// The core moved to a new configuration: connect to new nodes, keep
+    /// it on disk, let readers see it.
+    fn adopted(&self, new: Arc<Topology>) {
+        let admitted = self.is_admitted();
+        tracing::info!(
+            "node {} moves to epoch {}{}",
+            self.me,
+            new.epoch,
+            if admitted { "" } else { " (not serving: waiting to be admitted)" }
+        );
+        {
+            let mut peers = self.peers.write();
+            for n in &new.nodes {
+                if n.id != self.me && !peers.contains_key(&n.id) {
+                    peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone()));
+                }
             }
         }
         if let Some(dir) = &self.config.data_dir {
@@ -100,7 +132,7 @@ impl Node {
                 tracing::error!("cannot save the configuration: {e}");
             }
         }
-        *current = Arc::new(new);
+        *self.topology.write() = new;
     }
 
     /// Peers this node cannot reach right now.
@@ -142,28 +174,15 @@ impl Node {
         let mut queue: VecDeque<Envelope> = out.into();
         while let Some(env) = queue.pop_front() {
             match env.to {
-                Dest::Node(n) if n == self.me => {
-                    let mut more = Outbox::new();
-                    match env.msg {
-                        Message::Reconfigure { topology } => self.install(topology, &mut more),
-                        Message::Heartbeat { from, epoch, joining } => {
-                            if let Some(c) = self.coordinator.get() {
-                                c.heartbeat(from, epoch, joining);
-                            }
+                Dest::Node(n) if n == self.me => match env.msg {
+                    Message::Heartbeat(beat) => {
+                        if let Some(c) = self.coordinator.get() {
+                            c.heartbeat(beat);
                         }
-                        msg => node::handle(&self.topology(), self, msg, now_ms(), &mut more),
                     }
-                    queue.extend(more);
-                }
+                    msg => queue.extend(self.step(|core, out| core.step(msg, now_ms(), out))),
+                },
                 Dest::Node(n) => self.send_to_peer(n, env.msg),
-                Dest::Log => {
-                    if let Some(wal) = self.wal.get() {
-                        // What follows a record may reveal it: with
-                        // fsync=always the log sends it once durable.
-                        let rest: Vec<Envelope> = queue.drain(..).collect();
-                        queue.extend(wal.append(&env.msg, rest));
-                    }
-                }
                 Dest::Client(c) if Some(c) == local => mine.push(env.msg),
                 Dest::Client(c) => match home_node(c) {
                     Some(home) if home != self.me => self.send_to_peer(home, env.msg),
@@ -197,14 +216,15 @@ impl Node {
 
     /// Replicas on this node still waiting for a state transfer.
     pub fn joining_replicas(&self) -> usize {
-        self.parts.iter().filter(|p| p.lock().as_ref().is_some_and(|r| r.is_joining())).count()
+        self.core.lock().joining_replicas()
     }
 }
 
 /// Starts a node and serves until `shutdown` resolves.
 pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
     let mut topology = config.topology()?;
-    // A restarted node resumes the last configuration it adopted.
+    // A restarted node starts from the last configuration it adopted (it
+    // serves again only once the coordinator admits this incarnation).
     if let Some(saved) = config.data_dir.as_ref().and_then(|d| load_topology(Path::new(d))) {
         if saved.epoch > topology.epoch {
             topology = saved;
@@ -216,14 +236,18 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         topology.epoch = 0;
         topology.chains.iter_mut().for_each(|c| c.nodes.retain(|&n| n != config.id));
     }
-    let topology = Arc::new(topology);
     let listener = TcpListener::bind(&config.listen).await.map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let me = config.id;
-    let parts = (0..topology.shape.partitions).map(|p| Mutex::new(ChainReplica::new(&topology, p, me, config.site))).collect();
+    // Every process start is a new incarnation; session ids must not repeat
+    // across restarts either (replicas remember each session's last write,
+    // and a new session reusing an old id would look like a resend).
+    let incarnation = random_u64() | 1;
+    let identity = Identity { me, site: config.site, addr: config.listen.clone(), incarnation, coordinators: config.coordinators() };
     let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone()))).collect();
     let node = Arc::new(Node {
         me,
-        topology: RwLock::new(topology.clone()),
+        topology: RwLock::new(Arc::new(topology.clone())),
+        core: Mutex::new(core_node::Node::new(identity, topology)),
         peers: RwLock::new(peers),
         coordinator: OnceLock::new(),
         wal: OnceLock::new(),
@@ -231,19 +255,14 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         config,
         stats: Stats::default(),
         started: Instant::now(),
-        parts,
         clients: Mutex::new(AHashMap::new()),
-        // Session ids must not repeat across restarts: replicas remember
-        // each session's last write (to apply a resent write once), and a
-        // new session reusing an old id would look like a resend.
         next_session: AtomicU64::new(random_u64() >> 17),
     });
     if let Some(dir) = &node.config.data_dir {
         recover(&node, Path::new(dir))?;
     }
-    tracing::info!("node {me} serving on {}", node.config.listen);
+    tracing::info!("node {me} listening on {} (incarnation {incarnation:x}); serving once the coordinator admits it", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
-    let heartbeats = tokio::spawn(heartbeat_loop(node.clone()));
     let compaction = tokio::spawn(compact_loop(node.clone()));
     coordinator::start(&node).await?;
     tokio::select! {
@@ -251,7 +270,6 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         _ = shutdown => tracing::info!("node {me} shutting down"),
     }
     ticker.abort();
-    heartbeats.abort();
     compaction.abort();
     if let Some(c) = node.coordinator.get() {
         c.shutdown().await;
@@ -259,28 +277,12 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     Ok(())
 }
 
-/// Tells every coordinator member this node is alive, and at which epoch.
-async fn heartbeat_loop(node: Arc<Node>) {
-    let mut interval = tokio::time::interval(coordinator::HEARTBEAT);
-    loop {
-        interval.tick().await;
-        let epoch = node.topology().epoch;
-        let joining = node.joining_replicas() as u32;
-        let out = node
-            .config
-            .coordinators()
-            .into_iter()
-            .map(|c| Envelope { to: Dest::Node(c), msg: Message::Heartbeat { from: node.me, epoch, joining } });
-        node.route(out.collect(), None);
-    }
-}
-
+/// Drives the node state machine's clock: retransmissions and heartbeats.
 async fn tick_loop(node: Arc<Node>) {
     let mut interval = tokio::time::interval(TICK);
     loop {
         interval.tick().await;
-        let mut out = Outbox::new();
-        node::tick(&node.topology(), &*node, now_ms(), &mut out);
+        let out = node.step(|core, out| core.tick(now_ms(), out));
         node.route(out, None);
     }
 }
@@ -316,8 +318,8 @@ async fn serve(node: Arc<Node>, stream: TcpStream) {
 }
 
 /// Compacts the write-ahead log when it has grown past its limit: marks
-/// it, checkpoints every replica, and lets the writer swap the files (see
-/// `wal`).
+/// it and checkpoints every replica under the core lock (so no record falls
+/// between the two), and lets the writer swap the files (see `wal`).
 async fn compact_loop(node: Arc<Node>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -326,18 +328,18 @@ async fn compact_loop(node: Arc<Node>) {
         if wal.size() < node.config.wal_compact_bytes {
             continue;
         }
-        wal.mark();
-        let mut checkpoint = Vec::new();
-        for p in 0..node.topology().shape.partitions {
-            node.with(p, |r| checkpoint.extend(r.checkpoint()));
-        }
+        let checkpoint = {
+            let core = node.core.lock();
+            wal.mark();
+            core.checkpoint()
+        };
         wal.compact(&checkpoint);
         // Give the writer time to swap the files before looking again.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
-/// Opens the write-ahead log and replays it into the replicas.
+/// Opens the write-ahead log and replays it into the node.
 fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
     let policy: Fsync = node.config.fsync.parse()?;
     let releaser = Arc::downgrade(node);
@@ -346,21 +348,15 @@ fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
             node.route(then, None);
         }
     })?;
-    let now = now_ms();
-    let count = records.len();
-    for record in records {
-        match record {
-            Message::Forward { partition, updates, .. } => {
-                node.with(partition, |r| r.replay(updates, now));
-            }
-            Message::Transfer { partition, state, .. } => {
-                node.with(partition, |r| r.restore(state, now));
-            }
-            other => tracing::warn!("ignoring an unexpected log record {other:?}"),
-        }
+    let report = node.core.lock().recover(records, wal.synced(), now_ms());
+    for (p, missing) in &report.gaps {
+        tracing::error!(
+            "node {}: the log of partition {p} has a gap at update {missing}; what follows is ignored and the node rejoins with a state transfer",
+            node.me
+        );
     }
-    if count > 0 {
-        tracing::info!("node {} recovered {count} log records from {}", node.me, dir.display());
+    if report.records > 0 {
+        tracing::info!("node {} recovered {} log records from {}", node.me, report.records, dir.display());
     }
     let _ = node.wal.set(wal);
     Ok(())

@@ -3,16 +3,27 @@
 //! leaves the node, so a restarted node recovers what it acknowledged and
 //! then catches up from its chain neighbours (which resend what it lacks).
 //!
-//! Records are `[length u32][crc32 u32][wire-encoded Message]`. On start the
+//! Records are `[length u32][crc32 u32][LogRecord::encode]`. On start the
 //! log is read back up to the first record that is incomplete or fails its
 //! checksum (a crash mid-write, or a corrupt tail): that valid prefix is
-//! replayed and the rest is cut off, with a warning.
+//! replayed and the rest is cut off, with a warning. A record whose checksum
+//! holds but that does not decode (a log from another format version) stops
+//! the node with an error instead.
 //!
-//! One writer thread appends with group commit: it takes every record
-//! queued, writes them in one go, then syncs per the fsync policy (like
-//! Redis' appendfsync): `always` syncs before the records' follow-up
-//! messages (acknowledgements, forwards) are released, `everysec` syncs in
-//! the background once a second, `no` leaves it to the OS.
+//! The node appends a step's records while it still holds its state lock,
+//! so they reach the log in the order the replicas produced them; each
+//! append gets a ticket (its position in the queue). One writer thread
+//! appends with group commit: it takes every record queued, writes them in
+//! one go, then syncs per the fsync policy (like Redis' appendfsync):
+//! `always` syncs before the step's messages (acknowledgements, forwards)
+//! are released (`after`), `everysec` syncs once a second, `no` leaves it
+//! to the OS.
+//!
+//! What a crash can lose: with `always`, nothing that was acknowledged or
+//! passed to another node. With `everysec`, the records of the last second
+//! or so (up to the last sync) on the crashed node; its chain neighbours
+//! still hold them unless they crashed too. With `no`, whatever the OS had
+//! not written (a process crash alone loses nothing: the OS keeps it).
 //!
 //! Compaction: once the log passes a size, the node `mark`s it, takes a
 //! checkpoint of every replica (its state and its not-yet-stable updates,
@@ -28,8 +39,10 @@
 //! `<data_dir>/raft/`: see `coordinator::raft::log`.
 
 use bytes::{Buf, BufMut, BytesMut};
-use causeway_core::message::{Envelope, Message};
-use causeway_core::wire;
+use causeway_core::message::Outbox;
+use causeway_core::record::LogRecord;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -59,11 +72,8 @@ impl FromStr for Fsync {
 }
 
 enum Job {
-    Append {
-        record: Vec<u8>,
-        /// Sent once the record is durable (fsync=always only).
-        then: Vec<Envelope>,
-    },
+    /// Encoded records, and the ticket of the append.
+    Append { records: Vec<u8>, ticket: u64 },
     /// Start keeping a copy of every record from here on.
     Mark,
     /// Replace the log with this checkpoint and the records since the mark.
@@ -76,13 +86,30 @@ pub struct Wal {
     tx: mpsc::Sender<Job>,
     /// Bytes in the log file.
     size: Arc<AtomicU64>,
+    /// The last ticket handed out; held while its records are queued, so
+    /// tickets reach the writer in order.
+    tickets: Mutex<u64>,
+    released: Arc<Released>,
+}
+
+/// Messages waiting for their records to be synced (fsync=always).
+#[derive(Default)]
+struct Released {
+    inner: Mutex<ReleasedInner>,
+}
+
+#[derive(Default)]
+struct ReleasedInner {
+    /// Every append up to this ticket is synced.
+    synced: u64,
+    waiting: BTreeMap<u64, Outbox>,
 }
 
 impl Wal {
     /// Opens (or creates) the log in `dir`, returning it and the valid
     /// records to replay. `release` is how the writer sends the follow-up
     /// messages of durable records.
-    pub fn open(dir: &Path, policy: Fsync, release: impl Fn(Vec<Envelope>) + Send + 'static) -> Result<(Wal, Vec<Message>), String> {
+    pub fn open(dir: &Path, policy: Fsync, release: impl Fn(Outbox) + Send + 'static) -> Result<(Wal, Vec<LogRecord>), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let path = dir.join("wal.log");
         let mut file = OpenOptions::new()
@@ -94,7 +121,7 @@ impl Wal {
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let (records, valid) = read_records(&bytes);
+        let (records, valid) = read_records(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         if valid < bytes.len() {
             tracing::warn!("{}: dropping {} bytes after the last valid record (torn or corrupt tail)", path.display(), bytes.len() - valid);
             file.set_len(valid as u64).map_err(|e| e.to_string())?;
@@ -102,9 +129,16 @@ impl Wal {
         file.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::channel();
         let size = Arc::new(AtomicU64::new(valid as u64));
-        let writer = Writer { file, path, policy, size: size.clone(), since_mark: None };
+        let released = Arc::new(Released::default());
+        let writer = Writer { file, path, policy, size: size.clone(), since_mark: None, released: released.clone() };
         std::thread::Builder::new().name("causeway-wal".into()).spawn(move || writer.run(rx, release)).map_err(|e| e.to_string())?;
-        Ok((Wal { policy, tx, size }, records))
+        Ok((Wal { policy, tx, size, tickets: Mutex::new(0), released }, records))
+    }
+
+    /// Whether this log's records are synced before what follows them is
+    /// sent: a replay then holds everything the node ever revealed.
+    pub fn synced(&self) -> bool {
+        self.policy == Fsync::Always
     }
 
     /// Bytes in the log.
@@ -118,7 +152,7 @@ impl Wal {
     }
 
     /// Second step: the checkpoint records, taken after `mark`.
-    pub fn compact(&self, checkpoint: &[Message]) {
+    pub fn compact(&self, checkpoint: &[LogRecord]) {
         let mut buf = BytesMut::new();
         for record in checkpoint {
             encode_record(record, &mut buf);
@@ -126,31 +160,47 @@ impl Wal {
         let _ = self.tx.send(Job::Compact(buf.to_vec()));
     }
 
-    /// Appends `record`. With fsync=always, `then` is sent by the writer once
-    /// the record is on disk; otherwise it is returned to send now.
-    pub fn append(&self, record: &Message, then: Vec<Envelope>) -> Vec<Envelope> {
+    /// Appends `records` (call in the order they were produced, under the
+    /// lock that produced them) and returns the append's ticket for `after`.
+    pub fn append(&self, records: &[LogRecord]) -> u64 {
         let mut buf = BytesMut::new();
-        encode_record(record, &mut buf);
-        let (then, now) = match self.policy {
-            Fsync::Always => (then, Vec::new()),
-            _ => (Vec::new(), then),
-        };
-        if self.tx.send(Job::Append { record: buf.to_vec(), then }).is_err() {
+        for record in records {
+            encode_record(record, &mut buf);
+        }
+        let mut last = self.tickets.lock();
+        *last += 1;
+        if self.tx.send(Job::Append { records: buf.to_vec(), ticket: *last }).is_err() {
             tracing::error!("the write-ahead log writer has stopped");
         }
-        now
+        *last
+    }
+
+    /// What may be sent now of `then`, which must not leave before append
+    /// `ticket` is durable: all of it, unless fsync=always and the append
+    /// is not synced yet (the writer sends it then).
+    pub fn after(&self, ticket: u64, then: Outbox) -> Outbox {
+        if self.policy != Fsync::Always || then.is_empty() {
+            return then;
+        }
+        let mut r = self.released.inner.lock();
+        if ticket <= r.synced {
+            return then;
+        }
+        r.waiting.entry(ticket).or_default().extend(then);
+        Outbox::new()
     }
 }
 
-fn encode_record(record: &Message, out: &mut BytesMut) {
-    let payload = wire::encode(record);
+fn encode_record(record: &LogRecord, out: &mut BytesMut) {
+    let payload = record.encode();
     out.put_u32_le(payload.len() as u32);
     out.put_u32_le(crc32fast::hash(&payload));
     out.extend_from_slice(&payload);
 }
 
-/// The records of the valid prefix of `bytes`, and that prefix's length.
-fn read_records(mut bytes: &[u8]) -> (Vec<Message>, usize) {
+/// The records of the valid prefix of `bytes`, and that prefix's length;
+/// an error for a whole record that does not decode.
+fn read_records(mut bytes: &[u8]) -> Result<(Vec<LogRecord>, usize), String> {
     let total = bytes.len();
     let mut records = Vec::new();
     while bytes.len() >= 8 {
@@ -159,13 +209,11 @@ fn read_records(mut bytes: &[u8]) -> (Vec<Message>, usize) {
         if bytes.len() < 8 + len || crc32fast::hash(&bytes[8..8 + len]) != crc {
             break;
         }
-        match wire::decode::<Message>(&bytes[8..8 + len]) {
-            Ok(m) => records.push(m),
-            Err(_) => break,
-        }
+        let record = LogRecord::decode(&bytes[8..8 + len]).map_err(|e| format!("record {} cannot be read ({e})", records.len() + 1))?;
+        records.push(record);
         bytes.advance(8 + len);
     }
-    (records, total - bytes.len())
+    Ok((records, total - bytes.len()))
 }
 
 struct Writer {
@@ -175,10 +223,11 @@ struct Writer {
     size: Arc<AtomicU64>,
     /// Records appended since a compaction's mark.
     since_mark: Option<Vec<u8>>,
+    released: Arc<Released>,
 }
 
 impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<Job>, release: impl Fn(Vec<Envelope>)) {
+    fn run(mut self, rx: mpsc::Receiver<Job>, release: impl Fn(Outbox)) {
         let mut last_sync = Instant::now();
         let mut dirty = false;
         loop {
@@ -188,16 +237,16 @@ impl Writer {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
             let mut buf = Vec::new();
-            let mut then = Vec::new();
+            let mut last_ticket = None;
             let mut compact = None;
             for job in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match job {
-                    Job::Append { record, then: t } => {
+                    Job::Append { records, ticket } => {
                         if let Some(since) = &mut self.since_mark {
-                            since.extend_from_slice(&record);
+                            since.extend_from_slice(&records);
                         }
-                        buf.extend_from_slice(&record);
-                        then.extend(t);
+                        buf.extend_from_slice(&records);
+                        last_ticket = Some(ticket);
                     }
                     Job::Mark => self.since_mark = Some(Vec::new()),
                     Job::Compact(checkpoint) => compact = Some(checkpoint),
@@ -225,8 +274,16 @@ impl Writer {
                 last_sync = Instant::now();
                 dirty = false;
             }
-            if !then.is_empty() {
-                release(then);
+            if let (Some(ticket), Fsync::Always) = (last_ticket, self.policy) {
+                let then: Vec<Outbox> = {
+                    let mut r = self.released.inner.lock();
+                    r.synced = ticket;
+                    let later = r.waiting.split_off(&(ticket + 1));
+                    std::mem::replace(&mut r.waiting, later).into_values().collect()
+                };
+                for out in then {
+                    release(out);
+                }
             }
             if let Some(checkpoint) = compact {
                 if let Err(e) = self.compact(checkpoint) {
@@ -254,10 +311,10 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use causeway_core::message::OpId;
+    use causeway_core::message::{Dest, Envelope, Message, OpId};
 
-    fn record(i: u64) -> Message {
-        Message::Stable { op: OpId { client: 1, seq: i } }
+    fn record(i: u64) -> LogRecord {
+        LogRecord::Updates { partition: i as u32, updates: Vec::new() }
     }
 
     #[test]
@@ -267,16 +324,28 @@ mod tests {
             encode_record(&record(i), &mut buf);
         }
         let whole = buf.to_vec();
-        assert_eq!(read_records(&whole).0.len(), 3);
+        assert_eq!(read_records(&whole).unwrap().0.len(), 3);
         // Torn: the last record is cut short.
-        let one = 8 + wire::encode(&record(0)).len();
-        let (recs, valid) = read_records(&whole[..whole.len() - 2]);
+        let one = 8 + record(0).encode().len();
+        let (recs, valid) = read_records(&whole[..whole.len() - 2]).unwrap();
         assert_eq!((recs.len(), valid), (2, 2 * one));
         // Corrupt: a flipped byte in the second record's payload.
         let mut bad = whole.clone();
         let second = one + 9;
         bad[second] ^= 0xff;
-        assert_eq!(read_records(&bad).0, vec![record(0)]);
+        assert_eq!(read_records(&bad).unwrap().0, vec![record(0)]);
+    }
+
+    #[test]
+    fn a_log_of_another_format_is_refused_not_cut() {
+        let mut payload = record(1).encode();
+        payload[0] = causeway_core::record::FORMAT + 1;
+        let mut buf = BytesMut::new();
+        buf.put_u32_le(payload.len() as u32);
+        buf.put_u32_le(crc32fast::hash(&payload));
+        buf.extend_from_slice(&payload);
+        let err = read_records(&buf).unwrap_err();
+        assert!(err.contains("format"), "{err}");
     }
 
     #[test]
@@ -288,12 +357,17 @@ mod tests {
             let (wal, old) = Wal::open(&dir, Fsync::Always, move |e| released_tx.send(e.len()).unwrap()).unwrap();
             assert!(old.is_empty());
             for i in 0..5 {
-                assert!(wal.append(&record(i), vec![]).is_empty());
+                wal.append(&[record(i)]);
             }
-            let then = vec![Envelope { to: causeway_core::message::Dest::Node(1), msg: record(9) }];
-            wal.append(&record(5), then);
+            let then = vec![Envelope { to: Dest::Node(1), msg: Message::Stable { op: OpId { client: 1, seq: 9 } } }];
+            let ticket = wal.append(&[record(5)]);
             // The follow-up is released only by the writer, after the sync.
-            assert_eq!(released_rx.recv_timeout(Duration::from_secs(5)).unwrap(), 1);
+            let now = wal.after(ticket, then.clone());
+            let released = if now.is_empty() { released_rx.recv_timeout(Duration::from_secs(5)).unwrap() } else { now.len() };
+            assert_eq!(released, 1);
+            // Once synced, later follow-ups of that ticket go at once.
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(wal.after(ticket, then).len(), 1);
         }
         // A torn write at the end, as after a crash.
         OpenOptions::new().append(true).open(dir.join("wal.log")).unwrap().write_all(&[9, 0, 0, 0, 1]).unwrap();
@@ -301,7 +375,7 @@ mod tests {
         assert_eq!(replay, (0..6).map(record).collect::<Vec<_>>());
         assert_eq!(
             std::fs::metadata(dir.join("wal.log")).unwrap().len() as usize,
-            read_records(&std::fs::read(dir.join("wal.log")).unwrap()).1
+            read_records(&std::fs::read(dir.join("wal.log")).unwrap()).unwrap().1
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -313,12 +387,12 @@ mod tests {
         {
             let (wal, _) = Wal::open(&dir, Fsync::Always, |_| {}).unwrap();
             for i in 0..100 {
-                wal.append(&record(i), vec![]);
+                wal.append(&[record(i)]);
             }
             wal.mark();
-            wal.append(&record(100), vec![]);
+            wal.append(&[record(100)]);
             wal.compact(&[record(1000)]);
-            wal.append(&record(101), vec![]);
+            wal.append(&[record(101)]);
             let deadline = Instant::now() + Duration::from_secs(5);
             while wal.size() > 1000 {
                 assert!(Instant::now() < deadline, "no compaction");

@@ -3,18 +3,27 @@
 //! reorders and drops them, with virtual time, all from one seed. A failing
 //! seed replays exactly.
 //!
+//! Each node is the real node state machine (`causeway_core::node::Node`)
+//! with a simulated disk: its log records are kept, synced at once
+//! (`fsync=always`) or once a second (`everysec`, and a crash loses what
+//! was not synced). Nodes crash (`crash`), restart from their disk as a new
+//! incarnation (`restart`, `restart_without_data`) and pause (`pause`). The
+//! coordinator is either scripted by the test (`install`) or the real
+//! `Supervisor` fed by the nodes' heartbeats (`with_coordinator`), which
+//! can itself be paused (`pause_coordinator`).
+//!
 //! `Sim` runs the site; `check` holds the invariants the runs are judged by.
 
 pub mod check;
 pub mod lincheck;
 pub mod workload;
 
-use causeway_core::chain::ChainReplica;
 use causeway_core::driver::{ClientError, Driver, Request, Response};
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
-use causeway_core::node::{self, Partitions};
-use causeway_core::ring::{NodeId, NodeInfo, PartitionId, Shape, Topology};
-use std::cell::RefCell;
+use causeway_core::node::{Identity, Node};
+use causeway_core::record::LogRecord;
+use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
+use causeway_core::supervisor::Supervisor;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
@@ -61,22 +70,27 @@ impl Default for Network {
     }
 }
 
-/// A simulated node: its replicas and its view of the topology, owned
-/// outright.
+/// A simulated node: the node state machine and its disk.
 struct SimNode {
-    parts: Vec<RefCell<Option<ChainReplica>>>,
-    topology: Arc<Topology>,
+    core: Node,
+    /// Every log record written, oldest first; the first `synced` of them
+    /// survive a crash.
+    disk: Vec<LogRecord>,
+    synced: usize,
+    /// The configuration it last adopted, as the real node keeps it on disk.
+    saved: Topology,
     crashed: bool,
+    /// Paused (SIGSTOP) until then: messages wait, no ticks.
+    paused_until: u64,
 }
 
-impl Partitions for SimNode {
-    fn with<R>(&self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
-        self.parts.get(partition as usize)?.borrow_mut().as_mut().map(f)
-    }
-
-    fn set(&self, partition: PartitionId, replica: Option<ChainReplica>) {
-        *self.parts[partition as usize].borrow_mut() = replica;
-    }
+/// When simulated disks are synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fsync {
+    /// Before anything a step sends leaves the node.
+    Always,
+    /// Once a second; a crash loses what was written since.
+    EverySec,
 }
 
 /// One completed client operation, with the versions behind what it saw.
@@ -129,6 +143,8 @@ pub struct Sim {
     pub now_ms: u64,
     pub rng: Rng,
     pub network: Network,
+    pub fsync: Fsync,
+    /// The coordinator's configuration.
     topology: Arc<Topology>,
     nodes: Vec<SimNode>,
     clients: Vec<SimClient>,
@@ -137,26 +153,41 @@ pub struct Sim {
     bodies: Vec<Option<Envelope>>,
     free: Vec<usize>,
     order: u64,
+    /// The coordinator, when the sim runs the real one.
+    supervisor: Option<Supervisor>,
+    coordinator_paused_until: u64,
+    /// The last tick boundary run.
+    ticked_ms: u64,
+    incarnations: u64,
     pub delivered: u64,
     pub dropped: u64,
+    /// What the coordinator did, with when (for failure messages).
+    pub changes: Vec<(u64, String)>,
 }
 
 /// Milliseconds between node ticks.
 const TICK_MS: u64 = 10;
 /// Client request timeout in the simulation.
 pub const CLIENT_TIMEOUT_MS: u64 = 500;
+/// The coordinator's failure timeout in the simulation.
+pub const FAILURE_TIMEOUT_MS: u64 = 600;
+/// The node the simulated coordinator's heartbeats go to.
+const COORDINATOR: NodeId = 0;
 
 impl Sim {
     pub fn new(seed: u64, nodes: u16, shape: Shape, clients: usize, network: Network) -> Sim {
         let infos = (0..nodes).map(|id| NodeInfo { id, addr: format!("sim-{id}") }).collect();
-        let topology = Arc::new(Topology::new(1, shape, infos).expect("valid shape"));
+        let mut topology = Topology::new(1, shape, infos).expect("valid shape");
+        // The site is born with every node admitted (incarnations 1..=n).
+        topology.admitted = (0..nodes).map(|id| (id, id as u64 + 1)).collect();
         let nodes = (0..nodes)
-            .map(|me| SimNode {
-                parts: (0..shape.partitions).map(|p| RefCell::new(ChainReplica::new(&topology, p, me, 0))).collect(),
-                topology: topology.clone(),
-                crashed: false,
+            .map(|me| {
+                let mut core = Node::new(identity(me, me as u64 + 1, false), topology.clone());
+                let disk = core.take_log();
+                SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0 }
             })
             .collect();
+        let topology = Arc::new(topology);
         let mut rng = Rng::new(seed);
         let clients = (0..clients)
             .map(|i| {
@@ -178,6 +209,7 @@ impl Sim {
             now_ms: 1_000,
             rng,
             network,
+            fsync: Fsync::Always,
             topology,
             nodes,
             clients,
@@ -185,9 +217,30 @@ impl Sim {
             bodies: Vec::new(),
             free: Vec::new(),
             order: 0,
+            supervisor: None,
+            coordinator_paused_until: 0,
+            ticked_ms: 1_000,
+            incarnations: 1_000,
             delivered: 0,
             dropped: 0,
+            changes: Vec::new(),
         }
+    }
+
+    /// The coordinator is the real `Supervisor`, fed by the nodes'
+    /// heartbeats, committing at once what it decides (Raft is not
+    /// simulated: its commits are what `node/` tests with real processes).
+    pub fn with_coordinator(mut self) -> Sim {
+        self.supervisor = Some(Supervisor::new(FAILURE_TIMEOUT_MS, self.now_ms));
+        for n in 0..self.nodes.len() {
+            let me = n as NodeId;
+            let incarnation = self.nodes[n].core.incarnation();
+            let topology = (**self.nodes[n].core.topology()).clone();
+            let mut core = Node::new(identity(me, incarnation, true), topology);
+            core.take_log();
+            self.nodes[n].core = core;
+        }
+        self
     }
 
     pub fn topology(&self) -> &Topology {
@@ -209,6 +262,10 @@ impl Sim {
         }
         let span = self.network.max_delay_ms - self.network.min_delay_ms + 1;
         let at_ms = self.now_ms + self.network.min_delay_ms + self.rng.below(span);
+        self.enqueue_at(env, at_ms);
+    }
+
+    fn enqueue_at(&mut self, env: Envelope, at_ms: u64) {
         let slot = match self.free.pop() {
             Some(i) => {
                 self.bodies[i] = Some(env);
@@ -224,11 +281,26 @@ impl Sim {
     }
 
     fn send_all(&mut self, out: Outbox) {
-        // Simulated nodes have no disk (crash-restart is not simulated yet):
-        // log records are dropped.
-        for env in out.into_iter().filter(|e| e.to != Dest::Log) {
+        for env in out {
             self.enqueue(env);
         }
+    }
+
+    /// Runs node `n`'s state machine, writes its log records to its disk
+    /// (synced at once with `Fsync::Always`), and sends what it produced.
+    fn step_node(&mut self, n: usize, run: impl FnOnce(&mut Node, &mut Outbox)) {
+        let node = &mut self.nodes[n];
+        let mut out = Outbox::new();
+        let before = node.core.topology().epoch;
+        run(&mut node.core, &mut out);
+        node.disk.extend(node.core.take_log());
+        if self.fsync == Fsync::Always {
+            node.synced = node.disk.len();
+        }
+        if node.core.topology().epoch != before {
+            node.saved = (**node.core.topology()).clone();
+        }
+        self.send_all(out);
     }
 
     /// Starts `request` on an idle client; returns its result if it needed
@@ -256,10 +328,11 @@ impl Sim {
     /// Runs until `until_ms`, returning the operations completed meanwhile.
     pub fn run_until(&mut self, until_ms: u64) -> Vec<Completed> {
         let mut done = Vec::new();
-        while self.now_ms < until_ms {
-            let next_tick = (self.now_ms / TICK_MS + 1) * TICK_MS;
+        loop {
+            // Every tick boundary is visited, also when a message lands on it.
+            let next_tick = (self.ticked_ms / TICK_MS + 1) * TICK_MS;
             match self.queue.peek() {
-                Some(m) if m.at_ms <= next_tick.min(until_ms) => {
+                Some(m) if m.at_ms < next_tick && m.at_ms <= until_ms => {
                     let m = self.queue.pop().expect("peeked");
                     self.now_ms = self.now_ms.max(m.at_ms);
                     let env = self.bodies[m.envelope_index].take().expect("queued body");
@@ -267,38 +340,41 @@ impl Sim {
                     self.delivered += 1;
                     self.deliver(env, &mut done);
                 }
+                _ if next_tick <= until_ms => {
+                    self.now_ms = next_tick;
+                    self.ticked_ms = next_tick;
+                    self.tick(&mut done);
+                }
                 _ => {
-                    self.now_ms = next_tick.min(until_ms);
-                    if self.now_ms == next_tick {
-                        self.tick(&mut done);
-                    }
+                    self.now_ms = self.now_ms.max(until_ms);
+                    return done;
                 }
             }
         }
-        done
     }
 
     fn deliver(&mut self, env: Envelope, done: &mut Vec<Completed>) {
         match env.to {
             Dest::Node(n) => {
                 let now = self.now_ms;
-                let node = &mut self.nodes[n as usize];
+                if let Message::Heartbeat(beat) = env.msg {
+                    // The simulated coordinator stands apart from the nodes.
+                    if let Some(s) = self.supervisor.as_mut().filter(|_| self.coordinator_paused_until <= now) {
+                        s.heartbeat(beat, now);
+                    }
+                    return;
+                }
+                let node = &self.nodes[n as usize];
                 if node.crashed {
                     return;
                 }
-                let mut out = Outbox::new();
-                match env.msg {
-                    Message::Reconfigure { topology } => {
-                        if topology.epoch > node.topology.epoch {
-                            node::reconfigure(n, 0, &topology, node, now, &mut out);
-                            node.topology = Arc::new(topology);
-                        }
-                    }
-                    msg => node::handle(&node.topology, node, msg, now, &mut out),
+                if node.paused_until > now {
+                    // SIGSTOP: the message waits in the socket buffer.
+                    let at_ms = node.paused_until + self.rng.below(3);
+                    return self.enqueue_at(env, at_ms);
                 }
-                self.send_all(out);
+                self.step_node(n as usize, |core, out| core.step(env.msg, now, out));
             }
-            Dest::Log => unreachable!("send_all drops log records"),
             Dest::Client(id) => {
                 let Some(i) = self.clients.iter().position(|c| c.driver.id() == id) else {
                     return;
@@ -335,35 +411,123 @@ impl Sim {
     }
 
     fn tick(&mut self, done: &mut Vec<Completed>) {
-        // The coordinator keeps pushing its configuration to nodes that have
-        // not adopted it (the push may have been lost).
-        if self.now_ms.is_multiple_of(100) {
-            for n in 0..self.nodes.len() {
-                if !self.nodes[n].crashed && self.nodes[n].topology.epoch < self.topology.epoch {
-                    let topology = (*self.topology).clone();
-                    self.enqueue(Envelope { to: Dest::Node(n as NodeId), msg: Message::Reconfigure { topology } });
+        let now = self.now_ms;
+        if now.is_multiple_of(100) {
+            self.coordinate();
+            // Sessions follow the configuration as proxies do (and resend
+            // the writes a new configuration may have stranded).
+            for i in 0..self.clients.len() {
+                let progress = self.clients[i].driver.reconfigured(self.topology.clone(), now);
+                self.client_sends(i, progress.send);
+                if let Some(result) = progress.done {
+                    done.push(self.complete(i, result));
                 }
             }
         }
+        if self.fsync == Fsync::EverySec && now.is_multiple_of(1_000) {
+            for n in &mut self.nodes {
+                n.synced = n.disk.len();
+            }
+        }
         for n in 0..self.nodes.len() {
-            if self.nodes[n].crashed {
+            if self.nodes[n].crashed || self.nodes[n].paused_until > now {
                 continue;
             }
-            let mut out = Outbox::new();
-            node::tick(&self.nodes[n].topology, &self.nodes[n], self.now_ms, &mut out);
-            self.send_all(out);
+            self.step_node(n, |core, out| core.tick(now, out));
         }
         for i in 0..self.clients.len() {
-            let progress = self.clients[i].driver.tick(self.now_ms);
+            let progress = self.clients[i].driver.tick(now);
+            self.client_sends(i, progress.send);
             if let Some(result) = progress.done {
                 done.push(self.complete(i, result));
             }
         }
     }
 
-    /// Stops `node` dead: it handles nothing from now on (kill -9).
+    /// The coordinator's turn (every 100 ms): the supervisor, if the sim
+    /// runs one, decides; the configuration is pushed again to every node
+    /// that has not adopted it (the push may have been lost).
+    fn coordinate(&mut self) {
+        let now = self.now_ms;
+        if self.coordinator_paused_until > now {
+            return;
+        }
+        if let Some(s) = &mut self.supervisor {
+            s.observe(now, true);
+            if let Some(change) = s.next(&self.topology, now) {
+                let line = format!("epoch {}: {}", change.topology.epoch, change.why);
+                if std::env::var_os("SIM_TRACE").is_some() {
+                    eprintln!("{now} ms: {line}");
+                }
+                self.changes.push((now, line));
+                self.install(change.topology);
+                return;
+            }
+        }
+        for n in 0..self.nodes.len() {
+            if !self.nodes[n].crashed && self.nodes[n].core.topology().epoch < self.topology.epoch {
+                let topology = (*self.topology).clone();
+                self.enqueue(Envelope { to: Dest::Node(n as NodeId), msg: Message::Reconfigure { topology } });
+            }
+        }
+    }
+
+    /// Stops `node` dead: it handles nothing from now on (kill -9). What its
+    /// disk had not synced is lost.
     pub fn crash(&mut self, node: NodeId) {
-        self.nodes[node as usize].crashed = true;
+        let n = &mut self.nodes[node as usize];
+        n.crashed = true;
+        if std::env::var_os("SIM_TRACE").is_some() {
+            eprintln!("{} ms: node {node} crashes: {} of {} log records synced", self.now_ms, n.synced, n.disk.len());
+        }
+        n.disk.truncate(n.synced);
+    }
+
+    /// Starts a crashed `node` again from its disk, as a new incarnation:
+    /// it recovers its replicas from the log and waits to be admitted.
+    pub fn restart(&mut self, node: NodeId) {
+        self.incarnations += 1;
+        let coordinated = self.supervisor.is_some();
+        let n = &mut self.nodes[node as usize];
+        assert!(n.crashed, "restart a crashed node");
+        let mut core = Node::new(identity(node, self.incarnations, coordinated), n.saved.clone());
+        let report = core.recover(n.disk.clone(), self.fsync == Fsync::Always, self.now_ms);
+        if std::env::var_os("SIM_TRACE").is_some() {
+            let applied: Vec<String> =
+                (0..self.topology.shape.partitions).map(|p| format!("{p}:{:?}", core.digest(p).map(|d| d.applied))).collect();
+            eprintln!("{} ms: node {node} restarts: {report:?}, applied {}", self.now_ms, applied.join(" "));
+        }
+        n.core = core;
+        n.crashed = false;
+    }
+
+    /// Starts a crashed `node` again with nothing: no log, no saved
+    /// configuration (a new machine, or a node run without a data dir).
+    pub fn restart_without_data(&mut self, node: NodeId) {
+        let n = &mut self.nodes[node as usize];
+        n.disk.clear();
+        n.synced = 0;
+        let mut birth = Topology::new(
+            1,
+            self.topology.shape,
+            (0..self.nodes.len() as NodeId).map(|id| NodeInfo { id, addr: format!("sim-{id}") }).collect(),
+        )
+        .expect("valid shape");
+        birth.admitted.clear();
+        self.nodes[node as usize].saved = birth;
+        self.restart(node);
+    }
+
+    /// Pauses `node` (SIGSTOP) for `ms`: it handles nothing meanwhile and
+    /// finds its messages waiting when it resumes.
+    pub fn pause(&mut self, node: NodeId, ms: u64) {
+        self.nodes[node as usize].paused_until = self.now_ms + ms;
+    }
+
+    /// Pauses the coordinator leader for `ms`: no heartbeats reach it, it
+    /// decides nothing; when it resumes, what it heard before is stale.
+    pub fn pause_coordinator(&mut self, ms: u64) {
+        self.coordinator_paused_until = self.now_ms + ms;
     }
 
     /// The coordinator's move: sends the new configuration to every node
@@ -375,15 +539,34 @@ impl Sim {
         }
     }
 
-    /// Whether every live node has adopted the coordinator's configuration.
+    /// Whether every live node has adopted the coordinator's configuration
+    /// and every member serves (is admitted).
     pub fn configured(&self) -> bool {
-        self.nodes.iter().all(|n| n.crashed || n.topology.epoch == self.topology.epoch)
+        self.nodes.iter().enumerate().all(|(i, n)| {
+            n.crashed
+                || (n.core.topology().epoch == self.topology.epoch && (self.topology.node(i as NodeId).is_none() || n.core.is_admitted()))
+        })
     }
 
     /// Whether no message is in flight and every write has reached its
     /// tail (nothing is left to retransmit).
     pub fn settled(&self) -> bool {
-        self.queue.is_empty() && self.configured() && self.digests().iter().flatten().all(|d| d.applied == d.stable)
+        self.queue.is_empty()
+            && self.configured()
+            && self.nodes.iter().all(|n| n.crashed || n.core.joining_replicas() == 0)
+            && self.digests().iter().flatten().all(|d| d.applied == d.stable)
+    }
+
+    /// Whether the coordinator has nothing left to do: every node is a
+    /// member and every chain is R long.
+    pub fn healed(&self) -> bool {
+        let t = &self.topology;
+        t.returning.is_empty() && t.nodes.len() == self.nodes.len() && t.chains.iter().all(|c| c.len() == t.shape.replicas)
+    }
+
+    /// What the coordinator did, one line each.
+    pub fn history(&self) -> String {
+        self.changes.iter().map(|(at, what)| format!("  {at} ms: {what}")).collect::<Vec<_>>().join("\n")
     }
 
     /// Every replica's digest, by partition then chain position.
@@ -394,9 +577,17 @@ impl Sim {
                     .chain(p)
                     .nodes
                     .iter()
-                    .map(|&n| self.nodes[n as usize].with(p, |r| r.digest()).expect("chain member has a replica"))
+                    .map(|&n| {
+                        self.nodes[n as usize].core.digest(p).unwrap_or_else(|| panic!("node {n} of partition {p}'s chain has no replica"))
+                    })
                     .collect()
             })
             .collect()
     }
+}
+
+/// Simulated node `me`: heartbeats go to the coordinator only when the sim
+/// runs one.
+fn identity(me: NodeId, incarnation: u64, coordinated: bool) -> Identity {
+    Identity { me, site: 0, addr: format!("sim-{me}"), incarnation, coordinators: if coordinated { vec![COORDINATOR] } else { Vec::new() } }
 }

@@ -2,7 +2,7 @@
 //! and the end-of-run checks every simulation test shares.
 
 use crate::check::CausalChecker;
-use crate::{Completed, Network, Rng, Sim};
+use crate::{Completed, Fsync, Network, Rng, Sim};
 use bytes::Bytes;
 use causeway_core::driver::Request;
 use causeway_core::message::Condition;
@@ -34,10 +34,40 @@ pub fn run_with_faults(
     keys: usize,
     duration_ms: u64,
     check_causal: bool,
-    mut faults: impl FnMut(&mut Sim),
+    faults: impl FnMut(&mut Sim),
 ) -> Run {
+    let site = Site { shape, nodes, network, keys, duration_ms, check_causal, coordinator: false, fsync: Fsync::Always };
+    run_site(seed, &site, faults, |_, _| {})
+}
+
+/// What a simulated run looks like.
+#[derive(Clone, Debug)]
+pub struct Site {
+    pub shape: Shape,
+    pub nodes: u16,
+    pub network: Network,
+    pub keys: usize,
+    pub duration_ms: u64,
+    pub check_causal: bool,
+    /// Run the real supervisor from heartbeats (else the test installs
+    /// configurations itself).
+    pub coordinator: bool,
+    pub fsync: Fsync,
+}
+
+/// Runs `site`, calling `faults` between steps, then lets it settle (with
+/// a coordinator: until it has healed, every node back in the chains) and
+/// checks causal+ (if asked), convergence and, through `acknowledged`
+/// (which may drop what the run's faults were allowed to lose), that no
+/// acknowledged write is lost.
+pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowed_loss: impl FnOnce(&Sim, &mut CausalChecker)) -> Run {
+    let Site { shape, nodes, ref network, keys, duration_ms, check_causal, coordinator, fsync } = *site;
+    let mut sim = Sim::new(seed, nodes, shape, 6, network.clone());
+    sim.fsync = fsync;
+    if coordinator {
+        sim = sim.with_coordinator();
+    }
     let clients = 6;
-    let mut sim = Sim::new(seed, nodes, shape, clients, network);
     let mut rng = Rng::new(seed ^ 0xC0FFEE);
     let mut checker = CausalChecker::default();
     let mut writes = 0u64;
@@ -86,14 +116,18 @@ pub fn run_with_faults(
     }
     // Let everything in flight land; retransmissions repair any drops.
     sim.network.drop_rate = 0.0;
-    for _ in 0..200 {
+    for _ in 0..600 {
         let until = sim.now_ms + 100;
         let done = sim.run_until(until);
         record(&mut checker, done);
-        if sim.settled() && (0..clients).all(|c| sim.is_idle(c)) {
+        if sim.settled() && (0..clients).all(|c| sim.is_idle(c)) && (!coordinator || sim.healed()) {
             break;
         }
     }
+    if coordinator {
+        assert!(sim.healed(), "seed {seed}: the site did not heal by itself; the coordinator did:\n{}", sim.history());
+    }
+    allowed_loss(&sim, &mut checker);
     if check_causal {
         assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
     }

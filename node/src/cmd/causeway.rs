@@ -178,7 +178,11 @@ fn not_coordinator() -> String {
 
 fn heard(r: &causeway_core::supervisor::NodeReport) -> String {
     let state = if r.alive { "up" } else { "silent" };
-    format!(",state={state},heartbeat_ms_ago={},epoch={},joining={}", r.silent_ms, r.epoch, r.joining)
+    let mut s = format!(",state={state},heartbeat_ms_ago={},epoch={},joining={},failures={}", r.silent_ms, r.epoch, r.joining, r.failures);
+    if let Some(ms) = r.held_out_ms {
+        s.push_str(&format!(",returning_in_ms={ms}"));
+    }
+    s
 }
 
 fn cluster_status(node: &crate::server::Node) -> String {
@@ -188,7 +192,7 @@ fn cluster_status(node: &crate::server::Node) -> String {
     s.push_str(&format!("coordinators:{}\r\n", coordinators.join(",")));
     // Coordinator members hear every node's heartbeats: they know the
     // site's in-flight state transfers and which nodes are silent.
-    let reports = node.coordinator.get().map(|c| c.reports()).unwrap_or_default();
+    let reports = node.coordinator.get().map(|c| c.reports(&t)).unwrap_or_default();
     if let Some(c) = node.coordinator.get() {
         s.push_str(&format!("coordinator_leader:{}\r\n", c.leader().map_or("unknown".into(), |l| l.to_string())));
         s.push_str(&format!("transfers_in_flight:{}\r\n", reports.iter().filter(|r| r.alive).map(|r| r.joining).sum::<u32>()));

@@ -11,8 +11,9 @@
 
 pub mod raft;
 
-use crate::server::{now_ms, Node};
+use crate::server::{mono_ms, Node};
 use causeway_core::message::{Dest, Envelope, Message};
+use causeway_core::node::Beat;
 use causeway_core::ring::{NodeId, NodeInfo, Topology};
 use causeway_core::supervisor::{NodeReport, Supervisor};
 use parking_lot::Mutex;
@@ -21,8 +22,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often nodes send heartbeats.
-pub const HEARTBEAT: Duration = Duration::from_millis(200);
 /// How often the leader looks for repairs to make.
 const SUPERVISE: Duration = Duration::from_millis(100);
 
@@ -33,13 +32,13 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    pub fn heartbeat(&self, from: NodeId, epoch: u64, joining: u32) {
-        self.supervisor.lock().heartbeat(from, epoch, joining, now_ms());
+    pub fn heartbeat(&self, beat: Beat) {
+        self.supervisor.lock().heartbeat(beat, mono_ms());
     }
 
     /// What the heartbeats say about every node heard from.
-    pub fn reports(&self) -> Vec<NodeReport> {
-        self.supervisor.lock().reports(now_ms())
+    pub fn reports(&self, current: &Topology) -> Vec<NodeReport> {
+        self.supervisor.lock().reports(current, mono_ms())
     }
 
     /// The leader's node id, if known.
@@ -89,7 +88,7 @@ pub async fn start(node: &Arc<Node>) -> Result<(), String> {
     }
     let dir = node.config.data_dir.as_ref().map(|d| std::path::Path::new(d).join("raft"));
     let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone(), dir.as_deref()).await?;
-    let coordinator = Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(node.config.failure_timeout_ms, now_ms())) });
+    let coordinator = Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(node.config.failure_timeout_ms, mono_ms())) });
     let _ = node.coordinator.set(coordinator.clone());
     tokio::spawn(follow(node.clone(), coordinator.clone()));
     tokio::spawn(supervise(node.clone(), coordinator));
@@ -108,25 +107,38 @@ async fn follow(node: Arc<Node>, c: Arc<Coordinator>) {
     }
 }
 
-/// On the leader: commit repairs and push configurations.
+/// On every member: keep the supervisor's clock (a pause or a new
+/// leadership starts a grace period). On the leader: commit repairs and
+/// push configurations.
 async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
     let mut interval = tokio::time::interval(SUPERVISE);
     loop {
         interval.tick().await;
-        if !c.raft.is_leader() {
+        let leader = c.raft.is_leader();
+        c.supervisor.lock().observe(mono_ms(), leader);
+        if !leader {
             continue;
         }
         let current = c.raft.watch().borrow().clone();
-        let next = c.supervisor.lock().next(&current, now_ms());
+        let next = c.supervisor.lock().next(&current, mono_ms());
         match next {
-            Some(next) => match c.raft.propose(next.clone()).await {
-                Ok(()) => {
-                    tracing::info!("coordinator: epoch {} committed", next.epoch);
-                    let everyone: Vec<NodeId> = current.nodes.iter().chain(&next.nodes).map(|n| n.id).collect();
-                    push(&node, &next, everyone);
+            Some(change) => {
+                let started = std::time::Instant::now();
+                match c.raft.propose(change.topology.clone()).await {
+                    Ok(()) => {
+                        tracing::info!(
+                            "coordinator: epoch {}: {} (committed in {} ms)",
+                            change.topology.epoch,
+                            change.why,
+                            started.elapsed().as_millis()
+                        );
+                        let everyone: Vec<NodeId> =
+                            current.nodes.iter().chain(&change.topology.nodes).chain(&current.returning).map(|n| n.id).collect();
+                        push(&node, &change.topology, everyone);
+                    }
+                    Err(e) => tracing::warn!("coordinator: could not commit epoch {} ({}): {e}", change.topology.epoch, change.why),
                 }
-                Err(e) => tracing::warn!("coordinator: could not commit epoch {}: {e}", next.epoch),
-            },
+            }
             None => {
                 let lagging = c.supervisor.lock().lagging(current.epoch);
                 push(&node, &current, lagging);

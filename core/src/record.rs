@@ -1,0 +1,53 @@
+//! What a replica asks its node to make durable: the write-ahead log's
+//! records, a type of their own (not `Message`), so the log format can
+//! change apart from the wire protocol.
+//!
+//! A replica produces records in the order it applies things; the node
+//! appends them in that order (under the same lock, see `node`), and
+//! nothing a step sends leaves before that step's records are durable under
+//! `fsync=always`. Recovery (`node::Node::recover`) reads them back per
+//! partition: the last `State` record, then the updates after it, sorted
+//! by sequence number.
+
+use crate::chain::PartitionState;
+use crate::message::Update;
+use crate::ring::PartitionId;
+use serde::{Deserialize, Serialize};
+
+/// The version of the record encoding. A log written by another version is
+/// refused at start with a clear error rather than misread.
+pub const FORMAT: u8 = 1;
+
+/// One write-ahead log record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LogRecord {
+    /// Updates a replica applied, in sequence order.
+    Updates { partition: PartitionId, updates: Vec<Update> },
+    /// A whole replica state: installed by a state transfer, or written by
+    /// a compaction checkpoint. Everything before it for this partition is
+    /// superseded.
+    State { partition: PartitionId, state: PartitionState },
+}
+
+impl LogRecord {
+    pub fn partition(&self) -> PartitionId {
+        match self {
+            LogRecord::Updates { partition, .. } | LogRecord::State { partition, .. } => *partition,
+        }
+    }
+
+    /// The record's bytes: the format version, then the encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![FORMAT];
+        crate::wire::encode_into(self, &mut out);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<LogRecord, String> {
+        match bytes.split_first() {
+            Some((&FORMAT, rest)) => crate::wire::decode(rest),
+            Some((v, _)) => Err(format!("log record format {v}, this build reads format {FORMAT}")),
+            None => Err("empty log record".into()),
+        }
+    }
+}

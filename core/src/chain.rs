@@ -139,13 +139,18 @@ impl ChainReplica {
     pub fn new(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
         let chain = topology.chain(partition);
         let index = chain.index_of(me)?;
-        Some(ChainReplica {
+        Some(ChainReplica::at(partition, site, topology.epoch, chain.nodes.clone(), index, topology.shape.k))
+    }
+
+    /// An empty replica at position `index` of `chain`.
+    fn at(partition: PartitionId, site: SiteId, epoch: u64, chain: Vec<NodeId>, index: usize, k: usize) -> Self {
+        ChainReplica {
             partition,
-            epoch: topology.epoch,
+            epoch,
             site,
-            chain: chain.nodes.clone(),
+            chain,
             index,
-            k: topology.shape.k,
+            k,
             joining: false,
             store: PartitionStore::default(),
             clock: Clock::default(),
@@ -159,7 +164,14 @@ impl ChainReplica {
             last_writes: AHashMap::new(),
             pruned_ms: 0,
             last_progress_ms: 0,
-        })
+        }
+    }
+
+    /// A replica recovered from the log, in no chain yet (epoch 0, alone,
+    /// and no tail): `reconfigure` gives it its place once the node is
+    /// admitted.
+    pub fn detached(partition: PartitionId, me: NodeId, site: SiteId, k: usize) -> Self {
+        ChainReplica::at(partition, site, 0, vec![me], 0, k)
     }
 
     /// A replica of a partition that starts empty (the site's birth): its
@@ -176,8 +188,10 @@ impl ChainReplica {
         self.joining
     }
 
+    /// A detached replica (epoch 0, recovered from the log) is no tail: it
+    /// keeps what it does not know stable, to resend it once it has a place.
     fn is_tail(&self) -> bool {
-        self.index + 1 == self.chain.len()
+        self.epoch != 0 && self.index + 1 == self.chain.len()
     }
 
     fn successor(&self) -> Option<NodeId> {

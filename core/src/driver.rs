@@ -29,9 +29,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-/// How many times one request may be redirected (topology refreshes) before
-/// it fails.
-const MAX_REDIRECTS: u8 = 5;
+/// How many times in a row one request is redirected (topology refreshes)
+/// at once; after that it waits `RETRY_MS` between refreshes (a node not
+/// serving yet, or a configuration still settling), until it times out.
+const MAX_REDIRECTS: u8 = 3;
 /// How long a node found unreachable is avoided (unless the configuration
 /// changes first).
 const SUSPECT_MS: u64 = 1_000;
@@ -122,8 +123,6 @@ pub enum Response {
 pub enum ClientError {
     /// No answer in time (a node is down or overloaded).
     Timeout,
-    /// The topology kept changing under the request.
-    TooManyRedirects,
     /// Too few replicas of the key's partition are alive to accept writes.
     Unavailable { alive: u8, needed: u8 },
 }
@@ -132,7 +131,6 @@ impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClientError::Timeout => f.write_str("timed out waiting for the replicas"),
-            ClientError::TooManyRedirects => f.write_str("the partition map kept changing; retry"),
             ClientError::Unavailable { alive, needed } => {
                 write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
             }
@@ -676,7 +674,7 @@ impl Driver {
                 inflight.redirects += 1;
                 inflight.outstanding.clear();
                 if inflight.redirects > MAX_REDIRECTS {
-                    p.done = self.finish(Err(ClientError::TooManyRedirects));
+                    self.retry_later(now_ms);
                 } else if matches!(msg, Message::Refused { reason: Refusal::SnapshotTooOld, .. }) {
                     return self.begin(now_ms);
                 } else {

@@ -52,8 +52,9 @@ pub struct Beat {
     pub incarnation: u64,
     /// The configuration it holds.
     pub epoch: u64,
-    /// Replicas still fetching their state: state transfers in flight.
-    pub joining: u32,
+    /// Partitions whose replica here is still fetching its state (holds
+    /// nothing yet): state transfers in flight.
+    pub joining: Vec<PartitionId>,
     /// Not admitted yet: what it recovered from its log, for the
     /// coordinator to decide how it rejoins.
     pub recovered: Option<Recovered>,
@@ -168,7 +169,10 @@ impl Node {
             // Every replica's log starts with a state record (an empty one at
             // the site's birth); updates without one are from a replica that
             // never finished joining, and are worth nothing.
-            let (Some(state), Some(mut r)) = (state, ChainReplica::new(&self.topology, p, self.id.me, self.id.site)) else { continue };
+            let Some(state) = state else { continue };
+            // Its place in the chain comes with the admission (the
+            // configuration held now may be older than the log).
+            let mut r = ChainReplica::detached(p, self.id.me, self.id.site, self.topology.shape.k);
             r.restore(state, now_ms);
             if let Some(missing) = r.replay(updates, now_ms) {
                 report.gaps.push((p, missing));
@@ -305,7 +309,7 @@ impl Node {
             addr: self.id.addr.clone(),
             incarnation: self.id.incarnation,
             epoch: self.topology.epoch,
-            joining: self.joining_replicas() as u32,
+            joining: (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining())).collect(),
             recovered,
         }
     }

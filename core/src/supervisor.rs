@@ -38,6 +38,9 @@ use crate::node::Beat;
 use crate::ring::{NodeId, NodeInfo, PartitionId, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// How long a failed node must stay alive before it returns, after its
+/// first failure in a row; it doubles with each further one.
+pub const HOLD_OUT_MS: u64 = 1_000;
 /// The longest a failed node is held out before it may return.
 pub const MAX_HOLD_OUT_MS: u64 = 30_000;
 /// Failures further apart than this do not add up.
@@ -147,6 +150,22 @@ impl Supervisor {
         now_ms < self.grace_until_ms || self.heard_recently(node, now_ms)
     }
 
+    /// Whether `node` serves partition `p` with its data: a member of the
+    /// chain, admitted, alive, and done fetching its state.
+    fn holds(&self, current: &Topology, node: NodeId, p: PartitionId, now_ms: u64) -> bool {
+        current.chain(p).index_of(node).is_some()
+            && self.alive_beat(node, now_ms).is_some_and(|b| current.admits(node, b.incarnation) && !b.joining.contains(&p))
+    }
+
+    /// Whether removing `node` would leave some chain it is in with nobody
+    /// holding the data (the others are gone or still fetching it).
+    fn sole_holder(&self, current: &Topology, node: NodeId, now_ms: u64) -> bool {
+        (0..current.shape.partitions).any(|p| {
+            let chain = current.chain(p);
+            chain.index_of(node).is_some() && !chain.nodes.iter().any(|&m| m != node && self.holds(current, m, p, now_ms))
+        })
+    }
+
     /// `node`'s last heartbeat, if it is recent.
     fn alive_beat(&self, node: NodeId, now_ms: u64) -> Option<Beat> {
         self.last_seen.get(&node).filter(|_| self.heard_recently(node, now_ms)).map(|h| h.beat.clone())
@@ -171,7 +190,7 @@ impl Supervisor {
                 alive: self.heard_recently(node, now_ms),
                 silent_ms: now_ms.saturating_sub(h.at_ms),
                 epoch: h.beat.epoch,
-                joining: h.beat.joining,
+                joining: h.beat.joining.len() as u32,
                 held_out_ms: current.returning.iter().any(|n| n.id == node).then(|| self.held_out_ms(node, now_ms)),
                 failures: self.strikes.get(&node).map_or(0, |s| s.count),
             })
@@ -186,11 +205,11 @@ impl Supervisor {
         (h.since_ms + self.hold_out_ms(node)).saturating_sub(now_ms)
     }
 
-    /// The hold-out after the node's failures in a row: one failure timeout,
+    /// The hold-out after the node's failures in a row: `HOLD_OUT_MS`,
     /// doubling with each further failure, at most `MAX_HOLD_OUT_MS`.
     fn hold_out_ms(&self, node: NodeId) -> u64 {
         let count = self.strikes.get(&node).map_or(1, |s| s.count.max(1));
-        (self.failure_timeout_ms << (count - 1).min(16)).min(MAX_HOLD_OUT_MS)
+        (HOLD_OUT_MS << (count - 1).min(16)).min(MAX_HOLD_OUT_MS)
     }
 
     fn strike(&mut self, node: NodeId, now_ms: u64) {
@@ -213,10 +232,9 @@ impl Supervisor {
     /// The next configuration to propose, if any change is due. One change
     /// per step: the caller commits it, pushes it, and asks again.
     pub fn next(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
-        // 1. Failures first; never the last member of a chain (its data
-        // would be gone: the partition waits for it instead).
-        let last_of_a_chain = |n: NodeId| current.chains.iter().any(|c| c.nodes == [n]);
-        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms) && !last_of_a_chain(n)) {
+        // 1. Failures first; never the last member of a chain that holds its
+        // data (the partition would be gone: it waits for the node instead).
+        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms) && !self.sole_holder(current, n, now_ms)) {
             self.strike(dead, now_ms);
             let why = format!("node {dead} silent for {} ms: removed from its chains", self.failure_timeout_ms);
             return Some(Change { topology: current.failed(dead), why });
@@ -259,21 +277,20 @@ impl Supervisor {
                 t.admitted.insert(*n, beat.incarnation);
                 return Some(Change { topology: t, why: format!("node {n} restarted with a whole log: resumes in place") });
             }
-            // Chains of n that no admitted live node holds: n's log is needed.
-            let serving = |m: NodeId| {
-                m != *n && self.heard_recently(m, now_ms) && self.last_seen.get(&m).is_some_and(|h| current.admits(m, h.beat.incarnation))
-            };
-            let orphans: Vec<PartitionId> = mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| serving(m))).collect();
+            // Chains of n that no other admitted live node holds (joined and
+            // done fetching): n's log is needed.
+            let orphans: Vec<PartitionId> =
+                mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| m != *n && self.holds(current, m, p, now_ms))).collect();
             if orphans.is_empty() {
                 self.strike(*n, now_ms);
                 let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");
                 return Some(Change { topology: current.failed(*n), why });
             }
-            // Every member of those chains must have reported, unless the
-            // grace period is over (the silent ones are then removed first).
+            // Every member of those chains must have been heard (the
+            // restarted ones say what they recovered), unless the grace
+            // period is over (the silent ones are then removed first).
             let members: BTreeSet<NodeId> = orphans.iter().flat_map(|&p| current.chain(p).nodes.clone()).collect();
-            let reported = |m: &NodeId| restarted.iter().any(|(r, b)| r == m && b.recovered.is_some());
-            if !members.iter().all(reported) && now_ms < self.grace_until_ms {
+            if !members.iter().all(|&m| self.heard_recently(m, now_ms)) && now_ms < self.grace_until_ms {
                 continue;
             }
             let mut t = current.clone();
@@ -340,7 +357,7 @@ mod tests {
     }
 
     fn beat(t: &Topology, n: NodeId, epoch: u64) -> Beat {
-        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, joining: 0, recovered: None }.with_admission(t)
+        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, joining: Vec::new(), recovered: None }.with_admission(t)
     }
 
     trait WithAdmission {

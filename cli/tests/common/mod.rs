@@ -251,7 +251,33 @@ impl Cluster {
                 return Err((format!("node {} exited ({status}) after start; stderr:\n{log}", node.id), retry));
             }
         }
+        if !opts.extra.iter().any(|f| f == "--join") {
+            let all: Vec<usize> = (0..cluster.len()).collect();
+            cluster.wait_serving(&all);
+        }
         Ok(cluster)
+    }
+
+    /// Whether node `i` says it serves (the coordinator admitted it).
+    pub fn is_serving(&self, i: usize) -> bool {
+        let Ok(mut con) = self.client(i).get_connection_with_timeout(Duration::from_secs(1)) else { return false };
+        if let Some(pass) = self.opts.extra.iter().skip_while(|f| *f != "--requirepass").nth(1) {
+            let _: Result<(), _> = redis::cmd("AUTH").arg(pass).query(&mut con);
+        }
+        let status: Result<String, _> = redis::cmd("CW.STATUS").query(&mut con);
+        status.is_ok_and(|s| s.contains("serving:yes"))
+    }
+
+    /// Waits until each of `nodes` serves: a started or restarted node
+    /// answers only once the coordinator has admitted it.
+    pub fn wait_serving(&self, nodes: &[usize]) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        for &i in nodes {
+            while !self.is_serving(i) {
+                assert!(Instant::now() < deadline, "node {i} was not admitted in time\n{}", self.logs());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -408,16 +434,28 @@ pub fn expect_err(con: &mut redis::Connection, cmd: &redis::Cmd) -> String {
 }
 
 /// Polls `f` until it returns `Some`, failing after `timeout`.
-pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn eventually<T>(timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    poll(timeout, f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// Polls `f` until it returns `Some`, or `None` after `timeout`.
+pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
         if Instant::now() > deadline {
-            panic!("timed out waiting for {what}");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Cluster {
+    /// `eventually`, with every node's log in the failure message.
+    pub fn eventually<T>(&self, timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+        poll(timeout, f).unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs()))
     }
 }
 

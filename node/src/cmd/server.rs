@@ -166,7 +166,7 @@ pub async fn info(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
         "# Server\r\nredis_version:7.0.0\r\ncauseway_version:{}\r\nnode_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\n\r\n\
          # Clients\r\nconnected_clients:{}\r\n\r\n\
          # Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\r\n\
-         # Replication\r\nrole:master\r\nepoch:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\nconsistency:{}\r\n",
+         # Replication\r\nrole:master\r\nserving:{}\r\nepoch:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\nconsistency:{}\r\n",
         env!("CARGO_PKG_VERSION"),
         node.me,
         node.config.listen.rsplit(':').next().unwrap_or(""),
@@ -174,6 +174,7 @@ pub async fn info(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
         node.stats.connections.load(Ordering::Relaxed),
         node.stats.total_connections.load(Ordering::Relaxed),
         node.stats.commands.load(Ordering::Relaxed),
+        if node.is_admitted() { "yes" } else { "no" },
         topology.epoch,
         shape.partitions,
         shape.replicas,

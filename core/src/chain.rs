@@ -50,6 +50,13 @@ pub struct Digest {
     pub latest: Vec<(Bytes, Stored)>,
 }
 
+impl Digest {
+    /// A hash of every key's latest version and value.
+    pub fn fingerprint(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&crate::wire::encode(&self.latest))
+    }
+}
+
 /// A write as the head receives it.
 #[derive(Clone, Debug)]
 pub struct PutRequest {

@@ -309,7 +309,9 @@ impl Node {
             addr: self.id.addr.clone(),
             incarnation: self.id.incarnation,
             epoch: self.topology.epoch,
-            joining: (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining())).collect(),
+            joining: (0..self.parts.len() as PartitionId)
+                .filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining()))
+                .collect(),
             recovered,
         }
     }

@@ -234,7 +234,8 @@ impl Supervisor {
     pub fn next(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
         // 1. Failures first; never the last member of a chain that holds its
         // data (the partition would be gone: it waits for the node instead).
-        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms) && !self.sole_holder(current, n, now_ms)) {
+        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms) && !self.sole_holder(current, n, now_ms))
+        {
             self.strike(dead, now_ms);
             let why = format!("node {dead} silent for {} ms: removed from its chains", self.failure_timeout_ms);
             return Some(Change { topology: current.failed(dead), why });
@@ -279,8 +280,11 @@ impl Supervisor {
             }
             // Chains of n that no other admitted live node holds (joined and
             // done fetching): n's log is needed.
-            let orphans: Vec<PartitionId> =
-                mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| m != *n && self.holds(current, m, p, now_ms))).collect();
+            let orphans: Vec<PartitionId> = mine
+                .iter()
+                .copied()
+                .filter(|&p| !current.chain(p).nodes.iter().any(|&m| m != *n && self.holds(current, m, p, now_ms)))
+                .collect();
             if orphans.is_empty() {
                 self.strike(*n, now_ms);
                 let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");

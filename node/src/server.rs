@@ -214,6 +214,12 @@ impl Node {
         (self.route(out, Some(local)), undelivered)
     }
 
+    /// Every replica this node holds, in brief.
+    pub fn digests(&self) -> Vec<(causeway_core::ring::PartitionId, causeway_core::chain::Digest)> {
+        let core = self.core.lock();
+        (0..core.topology().shape.partitions).filter_map(|p| Some((p, core.digest(p)?))).collect()
+    }
+
     /// Replicas on this node still waiting for a state transfer.
     pub fn joining_replicas(&self) -> usize {
         self.core.lock().joining_replicas()

@@ -5,13 +5,15 @@
 
 use bytes::BytesMut;
 use causeway_resp::{encode_request, parse_frame, Frame, Limits};
+use redis::Commands;
+use std::collections::HashMap;
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a node may take to accept connections after it is spawned.
@@ -590,4 +592,68 @@ pub fn assert_readable(c: &Cluster, nodes: &[usize], keys: &[(String, String)]) 
             }
         }
     }
+}
+
+/// Writers on the surviving nodes: each writes its own keys in sequence and
+/// records what was acknowledged. Errors (timeouts while a chain is
+/// repaired) are retried with the next value.
+pub struct Workload {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<HashMap<String, String>>>,
+    threads: Vec<std::thread::JoinHandle<Duration>>,
+}
+
+impl Workload {
+    pub fn start(c: &Cluster, via: &[usize]) -> Workload {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(HashMap::new()));
+        let threads = via
+            .iter()
+            .enumerate()
+            .map(|(w, &node)| {
+                let (client, stop, acked) = (c.client(node), stop.clone(), acked.clone());
+                std::thread::spawn(move || {
+                    let mut con = client.get_connection().unwrap();
+                    let mut longest_gap = Duration::ZERO;
+                    let mut last_ok = Instant::now();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let (key, value) = (format!("w{w}:k{}", n % 50), format!("w{w}:v{n}"));
+                        match con.set::<_, _, String>(&key, &value) {
+                            Ok(_) => {
+                                longest_gap = longest_gap.max(last_ok.elapsed());
+                                last_ok = Instant::now();
+                                acked.lock().unwrap().insert(key, value);
+                            }
+                            Err(_) => {
+                                // The outcome is unknown: the key may hold
+                                // this value or the previous one.
+                                acked.lock().unwrap().remove(&key);
+                                if let Ok(c) = client.get_connection() {
+                                    con = c;
+                                }
+                            }
+                        }
+                    }
+                    longest_gap
+                })
+            })
+            .collect();
+        Workload { stop, acked, threads }
+    }
+
+    pub fn finish(self) -> (HashMap<String, String>, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let gap = self.threads.into_iter().map(|t| t.join().unwrap()).max().unwrap();
+        (Arc::try_unwrap(self.acked).unwrap().into_inner().unwrap(), gap)
+    }
+}
+
+/// Every acknowledged value (the last one per key) is what every survivor
+/// returns, through a linearizable (tail) read and a causal read.
+pub fn check_acknowledged(c: &Cluster, survivors: &[usize], acked: &HashMap<String, String>) {
+    assert!(acked.len() >= 20, "only {} keys were acknowledged", acked.len());
+    let keys: Vec<(String, String)> = acked.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    assert_readable(c, survivors, &keys);
 }

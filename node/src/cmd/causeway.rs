@@ -117,6 +117,18 @@ pub async fn chain(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     Frame::Array(vec![Frame::Integer(p as i64), Frame::Array(members)]).into()
 }
 
+/// CW.DIGEST: each replica this node holds in brief, one line per
+/// partition: `partition:applied:stable:hash` (the hash covers every key's
+/// latest version and value). Replicas of one chain that hold the same data
+/// show the same line: tests and operators compare them across nodes.
+pub async fn digest(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
+    let mut text = String::new();
+    for (p, d) in conn.node.digests() {
+        text.push_str(&format!("{p}:{}:{}:{:016x}\r\n", d.applied, d.stable, d.fingerprint()));
+    }
+    Frame::Bulk(Bytes::from(text)).into()
+}
+
 /// CW.STATUS: this node at a glance.
 pub async fn status(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let node = &conn.node;

@@ -70,6 +70,7 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.chain", 2, false, causeway::chain),
     command!("cw.session", -2, false, causeway::session),
     command!("cw.status", 1, false, causeway::status),
+    command!("cw.digest", 1, false, causeway::digest),
     command!("cw.cluster", -2, false, causeway::cluster),
 ];
 

@@ -11,58 +11,12 @@
 
 mod common;
 
-use common::{cluster_status, is_member, Cluster, Opts};
+use common::{cluster_status, is_member, Cluster, Opts, Workload, Written};
 use redis::Commands;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// `writers` connections spread over `nodes`, each writing its own keys
-/// (so the last acknowledged value of a key is well defined) as fast as it
-/// can; returns the stop flag, the acknowledged values and the threads.
-fn writers(
-    c: &Cluster,
-    nodes: &[usize],
-    writers: usize,
-    keys_each: usize,
-) -> (Arc<AtomicBool>, Arc<Mutex<HashMap<String, String>>>, Vec<std::thread::JoinHandle<u64>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(HashMap::new()));
-    let threads = (0..writers)
-        .map(|w| {
-            let (client, stop, acked) = (c.client(nodes[w % nodes.len()]), stop.clone(), acked.clone());
-            std::thread::spawn(move || {
-                let Ok(mut con) = client.get_connection_with_timeout(Duration::from_secs(2)) else { return 0 };
-                let _ = con.set_read_timeout(Some(Duration::from_secs(3)));
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let (key, value) = (format!("w{w}:k{}", n % keys_each as u64), format!("w{w}:v{n}"));
-                    match con.set::<_, _, String>(&key, &value) {
-                        Ok(_) => {
-                            acked.lock().unwrap().insert(key, value);
-                        }
-                        // Unknown outcome (the node died mid-request): the
-                        // key holds this value or the one before.
-                        Err(_) => {
-                            acked.lock().unwrap().remove(&key);
-                            std::thread::sleep(Duration::from_millis(20));
-                            match client.get_connection_with_timeout(Duration::from_millis(500)) {
-                                Ok(c) => con = c,
-                                Err(_) => continue,
-                            }
-                        }
-                    }
-                }
-                n
-            })
-        })
-        .collect();
-    (stop, acked, threads)
-}
 
 /// Every node's `CW.DIGEST`: partition -> (node -> line).
 fn digests(c: &Cluster, nodes: &[usize]) -> BTreeMap<String, BTreeMap<usize, String>> {
@@ -111,15 +65,13 @@ fn readable_everywhere(c: &Cluster, nodes: &[usize], acked: &HashMap<String, Str
 #[test]
 fn a_whole_site_killed_under_concurrent_writers_comes_back_with_every_acknowledged_write() {
     let mut c = Cluster::start_with(Opts::new(3, 3, 2).durable().flag("--fsync", "always").flag("--request-timeout-ms", 2000));
-    let (stop, acked, threads) = writers(&c, &[0, 1, 2], 16, 400);
+    let load = Workload::spread(&c, &[0, 1, 2], 16, 400);
     std::thread::sleep(Duration::from_secs(2));
     for i in 0..3 {
         c.kill(i);
     }
-    stop.store(true, Ordering::Relaxed);
-    let written: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    let acked = Arc::try_unwrap(acked).unwrap().into_inner().unwrap();
-    assert!(acked.len() > 200, "only {} keys acknowledged ({written} writes tried)", acked.len());
+    let Written { acked, tried, .. } = load.finish();
+    assert!(acked.len() > 200, "only {} keys acknowledged ({tried} writes tried)", acked.len());
     for i in 0..3 {
         c.restart(i);
     }
@@ -136,12 +88,15 @@ fn a_whole_site_killed_under_concurrent_writers_comes_back_with_every_acknowledg
 #[test]
 fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
     let c = Cluster::start_with(Opts::new(4, 3, 2).flag("--request-timeout-ms", 1500).flag("--failure-timeout-ms", 800));
-    let (stop, acked, threads) = writers(&c, &[0, 1, 2, 3], 8, 50);
+    let load = Workload::spread(&c, &[0, 1, 2, 3], 8, 50);
     let healed = |what: &str| {
         c.eventually(WAIT, what, || {
             let leader: usize = (0..3).find_map(|i| cluster_status(&c, i)?.get("coordinator_leader")?.parse().ok())?;
             let s = cluster_status(&c, leader)?;
-            let whole = (0..4).all(|n| is_member(&s, n)) && s.get("short_chains")? == "0" && s.get("transfers_in_flight")? == "0";
+            // Every node a member, heard at the current epoch with nothing
+            // left to fetch, and every chain at R.
+            let settled = format!("epoch={},joining=0,", s.get("epoch")?);
+            let whole = (0..4).all(|n| is_member(&s, n) && s[&format!("node{n}")].contains(&settled)) && s.get("short_chains")? == "0";
             whole.then_some(leader)
         })
     };
@@ -167,12 +122,11 @@ fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
     // every node is a member and serving.
     assert!(status["epoch"].parse::<u64>().unwrap() >= epoch_before);
     c.wait_serving(&[0, 1, 2, 3]);
-    let before_stop = acked.lock().unwrap().len();
+    let before_stop = load.acked_keys();
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let written: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    let acked = Arc::try_unwrap(acked).unwrap().into_inner().unwrap();
-    assert!(before_stop > 20 && written > 100, "writes kept flowing: {before_stop} keys, {written} writes");
+    let Written { acked, tried, longest_gap } = load.finish();
+    eprintln!("pause, then leader pause: longest write gap {longest_gap:?}, {tried} writes tried");
+    assert!(before_stop > 20 && tried > 100, "writes kept flowing: {before_stop} keys, {tried} writes");
     readable_everywhere(&c, &[0, 1, 2, 3], &acked);
     replicas_identical(&c, &[0, 1, 2, 3]);
 }

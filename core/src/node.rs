@@ -163,6 +163,9 @@ impl Node {
                     segments.insert(partition, (Some(state), Vec::new()));
                 }
                 LogRecord::Updates { partition, updates } => segments.entry(partition).or_default().1.extend(updates),
+                LogRecord::Dropped { partition } => {
+                    segments.remove(&partition);
+                }
             }
         }
         for (p, (state, updates)) in segments {
@@ -366,10 +369,19 @@ impl Node {
         self.admitted = new.admits(me, self.id.incarnation);
         self.topology = Arc::new(new);
         if self.topology.node(me).is_none() {
-            self.parts.iter_mut().for_each(|p| *p = None);
+            for p in 0..self.parts.len() {
+                self.drop_replica(p as PartitionId);
+            }
             self.whole = false;
         } else if self.admitted {
             self.place_replicas(now_ms, out);
+        }
+    }
+
+    /// Drops this node's replica of `partition`, in the log too.
+    fn drop_replica(&mut self, partition: PartitionId) {
+        if self.parts[partition as usize].take().is_some() {
+            self.log.push(LogRecord::Dropped { partition });
         }
     }
 
@@ -382,12 +394,13 @@ impl Node {
             match slot {
                 Some(r) => {
                     if !r.reconfigure(&topology, me, now_ms, out) {
-                        *slot = None;
+                        self.drop_replica(p);
+                        continue;
                     }
                 }
                 None => *slot = ChainReplica::joining(&topology, p, me, site, now_ms, out),
             }
-            if let Some(r) = slot {
+            if let Some(r) = &mut self.parts[p as usize] {
                 self.log.extend(r.take_log());
             }
         }

@@ -7,7 +7,7 @@
 //! nothing a step sends leaves before that step's records are durable under
 //! `fsync=always`. Recovery (`node::Node::recover`) reads them back per
 //! partition: the last `State` record, then the updates after it, sorted
-//! by sequence number.
+//! by sequence number, unless a `Dropped` record came after them.
 
 use crate::chain::PartitionState;
 use crate::message::Update;
@@ -27,12 +27,16 @@ pub enum LogRecord {
     /// a compaction checkpoint. Everything before it for this partition is
     /// superseded.
     State { partition: PartitionId, state: PartitionState },
+    /// The node left the partition's chain and dropped its replica: what
+    /// came before is not to be recovered (a node that returns to the chain
+    /// fetches the state anew).
+    Dropped { partition: PartitionId },
 }
 
 impl LogRecord {
     pub fn partition(&self) -> PartitionId {
         match self {
-            LogRecord::Updates { partition, .. } | LogRecord::State { partition, .. } => *partition,
+            LogRecord::Updates { partition, .. } | LogRecord::State { partition, .. } | LogRecord::Dropped { partition } => *partition,
         }
     }
 

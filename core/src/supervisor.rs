@@ -53,6 +53,8 @@ struct Heard {
     /// Since when it has been heard without a silence as long as the failure
     /// timeout.
     since_ms: u64,
+    /// When this incarnation was first heard.
+    incarnation_ms: u64,
     beat: Beat,
 }
 
@@ -100,6 +102,8 @@ pub struct Supervisor {
     grace_until_ms: u64,
     /// When `observe` was last called, and whether this member led then.
     observed: Option<(u64, bool)>,
+    /// Why a silent node is not being removed, if one is not.
+    waiting: Option<String>,
 }
 
 impl Supervisor {
@@ -112,6 +116,7 @@ impl Supervisor {
             joining: Vec::new(),
             grace_until_ms: now_ms + failure_timeout_ms,
             observed: None,
+            waiting: None,
         }
     }
 
@@ -135,13 +140,20 @@ impl Supervisor {
         self.observed = Some((now_ms, leader));
     }
 
+    /// Why a silent node is not being removed (for the operator's log).
+    pub fn waiting(&self) -> Option<&str> {
+        self.waiting.as_deref()
+    }
+
     /// A node's heartbeat.
     pub fn heartbeat(&mut self, beat: Beat, now_ms: u64) {
-        let since_ms = match self.last_seen.get(&beat.from) {
+        let last = self.last_seen.get(&beat.from);
+        let since_ms = match last {
             Some(h) if now_ms.saturating_sub(h.at_ms) < self.failure_timeout_ms => h.since_ms,
             _ => now_ms,
         };
-        self.last_seen.insert(beat.from, Heard { at_ms: now_ms, since_ms, beat });
+        let incarnation_ms = last.filter(|h| h.beat.incarnation == beat.incarnation).map_or(now_ms, |h| h.incarnation_ms);
+        self.last_seen.insert(beat.from, Heard { at_ms: now_ms, since_ms, incarnation_ms, beat });
     }
 
     /// Whether `node` has been heard from within the failure timeout (every
@@ -155,6 +167,13 @@ impl Supervisor {
     fn holds(&self, current: &Topology, node: NodeId, p: PartitionId, now_ms: u64) -> bool {
         current.chain(p).index_of(node).is_some()
             && self.alive_beat(node, now_ms).is_some_and(|b| current.admits(node, b.incarnation) && !b.joining.contains(&p))
+    }
+
+    /// Whether `node` was heard at or after `since_ms` (a heartbeat from
+    /// before another node restarted says nothing of whether it survived
+    /// the same outage).
+    fn heard_since(&self, node: NodeId, since_ms: u64) -> bool {
+        self.last_seen.get(&node).is_some_and(|h| h.at_ms >= since_ms)
     }
 
     /// Whether removing `node` would leave some chain it is in with nobody
@@ -233,9 +252,23 @@ impl Supervisor {
     /// per step: the caller commits it, pushes it, and asks again.
     pub fn next(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
         // 1. Failures first; never the last member of a chain that holds its
-        // data (the partition would be gone: it waits for the node instead).
-        if let Some(dead) = current.nodes.iter().map(|n| n.id).find(|&n| !self.is_alive(n, now_ms) && !self.sole_holder(current, n, now_ms))
-        {
+        // data (the partition would be gone: it waits for the node instead),
+        // and nobody while most nodes are silent (this member may be the
+        // one cut off; a site-wide outage is waited out).
+        let heard = current.nodes.iter().filter(|n| self.heard_recently(n.id, now_ms)).count();
+        let silent: Vec<NodeId> = current.nodes.iter().map(|n| n.id).filter(|&n| !self.is_alive(n, now_ms)).collect();
+        let dead = match 2 * heard >= current.nodes.len() {
+            true => silent.iter().copied().find(|&n| !self.sole_holder(current, n, now_ms)),
+            false => None,
+        };
+        self.waiting = match (silent.first(), dead) {
+            (Some(n), None) if 2 * heard < current.nodes.len() => {
+                Some(format!("node {n} and others silent, but most nodes are: not removing anyone (this member may be the one cut off)"))
+            }
+            (Some(n), None) => Some(format!("node {n} is silent but holds the only copy of some partition: waiting for it")),
+            _ => None,
+        };
+        if let Some(dead) = dead {
             self.strike(dead, now_ms);
             let why = format!("node {dead} silent for {} ms: removed from its chains", self.failure_timeout_ms);
             return Some(Change { topology: current.failed(dead), why });
@@ -280,21 +313,27 @@ impl Supervisor {
             }
             // Chains of n that no other admitted live node holds (joined and
             // done fetching): n's log is needed.
-            let orphans: Vec<PartitionId> = mine
-                .iter()
-                .copied()
-                .filter(|&p| !current.chain(p).nodes.iter().any(|&m| m != *n && self.holds(current, m, p, now_ms)))
-                .collect();
+            let back_ms = self.last_seen.get(n).map_or(now_ms, |h| h.incarnation_ms);
+            let holder = |m: NodeId, p: PartitionId| m != *n && self.holds(current, m, p, now_ms) && self.heard_since(m, back_ms);
+            let orphans: Vec<PartitionId> =
+                mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| holder(m, p))).collect();
             if orphans.is_empty() {
+                eprintln!(
+                    "DEBUG {now_ms} fail out {n}: seen {:?} admitted {:?}",
+                    self.last_seen.iter().map(|(k, h)| (*k, h.at_ms, h.beat.incarnation)).collect::<Vec<_>>(),
+                    current.admitted
+                );
                 self.strike(*n, now_ms);
                 let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");
                 return Some(Change { topology: current.failed(*n), why });
             }
-            // Every member of those chains must have been heard (the
-            // restarted ones say what they recovered), unless the grace
-            // period is over (the silent ones are then removed first).
+            // Every member of those chains must have been heard since n came
+            // back (the restarted ones say what they recovered); only one
+            // that stays silent past the failure timeout (or the grace
+            // period) is given up on.
             let members: BTreeSet<NodeId> = orphans.iter().flat_map(|&p| current.chain(p).nodes.clone()).collect();
-            if !members.iter().all(|&m| self.heard_recently(m, now_ms)) && now_ms < self.grace_until_ms {
+            let unknown = |m: NodeId| !self.heard_since(m, back_ms) && (self.heard_recently(m, now_ms) || now_ms < self.grace_until_ms);
+            if members.iter().any(|&m| unknown(m)) {
                 continue;
             }
             let mut t = current.clone();
@@ -310,7 +349,11 @@ impl Supervisor {
                 t.chains[p as usize].nodes.sort_by_key(|m| std::cmp::Reverse(applied(m).map_or(0, |a| a + 1)));
             }
             let who: Vec<String> = members.iter().map(|m| m.to_string()).collect();
-            let why = format!("nodes {} admitted from their logs ({} chains had no other copy)", who.join(","), orphans.len());
+            let why = format!(
+                "nodes {} admitted with what they recovered ({} chains had no other copy; none at a first start)",
+                who.join(","),
+                orphans.len()
+            );
             return Some(Change { topology: t, why });
         }
         None
@@ -496,7 +539,11 @@ mod tests {
         let restarted =
             Beat { incarnation: 7, recovered: Some(Recovered { whole: false, applied: BTreeMap::new() }), ..beat(&t, 1, t.epoch) };
         s.heartbeat(restarted.clone(), 2_100);
-        let out = s.next(&t, 2_100).unwrap();
+        // Until the others are heard after its restart, nobody knows they
+        // survived the same outage: it waits.
+        assert_eq!(s.next(&t, 2_100), None);
+        all_beat(&mut s, &t, &[0, 2, 3], 2_150);
+        let out = s.next(&t, 2_150).unwrap();
         assert!(out.topology.node(1).is_none(), "{}", out.why);
         // The same with a whole log of every chain it is in: resumes.
         let mine: BTreeMap<PartitionId, u64> = (0..16).filter(|&p| t.chain(p).nodes.contains(&1)).map(|p| (p, 5)).collect();

@@ -141,7 +141,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         .into_iter()
         .flat_map(|r| match r {
             LogRecord::Updates { updates, .. } => updates,
-            LogRecord::State { .. } => vec![],
+            LogRecord::State { .. } | LogRecord::Dropped { .. } => vec![],
         })
         .collect();
     // Restart 1: the plain log.
@@ -157,6 +157,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         match m {
             LogRecord::State { state, .. } => restored.restore(state, 20),
             LogRecord::Updates { updates, .. } => assert_eq!(restored.replay(updates, 20), None),
+            LogRecord::Dropped { .. } => {}
         }
     }
     let mut o2 = Outbox::new();
@@ -172,6 +173,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         match m {
             LogRecord::State { state, .. } => restored2.restore(state, 20),
             LogRecord::Updates { updates, .. } => assert_eq!(restored2.replay(updates, 20), None),
+            LogRecord::Dropped { .. } => {}
         }
     }
     restored2.put(put(2, 1, 1, Condition::Always, Some("v")), 21, &mut o2);

@@ -359,7 +359,8 @@ impl Sim {
                 let now = self.now_ms;
                 if let Message::Heartbeat(beat) = env.msg {
                     // The simulated coordinator stands apart from the nodes.
-                    if let Some(s) = self.supervisor.as_mut().filter(|_| self.coordinator_paused_until <= now) {
+                    let up = self.coordinator_paused_until <= now && self.coordinator_up();
+                    if let Some(s) = self.supervisor.as_mut().filter(|_| up) {
                         s.heartbeat(beat, now);
                     }
                     return;
@@ -449,7 +450,7 @@ impl Sim {
     /// that has not adopted it (the push may have been lost).
     fn coordinate(&mut self) {
         let now = self.now_ms;
-        if self.coordinator_paused_until > now {
+        if self.coordinator_paused_until > now || !self.coordinator_up() {
             return;
         }
         if let Some(s) = &mut self.supervisor {
@@ -470,6 +471,15 @@ impl Sim {
                 self.enqueue(Envelope { to: Dest::Node(n as NodeId), msg: Message::Reconfigure { topology } });
             }
         }
+    }
+
+    /// The coordinator runs on the first three nodes (a Raft group): it is
+    /// up while most of them are. Down, it hears and decides nothing; back,
+    /// it finds its clock jumped and waits for fresh heartbeats, like a new
+    /// leader.
+    fn coordinator_up(&self) -> bool {
+        let members = self.nodes.len().min(3);
+        2 * self.nodes[..members].iter().filter(|n| !n.crashed).count() > members
     }
 
     /// Stops `node` dead: it handles nothing from now on (kill -9). What its

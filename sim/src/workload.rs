@@ -155,11 +155,15 @@ pub fn check_converged(seed: u64, sim: &Sim, checker: &CausalChecker) {
     }
 }
 
-/// The seeds to run: `SEED=n` replays one.
+/// The seeds to run: `SEED=n` replays one, `SEEDS=a..b` runs a longer
+/// campaign than the default.
 pub fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
-    match std::env::var("SEED") {
-        Ok(s) => vec![s.parse().expect("SEED is a number")],
-        Err(_) => default.collect(),
+    if let Ok(s) = std::env::var("SEED") {
+        return vec![s.parse().expect("SEED is a number")];
+    }
+    match std::env::var("SEEDS").ok().and_then(|r| r.split_once("..").map(|(a, b)| (a.parse(), b.parse()))) {
+        Some((Ok(a), Ok(b))) => (a..b).collect(),
+        _ => default.collect(),
     }
 }
 

@@ -600,53 +600,88 @@ pub fn assert_readable(c: &Cluster, nodes: &[usize], keys: &[(String, String)]) 
 pub struct Workload {
     stop: Arc<AtomicBool>,
     acked: Arc<Mutex<HashMap<String, String>>>,
-    threads: Vec<std::thread::JoinHandle<Duration>>,
+    threads: Vec<std::thread::JoinHandle<(Duration, u64)>>,
+}
+
+/// What a finished workload did.
+pub struct Written {
+    /// The last acknowledged value of every key whose last write was
+    /// acknowledged.
+    pub acked: HashMap<String, String>,
+    /// The longest time a writer went without an acknowledgement.
+    pub longest_gap: Duration,
+    /// Writes tried.
+    pub tried: u64,
 }
 
 impl Workload {
+    /// One writer per node of `via`, 50 keys each.
     pub fn start(c: &Cluster, via: &[usize]) -> Workload {
+        Workload::spread(c, via, via.len(), 50)
+    }
+
+    /// `writers` connections spread over `nodes`, each writing its own
+    /// `keys_each` keys (so a key's last acknowledged value is well
+    /// defined) in a loop until `finish`. A failed write (a node died or
+    /// the request timed out) leaves the key's value unknown: it is
+    /// forgotten, and the writer reconnects.
+    pub fn spread(c: &Cluster, nodes: &[usize], writers: usize, keys_each: u64) -> Workload {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(HashMap::new()));
-        let threads = via
-            .iter()
-            .enumerate()
-            .map(|(w, &node)| {
-                let (client, stop, acked) = (c.client(node), stop.clone(), acked.clone());
+        let threads = (0..writers)
+            .map(|w| {
+                let (client, stop, acked) = (c.client(nodes[w % nodes.len()]), stop.clone(), acked.clone());
                 std::thread::spawn(move || {
-                    let mut con = client.get_connection().unwrap();
+                    let connect = || {
+                        let con = client.get_connection_with_timeout(Duration::from_millis(500)).ok()?;
+                        con.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+                        Some(con)
+                    };
+                    let mut con = connect();
                     let mut longest_gap = Duration::ZERO;
                     let mut last_ok = Instant::now();
                     let mut n = 0u64;
                     while !stop.load(Ordering::Relaxed) {
+                        let Some(c) = con.as_mut() else {
+                            std::thread::sleep(Duration::from_millis(20));
+                            con = connect();
+                            continue;
+                        };
                         n += 1;
-                        let (key, value) = (format!("w{w}:k{}", n % 50), format!("w{w}:v{n}"));
-                        match con.set::<_, _, String>(&key, &value) {
+                        let (key, value) = (format!("w{w}:k{}", n % keys_each), format!("w{w}:v{n}"));
+                        match c.set::<_, _, String>(&key, &value) {
                             Ok(_) => {
                                 longest_gap = longest_gap.max(last_ok.elapsed());
                                 last_ok = Instant::now();
                                 acked.lock().unwrap().insert(key, value);
                             }
                             Err(_) => {
-                                // The outcome is unknown: the key may hold
-                                // this value or the previous one.
                                 acked.lock().unwrap().remove(&key);
-                                if let Ok(c) = client.get_connection() {
-                                    con = c;
-                                }
+                                con = connect();
                             }
                         }
                     }
-                    longest_gap
+                    (longest_gap, n)
                 })
             })
             .collect();
         Workload { stop, acked, threads }
     }
 
-    pub fn finish(self) -> (HashMap<String, String>, Duration) {
+    /// Acknowledged keys so far.
+    pub fn acked_keys(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    pub fn finish(self) -> Written {
         self.stop.store(true, Ordering::Relaxed);
-        let gap = self.threads.into_iter().map(|t| t.join().unwrap()).max().unwrap();
-        (Arc::try_unwrap(self.acked).unwrap().into_inner().unwrap(), gap)
+        let (mut longest_gap, mut tried) = (Duration::ZERO, 0);
+        for t in self.threads {
+            let (gap, n) = t.join().unwrap();
+            longest_gap = longest_gap.max(gap);
+            tried += n;
+        }
+        Written { acked: Arc::try_unwrap(self.acked).unwrap().into_inner().unwrap(), longest_gap, tried }
     }
 }
 

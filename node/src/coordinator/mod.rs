@@ -112,6 +112,7 @@ async fn follow(node: Arc<Node>, c: Arc<Coordinator>) {
 /// push configurations.
 async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
     let mut interval = tokio::time::interval(SUPERVISE);
+    let mut last_waiting = None;
     loop {
         interval.tick().await;
         let leader = c.raft.is_leader();
@@ -120,7 +121,17 @@ async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
             continue;
         }
         let current = c.raft.watch().borrow().clone();
-        let next = c.supervisor.lock().next(&current, mono_ms());
+        let (next, waiting) = {
+            let mut s = c.supervisor.lock();
+            let next = s.next(&current, mono_ms());
+            (next, s.waiting().map(str::to_string))
+        };
+        if waiting != last_waiting {
+            if let Some(w) = &waiting {
+                tracing::warn!("coordinator: {w}");
+            }
+            last_waiting = waiting;
+        }
         match next {
             Some(change) => {
                 let started = std::time::Instant::now();

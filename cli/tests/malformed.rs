@@ -147,8 +147,9 @@ fn inline_commands_work() {
     assert_eq!(raw.read_frame(), simple("OK"));
     assert_eq!(raw.read_frame(), bulk(b"a\x00b\r\n"));
     assert_eq!(raw.read_frame(), bulk(b"two words"));
-    // Inline and multibulk mix on one connection; *0 and *-1 are ignored.
-    raw.send(b"*0\r\n*-1\r\nECHO x\r\n*1\r\n$4\r\nPING\r\n");
+    // Inline and multibulk mix on one connection; *0, *-1 and any negative
+    // length (*-10) are ignored, as Redis does.
+    raw.send(b"*0\r\n*-1\r\n*-10\r\nECHO x\r\n*1\r\n$4\r\nPING\r\n");
     assert_eq!(raw.read_frame(), bulk(b"x"));
     assert_eq!(raw.read_frame(), simple("PONG"));
     // A request split across many writes.

@@ -361,6 +361,13 @@ impl RequestDecoder {
                     },
                 }
             }
+            if buf.get(1) == Some(&b'-') && buf.get(2..4) != Some(b"1\r") {
+                // Like Redis, a request with a negative length (`*-10`) is
+                // an empty one: skipped, and the connection goes on.
+                let Some((_, next)) = parse_len(buf, 2, usize::MAX, false, MSG_MULTIBULK)? else { return Ok(None) };
+                buf.advance(next);
+                return Ok(Some(Vec::new()));
+            }
             match parse_len(buf, 1, limits.max_array_len, true, MSG_MULTIBULK)? {
                 None => return Ok(None),
                 Some((None | Some(0), next)) => {
@@ -1082,6 +1089,19 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_multibulk_length_is_an_empty_request() {
+        let limits = Limits::default();
+        let mut buf = BytesMut::from(&b"*-10\r\n*1\r\n$4\r\nPING\r\n"[..]);
+        let mut d = RequestDecoder::new();
+        assert_eq!(d.decode(&mut buf, &limits).unwrap(), Some(Vec::new()));
+        assert_eq!(d.decode(&mut buf, &limits).unwrap(), Some(vec![Bytes::from("PING")]));
+        let mut partial = BytesMut::from(&b"*-12"[..]);
+        assert_eq!(d.decode(&mut partial, &limits).unwrap(), None);
+        let mut bad = BytesMut::from(&b"*-1x\r\n"[..]);
+        assert!(d.decode(&mut bad, &limits).is_err());
+    }
+
+    #[test]
     fn empty_and_null_multibulk() {
         let mut buf = BytesMut::from(&b"*0\r\n*-1\r\n*1\r\n$1\r\na\r\n"[..]);
         assert_eq!(parse_request(&mut buf, &lim()).unwrap(), Some(vec![]));
@@ -1137,7 +1157,6 @@ mod tests {
             (b"*\r\n", protocol(MSG_MULTIBULK)),
             (b"*1x", protocol(MSG_MULTIBULK)),
             (b"*1\rx", protocol(MSG_MULTIBULK)),
-            (b"*-5\r\n", protocol(MSG_MULTIBULK)),
             (b"*-1x", protocol(MSG_MULTIBULK)),
             (b"*1\r\n$-5\r\n", protocol(MSG_BULK)),
             (b"*1\r\n$-1\r\n", protocol(MSG_BULK)),

@@ -57,13 +57,42 @@ pub fn run(args: DevArgs) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    println!("Causeway site up: {} nodes, R={}, k={}, {} partitions.", args.nodes, args.replicas, args.k, args.partitions);
+    // A node serves once the coordinator has admitted it (a Raft election,
+    // then one decision): wait for that, so the first request succeeds.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    for i in 0..args.nodes {
+        let serving = runtime.block_on(async {
+            while Instant::now() < deadline + Duration::from_secs(20) {
+                if let Ok(mut c) = crate::resp_client::RespConn::connect(&addr(i)).await {
+                    if let Ok(causeway_resp::Frame::Bulk(s)) = c.call(&[b"CW.STATUS"]).await {
+                        if s.windows(11).any(|w| w == b"serving:yes") {
+                            return true;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        });
+        if !serving {
+            stop(&mut children);
+            return Err(format!("node {i} started but was not admitted by the coordinator in time (see its log above)"));
+        }
+    }
+    println!(
+        "Causeway site up in {} ms: {} nodes, R={}, k={}, {} partitions.",
+        started.elapsed().as_millis(),
+        args.nodes,
+        args.replicas,
+        args.k,
+        args.partitions
+    );
     for (i, c) in &children {
         println!("  node {i}: {} (pid {})", addr(*i), c.id());
     }
     println!("Connect with any Redis client, e.g.  redis-cli -p {}   or   causeway cli --addr {}", args.port, addr(0));
     println!("Ctrl-C stops the site.");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let mut watch = tokio::time::interval(Duration::from_millis(500));
         let shutdown = crate::shutdown_signal();

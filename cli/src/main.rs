@@ -121,7 +121,13 @@ impl NodeArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CAUSEWAY_LOG").unwrap_or_else(|_| "warn".into()))
+        // Quiet by default: warnings, and the coordinator's decisions (a node
+        // removed, back, admitted), one line each. openraft reports every
+        // unreachable member as an error; the coordinator says what matters.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CAUSEWAY_LOG")
+                .unwrap_or_else(|_| "warn,openraft=off,causeway_node::coordinator=info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

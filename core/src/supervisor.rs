@@ -349,11 +349,11 @@ impl Supervisor {
                 t.chains[p as usize].nodes.sort_by_key(|m| std::cmp::Reverse(applied(m).map_or(0, |a| a + 1)));
             }
             let who: Vec<String> = members.iter().map(|m| m.to_string()).collect();
-            let why = format!(
-                "nodes {} admitted with what they recovered ({} chains had no other copy; none at a first start)",
-                who.join(","),
-                orphans.len()
-            );
+            let new_site = restarted.iter().all(|(_, b)| b.recovered.as_ref().is_none_or(|r| r.applied.is_empty()));
+            let why = match new_site {
+                true => format!("nodes {} admitted: a new site", who.join(",")),
+                false => format!("nodes {} admitted with what they recovered ({} chains had no other copy)", who.join(","), orphans.len()),
+            };
             return Some(Change { topology: t, why });
         }
         None

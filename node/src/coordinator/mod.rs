@@ -113,9 +113,19 @@ async fn follow(node: Arc<Node>, c: Arc<Coordinator>) {
 async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
     let mut interval = tokio::time::interval(SUPERVISE);
     let mut last_waiting = None;
+    let mut led = false;
     loop {
         interval.tick().await;
         let leader = c.raft.is_leader();
+        if leader != led {
+            match leader {
+                true => {
+                    tracing::info!("coordinator: node {} leads; it judges nodes after one failure timeout of fresh heartbeats", node.me)
+                }
+                false => tracing::debug!("coordinator: node {} no longer leads", node.me),
+            }
+            led = leader;
+        }
         c.supervisor.lock().observe(mono_ms(), leader);
         if !leader {
             continue;

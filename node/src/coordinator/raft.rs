@@ -169,9 +169,9 @@ impl RaftHandle {
         // second one): that is the group forming or already formed, not an
         // error worth stopping the node for.
         match raft.initialize(members).await {
-            Ok(()) => tracing::info!(node = me, voters = ?voters, "initialized the coordinator's raft group"),
+            Ok(()) => tracing::debug!(node = me, voters = ?voters, "initialized the coordinator's raft group"),
             Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-            Err(e) => tracing::warn!(node = me, "initializing the raft group: {e}; joining the group another member formed"),
+            Err(e) => tracing::info!(node = me, "initializing the raft group: {e}; joining the group another member formed"),
         }
         Ok(Arc::new(RaftHandle { me, raft, topology }))
     }
@@ -223,7 +223,7 @@ impl RaftHandle {
                     Ok(_) => continue,
                 },
                 Err(e) => {
-                    tracing::warn!(node = self.me, "closing a raft connection: {e}");
+                    tracing::debug!(node = self.me, "closing a raft connection: {e}");
                     return;
                 }
             };

@@ -228,6 +228,14 @@ impl ChainReplica {
             return self.refuse(out, req.op, Refusal::Unavailable { alive: self.chain.len() as u8, needed: self.k as u8 });
         }
         let write = OpId { client: req.op.client, seq: req.write };
+        if self.last_writes.get(&write.client).is_some_and(|l| write.seq < l.write) {
+            // A late resend of an earlier write of this session (resent on a
+            // new configuration, overtaken by the session's next write):
+            // the session has moved on, so that write was answered or given
+            // up on, and applying it now would put an old value over a
+            // newer one. Dropped; nobody waits for an answer.
+            return;
+        }
         if let Some(last) = self.last_writes.get(&write.client).filter(|l| l.write == write.seq && l.key == req.key) {
             // A resend of a write this chain already has (its first head
             // failed after forwarding it): answer once it is stable, which

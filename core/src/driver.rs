@@ -465,7 +465,8 @@ impl Driver {
             }
         };
         let op = self.next_op();
-        p.send.push((target, Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min }));
+        let leased = self.level() == Consistency::Linearizable;
+        p.send.push((target, Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min, leased }));
         self.set_phase(Phase::Reading);
     }
 
@@ -621,7 +622,7 @@ impl Driver {
         for (i, key) in keys.iter().enumerate() {
             let partition = self.topology.partition_of(key);
             let op = self.next_op();
-            let get = Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min: None };
+            let get = Message::Get { op, epoch: self.topology.epoch, partition, key: key.clone(), min: None, leased: true };
             p.send.push((self.topology.chain(partition).tail(), get));
             parts.insert(op.seq, i);
         }
@@ -684,12 +685,13 @@ impl Driver {
             Message::Refused { reason: Refusal::Unavailable { alive, needed }, .. } => {
                 p.done = self.finish(Err(ClientError::Unavailable { alive, needed }));
             }
-            Message::Refused { reason: Refusal::Behind, .. } => {
+            Message::Refused { reason: Refusal::Behind | Refusal::NoLease, .. } => {
                 if self.level() == Consistency::Linearizable {
                     // The tail is still joining (fetching the partition's
-                    // state). The head would answer with versions the tail
-                    // may not have acknowledged yet: wait, then ask the tail
-                    // of a fresh map.
+                    // state), or holds no lease (it may have been removed).
+                    // The head would answer with versions the tail may not
+                    // have acknowledged yet: wait, then ask the tail of a
+                    // fresh map.
                     self.retry_later(now_ms);
                     return p;
                 }

@@ -86,6 +86,9 @@ pub enum Refusal {
     /// Fewer than k replicas of the partition are alive: writes would not be
     /// as durable as promised.
     Unavailable { alive: u8, needed: u8 },
+    /// A linearizable read reached a node without a current lease from the
+    /// coordinator (it may have been removed without knowing it yet).
+    NoLease,
 }
 
 /// `ack_at` for a write answered only by the tail (linearizable): a
@@ -123,6 +126,9 @@ pub enum Message {
         partition: PartitionId,
         key: Bytes,
         min: Option<Version>,
+        /// A linearizable read (sent to the tail): served only while the
+        /// node holds the coordinator's lease for its epoch.
+        leased: bool,
     },
     /// Answer once the partition's update `seq` has reached the tail (sent to
     /// any replica of the chain): dependency stabilization, ChainReaction
@@ -227,6 +233,16 @@ pub enum Message {
     /// member: failure detection, rejoin after a restart, and the site's
     /// status.
     Heartbeat(crate::node::Beat),
+    /// The coordinator leader's answer to a heartbeat sent at `sent_ms` (on
+    /// the node's monotonic clock) at `epoch`: the node may serve
+    /// linearizable reads until `sent_ms + grant_ms`. The coordinator waits
+    /// out a lease before any change that takes the tail role from its
+    /// holder, so a tail removed while paused never answers a stale read.
+    Lease {
+        epoch: u64,
+        sent_ms: u64,
+        grant_ms: u64,
+    },
 
     // ---- node -> node (one chain), continued ------------------------------
     /// Everything up to `seq` has reached the tail; flows head-wards.
@@ -257,7 +273,9 @@ impl Message {
             | Flushed { op }
             | TopologyIs { op, .. }
             | Refused { op, .. } => Some(*op),
-            Forward { .. } | StableUpTo { .. } | Fetch { .. } | Transfer { .. } | Reconfigure { .. } | Heartbeat { .. } => None,
+            Forward { .. } | StableUpTo { .. } | Fetch { .. } | Transfer { .. } | Reconfigure { .. } | Heartbeat { .. } | Lease { .. } => {
+                None
+            }
         }
     }
 

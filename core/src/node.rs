@@ -41,6 +41,22 @@ use std::sync::Arc;
 /// How often a node sends its heartbeat to every coordinator member.
 pub const HEARTBEAT_MS: u64 = 200;
 
+/// The time, as the node's driver reads it: the wall clock for hybrid
+/// timestamps and expiries, the monotonic clock (which a wall-clock step
+/// never moves) for leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    pub wall_ms: u64,
+    pub mono_ms: u64,
+}
+
+impl Now {
+    /// One clock for both (the simulator's virtual time).
+    pub fn at(ms: u64) -> Now {
+        Now { wall_ms: ms, mono_ms: ms }
+    }
+}
+
 /// What a node tells the coordinator members every `HEARTBEAT_MS`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Beat {
@@ -52,6 +68,9 @@ pub struct Beat {
     pub incarnation: u64,
     /// The configuration it holds.
     pub epoch: u64,
+    /// When it was sent, on the node's monotonic clock (echoed by the
+    /// lease the coordinator grants in reply).
+    pub sent_ms: u64,
     /// Partitions whose replica here is still fetching its state (holds
     /// nothing yet): state transfers in flight.
     pub joining: Vec<PartitionId>,
@@ -103,6 +122,9 @@ pub struct Node {
     /// Records to make durable before this step's messages leave.
     log: Vec<LogRecord>,
     last_beat_ms: Option<u64>,
+    /// The coordinator's lease for linearizable reads: the epoch it is for,
+    /// and until when (monotonic).
+    lease: Option<(u64, u64)>,
 }
 
 impl Node {
@@ -120,6 +142,7 @@ impl Node {
             parts: (0..partitions).map(|_| None).collect(),
             log: Vec::new(),
             last_beat_ms: None,
+            lease: None,
         };
         if admitted {
             let topology = node.topology.clone();
@@ -187,7 +210,8 @@ impl Node {
     }
 
     /// Handles one message addressed to this node.
-    pub fn step(&mut self, msg: Message, now_ms: u64, out: &mut Outbox) {
+    pub fn step(&mut self, msg: Message, now: Now, out: &mut Outbox) {
+        let now_ms = now.wall_ms;
         if let Message::Reconfigure { topology } = msg {
             return self.install(topology, now_ms, out);
         }
@@ -211,7 +235,10 @@ impl Node {
                     self.not_responsible(op, out);
                 }
             }
-            Message::Get { op, epoch, partition, key, min } => {
+            Message::Get { op, epoch, partition, key, min, leased } => {
+                if leased && !self.has_lease(now.mono_ms) {
+                    return send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NoLease });
+                }
                 if stale(epoch) || self.with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out)).is_none() {
                     self.not_responsible(op, out);
                 }
@@ -270,6 +297,12 @@ impl Node {
                     self.with(partition, |r| r.stable_up_to(seq, now_ms, out));
                 }
             }
+            Message::Lease { epoch, sent_ms, grant_ms } => {
+                if epoch == self.topology.epoch {
+                    let until = sent_ms + grant_ms;
+                    self.lease = Some((epoch, self.lease.filter(|l| l.0 == epoch).map_or(until, |l| l.1.max(until))));
+                }
+            }
             // Heartbeats are for the coordinator, which the node's driver
             // runs; configurations and topology requests were handled above.
             Message::Heartbeat(_) | Message::Reconfigure { .. } | Message::GetTopology { .. } => {}
@@ -286,23 +319,30 @@ impl Node {
     }
 
     /// Periodic work: retransmissions, and the heartbeat when it is due.
-    pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+    pub fn tick(&mut self, now: Now, out: &mut Outbox) {
+        let now_ms = now.wall_ms;
         if self.admitted {
             for p in 0..self.parts.len() {
                 self.with(p as PartitionId, |r| r.tick(now_ms, out));
             }
         }
-        if self.last_beat_ms.is_none_or(|at| now_ms.saturating_sub(at) >= HEARTBEAT_MS) {
-            self.last_beat_ms = Some(now_ms);
-            let beat = self.beat();
+        if self.last_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= HEARTBEAT_MS) {
+            self.last_beat_ms = Some(now.mono_ms);
+            let beat = self.beat(now.mono_ms);
             for &c in &self.id.coordinators {
                 send(out, Dest::Node(c), Message::Heartbeat(beat.clone()));
             }
         }
     }
 
-    /// This node's heartbeat.
-    pub fn beat(&self) -> Beat {
+    /// Whether this node holds the coordinator's lease for the epoch it
+    /// serves (linearizable reads need it).
+    pub fn has_lease(&self, mono_ms: u64) -> bool {
+        self.admitted && self.lease.is_some_and(|(epoch, until)| epoch == self.topology.epoch && mono_ms < until)
+    }
+
+    /// This node's heartbeat, sent at `mono_ms`.
+    pub fn beat(&self, mono_ms: u64) -> Beat {
         let recovered = (!self.admitted).then(|| Recovered {
             whole: self.whole,
             applied: self.parts.iter().enumerate().filter_map(|(p, r)| Some((p as PartitionId, r.as_ref()?.digest().applied))).collect(),
@@ -312,6 +352,7 @@ impl Node {
             addr: self.id.addr.clone(),
             incarnation: self.id.incarnation,
             epoch: self.topology.epoch,
+            sent_ms: mono_ms,
             joining: (0..self.parts.len() as PartitionId)
                 .filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining()))
                 .collect(),

@@ -34,6 +34,7 @@
 //! The Raft leader runs this; whatever it proposes is committed through
 //! Raft and pushed to the nodes, which apply it as `Reconfigure`.
 
+use crate::message::Message;
 use crate::node::Beat;
 use crate::ring::{NodeId, NodeInfo, PartitionId, Topology};
 use std::collections::{BTreeMap, BTreeSet};
@@ -104,6 +105,12 @@ pub struct Supervisor {
     observed: Option<(u64, bool)>,
     /// Why a silent node is not being removed, if one is not.
     waiting: Option<String>,
+    /// When this member last granted each node a lease (see `lease`).
+    granted: BTreeMap<NodeId, u64>,
+    /// Nodes granted no more leases: a change waits for theirs to run out.
+    revoking: BTreeSet<NodeId>,
+    /// A change decided but waiting for leases to run out.
+    pending: Option<Change>,
 }
 
 impl Supervisor {
@@ -117,6 +124,9 @@ impl Supervisor {
             grace_until_ms: now_ms + failure_timeout_ms,
             observed: None,
             waiting: None,
+            granted: BTreeMap::new(),
+            revoking: BTreeSet::new(),
+            pending: None,
         }
     }
 
@@ -153,6 +163,10 @@ impl Supervisor {
             _ => now_ms,
         };
         let incarnation_ms = last.filter(|h| h.beat.incarnation == beat.incarnation).map_or(now_ms, |h| h.incarnation_ms);
+        if incarnation_ms == now_ms {
+            // A new process: the old one, and its lease, are gone.
+            self.granted.remove(&beat.from);
+        }
         self.last_seen.insert(beat.from, Heard { at_ms: now_ms, since_ms, incarnation_ms, beat });
     }
 
@@ -248,9 +262,55 @@ impl Supervisor {
         self.joining.push(info);
     }
 
+    /// How long a lease lasts: half the failure timeout, so the lease of a
+    /// node that falls silent has run out well before it is removed.
+    pub fn lease_ms(&self) -> u64 {
+        self.failure_timeout_ms / 2
+    }
+
+    /// The leader's answer to `beat`: a lease for linearizable reads, to a
+    /// node admitted in `current` and serving it, unless a change waits for
+    /// that node's lease to run out. The node counts it from when it sent
+    /// the heartbeat, so it ends before `now_ms + lease_ms` here.
+    pub fn lease(&mut self, beat: &Beat, current: &Topology, now_ms: u64) -> Option<Message> {
+        if beat.epoch != current.epoch || !current.admits(beat.from, beat.incarnation) || self.revoking.contains(&beat.from) {
+            return None;
+        }
+        self.granted.insert(beat.from, now_ms);
+        Some(Message::Lease { epoch: current.epoch, sent_ms: beat.sent_ms, grant_ms: self.lease_ms() })
+    }
+
     /// The next configuration to propose, if any change is due. One change
-    /// per step: the caller commits it, pushes it, and asks again.
+    /// per step: the caller commits it, pushes it, and asks again. A change
+    /// that takes the tail role from a node (removal, drain, a newcomer
+    /// placed after it) waits until that node's lease has run out, and no
+    /// new lease is granted to it meanwhile: until then it may still serve
+    /// linearizable reads without knowing of the change.
     pub fn next(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
+        let change = match self.pending.take() {
+            Some(c) if c.topology.epoch == current.epoch + 1 => c,
+            _ => self.decide(current, now_ms)?,
+        };
+        // A lease ends by grant + lease_ms in real time; an eighth more
+        // covers clocks that run at slightly different rates.
+        let until = |g: u64| g + self.lease_ms() + self.lease_ms() / 8;
+        let losing: BTreeSet<NodeId> = (0..current.shape.partitions)
+            .filter(|&p| change.topology.chain(p).tail() != current.chain(p).tail())
+            .map(|p| current.chain(p).tail())
+            .collect();
+        let holders: Vec<String> =
+            losing.iter().filter(|t| self.granted.get(t).is_some_and(|&g| now_ms < until(g))).map(|n| n.to_string()).collect();
+        if !holders.is_empty() {
+            self.waiting = Some(format!("waiting out the lease of node {} before: {}", holders.join(","), change.why));
+            self.revoking = losing;
+            self.pending = Some(change);
+            return None;
+        }
+        self.revoking.clear();
+        Some(change)
+    }
+
+    fn decide(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
         // 1. Failures first; never the last member of a chain that holds its
         // data (the partition would be gone: it waits for the node instead),
         // and nobody while most nodes are silent (this member may be the
@@ -404,7 +464,8 @@ mod tests {
     }
 
     fn beat(t: &Topology, n: NodeId, epoch: u64) -> Beat {
-        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, joining: Vec::new(), recovered: None }.with_admission(t)
+        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, sent_ms: 0, joining: Vec::new(), recovered: None }
+            .with_admission(t)
     }
 
     trait WithAdmission {

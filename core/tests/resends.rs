@@ -252,3 +252,21 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
     assert_eq!(d.on_message(stale, 102).done, None, "a stale 'not written' must not answer the resend");
     assert!(d.is_busy(), "still waiting for the resend's answer (from position k-1)");
 }
+
+/// Found by the simulator once its sessions followed configuration changes
+/// as proxies do: a write resent on a new configuration was overtaken by the
+/// session's next write (the first attempt's answer arrived meanwhile), and
+/// the late resend was applied on top of it: an old value over a newer one.
+#[test]
+fn a_late_resend_of_an_earlier_write_is_not_applied_over_a_newer_one() {
+    let t = topo(1, 1, 1, &[0]);
+    let mut head = ChainReplica::new(&t, 0, 0, 0).unwrap();
+    let mut out = Outbox::new();
+    head.put(put(1, 1, 0, Condition::Always, Some("old")), 10, &mut out);
+    head.put(put(2, 2, 0, Condition::Always, Some("new")), 11, &mut out);
+    // The resend of write 1 (op 3, write id 1) arrives last.
+    head.put(put(3, 1, 0, Condition::Always, Some("old")), 12, &mut out);
+    let digest = head.digest();
+    assert_eq!(digest.applied, 2, "the late resend was applied again");
+    assert_eq!(digest.latest[0].1.value.as_deref(), Some(&b"new"[..]));
+}

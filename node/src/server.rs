@@ -11,7 +11,7 @@ use crate::wal::{Fsync, Wal};
 use crate::{conn, peer};
 use ahash::AHashMap;
 use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
-use causeway_core::node::{self as core_node, Identity};
+use causeway_core::node::{self as core_node, Identity, Now};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
@@ -32,11 +32,16 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Monotonic milliseconds since the process started: failure detection and
-/// timeouts, which a wall-clock jump must not disturb.
+/// Monotonic milliseconds since the process started: failure detection,
+/// timeouts and leases, which a wall-clock jump must not disturb.
 pub fn mono_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// Both clocks, for the node state machine.
+fn now() -> Now {
+    Now { wall_ms: now_ms(), mono_ms: mono_ms() }
 }
 
 /// Counters shown by INFO and CW.STATUS.
@@ -81,6 +86,11 @@ impl Node {
     /// Whether the coordinator has admitted this process (it serves).
     pub fn is_admitted(&self) -> bool {
         self.core.lock().is_admitted()
+    }
+
+    /// Whether this node may serve linearizable reads now.
+    pub fn has_lease(&self) -> bool {
+        self.core.lock().has_lease(mono_ms())
     }
 
     /// This process's incarnation.
@@ -176,11 +186,12 @@ impl Node {
             match env.to {
                 Dest::Node(n) if n == self.me => match env.msg {
                     Message::Heartbeat(beat) => {
-                        if let Some(c) = self.coordinator.get() {
-                            c.heartbeat(beat);
+                        let from = beat.from;
+                        if let Some(lease) = self.coordinator.get().and_then(|c| c.heartbeat(beat)) {
+                            queue.push_back(Envelope { to: Dest::Node(from), msg: lease });
                         }
                     }
-                    msg => queue.extend(self.step(|core, out| core.step(msg, now_ms(), out))),
+                    msg => queue.extend(self.step(|core, out| core.step(msg, now(), out))),
                 },
                 Dest::Node(n) => self.send_to_peer(n, env.msg),
                 Dest::Client(c) if Some(c) == local => mine.push(env.msg),
@@ -288,7 +299,7 @@ async fn tick_loop(node: Arc<Node>) {
     let mut interval = tokio::time::interval(TICK);
     loop {
         interval.tick().await;
-        let out = node.step(|core, out| core.tick(now_ms(), out));
+        let out = node.step(|core, out| core.tick(now(), out));
         node.route(out, None);
     }
 }

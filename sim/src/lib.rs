@@ -20,7 +20,7 @@ pub mod workload;
 
 use causeway_core::driver::{ClientError, Driver, Request, Response};
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
-use causeway_core::node::{Identity, Node};
+use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
 use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
 use causeway_core::supervisor::Supervisor;
@@ -182,7 +182,7 @@ impl Sim {
         topology.admitted = (0..nodes).map(|id| (id, id as u64 + 1)).collect();
         let nodes = (0..nodes)
             .map(|me| {
-                let mut core = Node::new(identity(me, me as u64 + 1, false), topology.clone());
+                let mut core = Node::new(identity(me, me as u64 + 1), topology.clone());
                 let disk = core.take_log();
                 SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0 }
             })
@@ -232,14 +232,6 @@ impl Sim {
     /// simulated: its commits are what `node/` tests with real processes).
     pub fn with_coordinator(mut self) -> Sim {
         self.supervisor = Some(Supervisor::new(FAILURE_TIMEOUT_MS, self.now_ms));
-        for n in 0..self.nodes.len() {
-            let me = n as NodeId;
-            let incarnation = self.nodes[n].core.incarnation();
-            let topology = (**self.nodes[n].core.topology()).clone();
-            let mut core = Node::new(identity(me, incarnation, true), topology);
-            core.take_log();
-            self.nodes[n].core = core;
-        }
         self
     }
 
@@ -359,9 +351,23 @@ impl Sim {
                 let now = self.now_ms;
                 if let Message::Heartbeat(beat) = env.msg {
                     // The simulated coordinator stands apart from the nodes.
-                    let up = self.coordinator_paused_until <= now && self.coordinator_up();
-                    if let Some(s) = self.supervisor.as_mut().filter(|_| up) {
-                        s.heartbeat(beat, now);
+                    if self.coordinator_paused_until > now || !self.coordinator_up() {
+                        return;
+                    }
+                    let from = beat.from;
+                    let lease = match &mut self.supervisor {
+                        Some(s) => {
+                            s.heartbeat(beat.clone(), now);
+                            s.lease(&beat, &self.topology, now)
+                        }
+                        // Scripted configurations: every admitted node
+                        // serving the current one gets a lease (the tests
+                        // that pause tails run the real supervisor).
+                        None => (beat.epoch == self.topology.epoch && self.topology.admits(from, beat.incarnation))
+                            .then_some(Message::Lease { epoch: beat.epoch, sent_ms: beat.sent_ms, grant_ms: FAILURE_TIMEOUT_MS / 2 }),
+                    };
+                    if let Some(lease) = lease {
+                        self.enqueue(Envelope { to: Dest::Node(from), msg: lease });
                     }
                     return;
                 }
@@ -374,7 +380,7 @@ impl Sim {
                     let at_ms = node.paused_until + self.rng.below(3);
                     return self.enqueue_at(env, at_ms);
                 }
-                self.step_node(n as usize, |core, out| core.step(env.msg, now, out));
+                self.step_node(n as usize, |core, out| core.step(env.msg, Now::at(now), out));
             }
             Dest::Client(id) => {
                 let Some(i) = self.clients.iter().position(|c| c.driver.id() == id) else {
@@ -434,7 +440,7 @@ impl Sim {
             if self.nodes[n].crashed || self.nodes[n].paused_until > now {
                 continue;
             }
-            self.step_node(n, |core, out| core.tick(now, out));
+            self.step_node(n, |core, out| core.tick(Now::at(now), out));
         }
         for i in 0..self.clients.len() {
             let progress = self.clients[i].driver.tick(now);
@@ -455,7 +461,11 @@ impl Sim {
         }
         if let Some(s) = &mut self.supervisor {
             s.observe(now, true);
-            if let Some(change) = s.next(&self.topology, now) {
+            let next = s.next(&self.topology, now);
+            if let (Some(w), true) = (s.waiting(), std::env::var_os("SIM_TRACE").is_some()) {
+                eprintln!("{now} ms: coordinator: {w}");
+            }
+            if let Some(change) = next {
                 let line = format!("epoch {}: {}", change.topology.epoch, change.why);
                 if std::env::var_os("SIM_TRACE").is_some() {
                     eprintln!("{now} ms: {line}");
@@ -497,10 +507,9 @@ impl Sim {
     /// it recovers its replicas from the log and waits to be admitted.
     pub fn restart(&mut self, node: NodeId) {
         self.incarnations += 1;
-        let coordinated = self.supervisor.is_some();
         let n = &mut self.nodes[node as usize];
         assert!(n.crashed, "restart a crashed node");
-        let mut core = Node::new(identity(node, self.incarnations, coordinated), n.saved.clone());
+        let mut core = Node::new(identity(node, self.incarnations), n.saved.clone());
         let report = core.recover(n.disk.clone(), self.fsync == Fsync::Always, self.now_ms);
         if std::env::var_os("SIM_TRACE").is_some() {
             let applied: Vec<String> =
@@ -596,8 +605,7 @@ impl Sim {
     }
 }
 
-/// Simulated node `me`: heartbeats go to the coordinator only when the sim
-/// runs one.
-fn identity(me: NodeId, incarnation: u64, coordinated: bool) -> Identity {
-    Identity { me, site: 0, addr: format!("sim-{me}"), incarnation, coordinators: if coordinated { vec![COORDINATOR] } else { Vec::new() } }
+/// Simulated node `me`: heartbeats go to the (simulated) coordinator.
+fn identity(me: NodeId, incarnation: u64) -> Identity {
+    Identity { me, site: 0, addr: format!("sim-{me}"), incarnation, coordinators: vec![COORDINATOR] }
 }

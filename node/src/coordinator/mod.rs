@@ -32,8 +32,16 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    pub fn heartbeat(&self, beat: Beat) {
-        self.supervisor.lock().heartbeat(beat, mono_ms());
+    /// A node's heartbeat; on the leader, the lease to send back to it.
+    pub fn heartbeat(&self, beat: Beat) -> Option<Message> {
+        let current = self.raft.watch().borrow().clone();
+        let mut s = self.supervisor.lock();
+        s.heartbeat(beat.clone(), mono_ms());
+        if self.raft.is_leader() {
+            s.lease(&beat, &current, mono_ms())
+        } else {
+            None
+        }
     }
 
     /// What the heartbeats say about every node heard from.

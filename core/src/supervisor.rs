@@ -44,6 +44,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const HOLD_OUT_MS: u64 = 1_000;
 /// The longest a failed node is held out before it may return.
 pub const MAX_HOLD_OUT_MS: u64 = 30_000;
+/// The longest lease granted for linearizable reads.
+pub const MAX_LEASE_MS: u64 = 1_000;
 /// Failures further apart than this do not add up.
 const STRIKE_MEMORY_MS: u64 = 60_000;
 
@@ -262,10 +264,12 @@ impl Supervisor {
         self.joining.push(info);
     }
 
-    /// How long a lease lasts: half the failure timeout, so the lease of a
-    /// node that falls silent has run out well before it is removed.
+    /// How long a lease lasts: half the failure timeout (so the lease of a
+    /// node that falls silent has run out well before it is removed), at
+    /// most `MAX_LEASE_MS` (heartbeats renew it five times a second; a
+    /// change that takes a tail's role waits this long).
     pub fn lease_ms(&self) -> u64 {
-        self.failure_timeout_ms / 2
+        (self.failure_timeout_ms / 2).min(MAX_LEASE_MS)
     }
 
     /// The leader's answer to `beat`: a lease for linearizable reads, to a

@@ -135,9 +135,10 @@ pub async fn status(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let causeway_core::ring::Roles { head, middle, tail } = node.topology().roles(node.me);
     let t = node.topology();
     let text = format!(
-        "node:{}\r\nserving:{}\r\nincarnation:{:x}\r\nepoch:{}\r\nnodes:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\n",
+        "node:{}\r\nserving:{}\r\nlease:{}\r\nincarnation:{:x}\r\nepoch:{}\r\nnodes:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\n",
         node.me,
         if node.is_admitted() { "yes" } else { "no" },
+        if node.has_lease() { "held" } else { "none" },
         node.incarnation(),
         t.epoch,
         t.nodes.len(),

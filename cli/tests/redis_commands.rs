@@ -323,7 +323,35 @@ fn info_status_and_command_table() {
         assert!(info.contains(field), "INFO lacks {field:?}:\n{info}");
     }
     assert!(info.contains("consistency:causal"), "{info}");
-    let _: String = cmd("INFO").arg("server").query(&mut con).unwrap();
+    // The sections and fields Redis tools read.
+    let _: () = redis::Commands::set(&mut con, "info:k", "v").unwrap();
+    let _: () = cmd("SET").arg("info:t").arg("v").arg("EX").arg(100).query(&mut con).unwrap();
+    let _: Option<String> = redis::Commands::get(&mut con, "info:k").unwrap();
+    let _: Option<String> = redis::Commands::get(&mut con, "info:absent").unwrap();
+    let info: String = cmd("INFO").query(&mut con).unwrap();
+    for field in [
+        "# Clients\r\nconnected_clients:",
+        "# Memory\r\nused_memory:",
+        "used_memory_rss:",
+        "maxmemory:0",
+        "# Cpu\r\nused_cpu_sys:",
+        "used_cpu_user:",
+        "total_commands_processed:",
+        "instantaneous_ops_per_sec:",
+        "keyspace_hits:1\r\n",
+        "keyspace_misses:1\r\n",
+        "# Persistence\r\naof_enabled:0",
+        &format!("process_id:{}", c.pid(1)),
+        "uptime_in_seconds:",
+        "# Keyspace\r\ndb0:keys=2,expires=1,",
+    ] {
+        assert!(info.contains(field), "INFO lacks {field:?}:\n{info}");
+    }
+    // INFO <section> and INFO <s1> <s2> select, like Redis.
+    let server: String = cmd("INFO").arg("server").query(&mut con).unwrap();
+    assert!(server.starts_with("# Server\r\n") && !server.contains("# Clients"), "{server}");
+    let two: String = cmd("INFO").arg("CPU").arg("keyspace").query(&mut con).unwrap();
+    assert!(two.contains("# Cpu") && two.contains("# Keyspace") && !two.contains("# Server"), "{two}");
 
     // CW.STATUS on every node; roles add up to the partition count.
     let (mut heads, mut middles, mut tails) = (0, 0, 0);

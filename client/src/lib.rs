@@ -327,7 +327,7 @@ impl Client {
     /// Live keys in the site.
     pub async fn count(&mut self) -> Result<u64, Error> {
         match self.run(Request::Count).await? {
-            Response::Count(n) => Ok(n),
+            Response::Count(k) => Ok(k.keys),
             other => Err(Error::Protocol(format!("count answered {other:?}"))),
         }
     }

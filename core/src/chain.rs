@@ -664,8 +664,8 @@ impl ChainReplica {
     }
 
     /// Live keys held here.
-    pub fn live_keys(&self, now_ms: u64) -> u64 {
-        self.store.live_keys(now_ms)
+    pub fn keyspace(&self, now_ms: u64) -> crate::message::Keyspace {
+        self.store.keyspace(now_ms)
     }
 
     /// FLUSHALL: forget every key. Sequence numbers carry on so that updates

@@ -18,7 +18,7 @@
 //! * a `NotResponsible` answer refreshes the topology and starts over.
 
 use crate::hlc::Timestamp;
-use crate::message::{ClientId, Condition, Item, Message, OpId, Refusal, ACK_AT_TAIL};
+use crate::message::{ClientId, Condition, Item, Keyspace, Message, OpId, Refusal, ACK_AT_TAIL};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::session::{Dep, Session};
 use crate::version::Version;
@@ -113,7 +113,7 @@ pub enum Response {
     /// Whether the write happened (false: the NX/XX condition did not hold).
     Written(bool),
     Values(Vec<Option<Bytes>>),
-    Count(u64),
+    Count(Keyspace),
     Flushed,
     Topology(Arc<Topology>),
 }
@@ -169,7 +169,7 @@ enum Phase {
     },
     Counting {
         remaining: usize,
-        total: u64,
+        total: Keyspace,
     },
     Flushing {
         remaining: usize,
@@ -402,7 +402,7 @@ impl Driver {
                 for (partition, chain) in self.topology.chains.iter().enumerate() {
                     by_node.entry(chain.head()).or_default().push(partition as PartitionId);
                 }
-                self.set_phase(Phase::Counting { remaining: by_node.len(), total: 0 });
+                self.set_phase(Phase::Counting { remaining: by_node.len(), total: Keyspace::default() });
                 for (node, partitions) in by_node {
                     let op = self.next_op();
                     p.send.push((node, Message::Count { op, epoch: self.topology.epoch, partitions }));
@@ -796,12 +796,12 @@ impl Driver {
                     p.done = self.finish(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
                 }
             }
-            Message::Counted { keys, .. } => {
+            Message::Counted { keyspace, .. } => {
                 let Some(InFlight { phase: Phase::Counting { remaining, total }, .. }) = &mut self.op else {
                     return p;
                 };
                 *remaining -= 1;
-                *total += keys;
+                *total += keyspace;
                 if *remaining == 0 {
                     let total = *total;
                     p.done = self.finish(Ok(Response::Count(total)));

@@ -72,6 +72,20 @@ pub struct Item {
     pub stable: bool,
 }
 
+/// Live keys, and how many of them expire (DBSIZE, INFO keyspace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Keyspace {
+    pub keys: u64,
+    pub expires: u64,
+}
+
+impl std::ops::AddAssign for Keyspace {
+    fn add_assign(&mut self, other: Keyspace) {
+        self.keys += other.keys;
+        self.expires += other.expires;
+    }
+}
+
 /// Why a node did not serve a request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Refusal {
@@ -185,7 +199,7 @@ pub enum Message {
     },
     Counted {
         op: OpId,
-        keys: u64,
+        keyspace: Keyspace,
     },
     Flushed {
         op: OpId,

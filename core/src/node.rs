@@ -30,7 +30,7 @@
 //! back through a state transfer instead of guessing.
 
 use crate::chain::{ChainReplica, Digest, PutRequest};
-use crate::message::{send, Dest, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, Dest, Keyspace, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::SiteId;
@@ -266,14 +266,14 @@ impl Node {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
-                let mut keys = 0;
+                let mut keyspace = Keyspace::default();
                 for p in partitions {
-                    match self.with(p, |r| r.live_keys(now_ms)) {
-                        Some(n) => keys += n,
+                    match self.with(p, |r| r.keyspace(now_ms)) {
+                        Some(k) => keyspace += k,
                         None => return self.not_responsible(op, out),
                     }
                 }
-                send(out, Dest::Client(op.client), Message::Counted { op, keys });
+                send(out, Dest::Client(op.client), Message::Counted { op, keyspace });
             }
             Message::Flush { op } => {
                 for r in self.parts.iter_mut().flatten() {

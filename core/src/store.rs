@@ -104,8 +104,13 @@ impl PartitionStore {
     }
 
     /// Keys with a live value at `now_ms`.
-    pub fn live_keys(&self, now_ms: u64) -> u64 {
-        self.keys.values().filter(|h| h.versions.last().is_some_and(|s| s.live_value(now_ms).is_some())).count() as u64
+    pub fn keyspace(&self, now_ms: u64) -> crate::message::Keyspace {
+        let mut k = crate::message::Keyspace::default();
+        for s in self.keys.values().filter_map(|h| h.versions.last()).filter(|s| s.live_value(now_ms).is_some()) {
+            k.keys += 1;
+            k.expires += s.expires_at_ms.is_some() as u64;
+        }
+        k
     }
 
     /// Every key's latest version, sorted by key (to compare replicas).
@@ -183,7 +188,7 @@ mod tests {
         s.apply(Bytes::from("k"), stored, 1);
         assert!(s.latest(b"k").unwrap().live_value(49).is_some());
         assert!(s.latest(b"k").unwrap().live_value(50).is_none());
-        assert_eq!(s.live_keys(10), 1);
-        assert_eq!(s.live_keys(60), 0);
+        assert_eq!(s.keyspace(10), crate::message::Keyspace { keys: 1, expires: 1 });
+        assert_eq!(s.keyspace(60).keys, 0);
     }
 }

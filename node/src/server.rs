@@ -50,6 +50,11 @@ pub struct Stats {
     pub connections: AtomicU64,
     pub total_connections: AtomicU64,
     pub commands: AtomicU64,
+    /// GETs that found a value, and that found none.
+    pub keyspace_hits: AtomicU64,
+    pub keyspace_misses: AtomicU64,
+    /// Commands in the last whole second (sampled once a second).
+    pub ops_per_sec: AtomicU64,
 }
 
 /// A node's shared state: the node state machine (`causeway_core::node`)
@@ -225,6 +230,11 @@ impl Node {
         (self.route(out, Some(local)), undelivered)
     }
 
+    /// The write-ahead log, if the node keeps one.
+    pub fn wal(&self) -> Option<&Wal> {
+        self.wal.get()
+    }
+
     /// Every replica this node holds, in brief.
     pub fn digests(&self) -> Vec<(causeway_core::ring::PartitionId, causeway_core::chain::Digest)> {
         let core = self.core.lock();
@@ -280,6 +290,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     }
     tracing::info!("node {me} listening on {} (incarnation {incarnation:x}); serving once the coordinator admits it", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
+    let sampler = tokio::spawn(sample_loop(node.clone()));
     let compaction = tokio::spawn(compact_loop(node.clone()));
     coordinator::start(&node).await?;
     tokio::select! {
@@ -287,6 +298,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         _ = shutdown => tracing::info!("node {me} shutting down"),
     }
     ticker.abort();
+    sampler.abort();
     compaction.abort();
     if let Some(c) = node.coordinator.get() {
         c.shutdown().await;
@@ -301,6 +313,19 @@ async fn tick_loop(node: Arc<Node>) {
         interval.tick().await;
         let out = node.step(|core, out| core.tick(now(), out));
         node.route(out, None);
+    }
+}
+
+/// Samples the command counter once a second (INFO's
+/// instantaneous_ops_per_sec).
+async fn sample_loop(node: Arc<Node>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    let mut last = 0;
+    loop {
+        interval.tick().await;
+        let now = node.stats.commands.load(Ordering::Relaxed);
+        node.stats.ops_per_sec.store(now - last, Ordering::Relaxed);
+        last = now;
     }
 }
 

@@ -86,6 +86,8 @@ pub struct Wal {
     tx: mpsc::Sender<Job>,
     /// Bytes in the log file.
     size: Arc<AtomicU64>,
+    /// When the log was last synced (wall-clock ms; 0: never).
+    last_sync_ms: Arc<AtomicU64>,
     /// The last ticket handed out; held while its records are queued, so
     /// tickets reach the writer in order.
     tickets: Mutex<u64>,
@@ -130,15 +132,38 @@ impl Wal {
         let (tx, rx) = mpsc::channel();
         let size = Arc::new(AtomicU64::new(valid as u64));
         let released = Arc::new(Released::default());
-        let writer = Writer { file, path, policy, size: size.clone(), since_mark: None, released: released.clone() };
+        let last_sync_ms = Arc::new(AtomicU64::new(0));
+        let writer = Writer {
+            file,
+            path,
+            policy,
+            size: size.clone(),
+            since_mark: None,
+            released: released.clone(),
+            last_sync_ms: last_sync_ms.clone(),
+        };
         std::thread::Builder::new().name("causeway-wal".into()).spawn(move || writer.run(rx, release)).map_err(|e| e.to_string())?;
-        Ok((Wal { policy, tx, size, tickets: Mutex::new(0), released }, records))
+        Ok((Wal { policy, tx, size, last_sync_ms, tickets: Mutex::new(0), released }, records))
     }
 
     /// Whether this log's records are synced before what follows them is
     /// sent: a replay then holds everything the node ever revealed.
     pub fn synced(&self) -> bool {
         self.policy == Fsync::Always
+    }
+
+    /// The fsync policy, as configured.
+    pub fn policy(&self) -> &'static str {
+        match self.policy {
+            Fsync::Always => "always",
+            Fsync::EverySec => "everysec",
+            Fsync::No => "no",
+        }
+    }
+
+    /// When the log was last synced (wall-clock ms; 0: never).
+    pub fn last_sync_ms(&self) -> u64 {
+        self.last_sync_ms.load(Ordering::Relaxed)
     }
 
     /// Bytes in the log.
@@ -224,6 +249,7 @@ struct Writer {
     /// Records appended since a compaction's mark.
     since_mark: Option<Vec<u8>>,
     released: Arc<Released>,
+    last_sync_ms: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -273,6 +299,8 @@ impl Writer {
                 }
                 last_sync = Instant::now();
                 dirty = false;
+                let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+                self.last_sync_ms.store(wall, Ordering::Relaxed);
             }
             if let (Some(ticket), Fsync::Always) = (last_ticket, self.policy) {
                 let then: Vec<Outbox> = {

@@ -330,6 +330,11 @@ impl Cluster {
         Raw::connect(&self.addr(i))
     }
 
+    /// Node `i`'s process id.
+    pub fn pid(&self, i: usize) -> u32 {
+        self.nodes[i].child.as_ref().expect("node is running").id()
+    }
+
     /// Sends `signal` (e.g. "STOP", "CONT") to node `i`'s process.
     pub fn signal(&self, i: usize, signal: &str) {
         let pid = self.nodes[i].child.as_ref().expect("node is running").id();

@@ -17,9 +17,17 @@ fn own(b: &Bytes) -> Bytes {
 
 /// GET key
 pub async fn get(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let node = conn.node.clone();
+    let stats = &node.stats;
     let frame = match conn.run(Request::Get(own(&args[1]))).await {
-        Ok(Response::Read { value: Some(v), .. }) => Frame::Bulk(v),
-        Ok(_) => Frame::Null,
+        Ok(Response::Read { value: Some(v), .. }) => {
+            stats.keyspace_hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Frame::Bulk(v)
+        }
+        Ok(_) => {
+            stats.keyspace_misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Frame::Null
+        }
         Err(e) => client_error(e),
     };
     frame.into()
@@ -107,7 +115,7 @@ pub async fn mget(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 /// DBSIZE: live keys in the whole site (counted at each partition's tail).
 pub async fn dbsize(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
     let frame = match conn.run(Request::Count).await {
-        Ok(Response::Count(n)) => Frame::Integer(n as i64),
+        Ok(Response::Count(k)) => Frame::Integer(k.keys as i64),
         Ok(other) => unreachable!("DBSIZE answered {other:?}"),
         Err(e) => client_error(e),
     };

@@ -50,7 +50,10 @@ pub fn take_frame<T: DeserializeOwned>(buf: &mut BytesMut) -> Result<Option<T>, 
         return Err(format!("frame of {len} bytes is over the limit"));
     }
     if buf.len() < 4 + len {
-        buf.reserve(4 + len - buf.len());
+        // Room for what is coming, but not all of an announced length at
+        // once: a peer that announces 1 GiB and sends nothing must not
+        // make the node allocate it.
+        buf.reserve((4 + len - buf.len()).min(1 << 20));
         return Ok(None);
     }
     buf.advance(4);

@@ -35,6 +35,13 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let addr = |i: u16| format!("127.0.0.1:{}", args.port + i);
     let nodes: Vec<String> = (0..args.nodes).map(|i| format!("{i}={}", addr(i))).collect();
+    // The nodes of this site prove a fresh shared secret to each other,
+    // unless one was given.
+    let secret =
+        match args.node_args.iter().any(|a| a.starts_with("--cluster-secret")) || std::env::var_os("CAUSEWAY_CLUSTER_SECRET").is_some() {
+            true => Vec::new(),
+            false => vec!["--cluster-secret".to_string(), random_secret()],
+        };
     let mut children: Vec<(u16, Child)> = Vec::new();
     for i in 0..args.nodes {
         let data: Vec<String> = args.data_dir.iter().flat_map(|d| ["--data-dir".to_string(), format!("{d}/node-{i}")]).collect();
@@ -42,6 +49,7 @@ pub fn run(args: DevArgs) -> Result<(), String> {
             .args(["node", "--id", &i.to_string(), "--listen", &addr(i), "--nodes", &nodes.join(",")])
             .args(["--partitions", &args.partitions.to_string(), "--replicas", &args.replicas.to_string(), "--k", &args.k.to_string()])
             .args(&data)
+            .args(&secret)
             .args(&args.node_args)
             .spawn()
             .map_err(|e| format!("cannot start node {i}: {e}"))?;
@@ -114,6 +122,11 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     println!("stopping {} nodes", children.len());
     stop(&mut children);
     Ok(())
+}
+
+/// 128 random bits, hex.
+fn random_secret() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 fn stop(children: &mut [(u16, Child)]) {

@@ -62,6 +62,10 @@ struct NodeArgs {
     /// Require AUTH with this password.
     #[arg(long)]
     requirepass: Option<String>,
+    /// The secret every node of the site proves to the others before they
+    /// accept its peer or coordinator traffic (never sent in clear).
+    #[arg(long, env = "CAUSEWAY_CLUSTER_SECRET")]
+    cluster_secret: Option<String>,
     /// Largest key or value accepted, in bytes.
     #[arg(long, default_value_t = 512 * 1024 * 1024)]
     max_value_bytes: usize,
@@ -107,6 +111,7 @@ impl NodeArgs {
             k: self.k,
             site: 0,
             requirepass: self.requirepass,
+            cluster_secret: self.cluster_secret,
             max_bulk_len: self.max_value_bytes,
             max_array_len: self.max_args,
             request_timeout_ms: self.request_timeout_ms,

@@ -5,7 +5,7 @@
 mod common;
 
 use causeway_resp::Frame;
-use common::{bulk, simple, Cluster, Opts, Raw};
+use common::{bulk, simple, Cluster, Opts, Raw, CLUSTER_SECRET};
 use redis::cmd;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -264,4 +264,50 @@ fn pipelined_raw_requests_in_one_write() {
         assert_eq!(raw.read_frame(), simple("OK"), "SET {i}");
         assert_eq!(raw.read_frame(), bulk(format!("{i}").as_bytes()), "GET {i}");
     }
+}
+
+/// Peer and coordinator traffic is accepted only from a node that proves
+/// the cluster secret: a forged peer connection (no proof, a wrong one, or
+/// chain traffic before the proof) cannot install a configuration, and a
+/// node id outside the configuration may only send its own heartbeats.
+#[test]
+fn forged_peer_connections_are_refused() {
+    use causeway_core::message::{Hello, Message, BINARY_MAGIC};
+    use causeway_core::wire::put_frame;
+    let c = Cluster::three();
+    let epoch = || -> u64 {
+        let s: String = redis::cmd("CW.STATUS").query(&mut c.conn(0)).unwrap();
+        s.lines().find_map(|l| l.strip_prefix("epoch:")).unwrap().trim().parse().unwrap()
+    };
+    let before = epoch();
+    let nodes = (0..3).map(|i| causeway_core::ring::NodeInfo { id: i as u16, addr: c.addr(i) }).collect();
+    let forged =
+        causeway_core::ring::Topology::new(before + 100, causeway_core::ring::Shape { partitions: 64, replicas: 1, k: 1 }, nodes).unwrap();
+    let reconfigure = Message::Reconfigure { topology: forged };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // 1. No proof: the hello is followed by a Reconfigure at once.
+        // 2. A wrong secret. 3. The right secret, as a node id that is not
+        // in the configuration.
+        for (hello, secret) in [(Hello::Node(1), None), (Hello::Node(1), Some("guess")), (Hello::Node(77), Some(CLUSTER_SECRET))] {
+            let mut s = tokio::net::TcpStream::connect(c.addr(0)).await.unwrap();
+            let mut out = bytes::BytesMut::from(&[BINARY_MAGIC][..]);
+            put_frame(&hello, &mut out);
+            s.write_all(&out).await.unwrap();
+            if let Some(secret) = secret {
+                let _ = causeway_node::auth::prove(&mut s, &hello, secret).await;
+            }
+            out.clear();
+            put_frame(&reconfigure, &mut out);
+            let _ = s.write_all(&out).await;
+            let mut rest = Vec::new();
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(500), s.read_to_end(&mut rest)).await;
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(epoch(), before, "a forged Reconfigure was installed");
+    // The site still works, and says why it refused.
+    let _: () = redis::Commands::set(&mut c.conn(0), "after-forgery", "ok").unwrap();
+    assert!(c.nodes[0].stderr().contains("refused a peer connection"), "{}", c.logs());
 }

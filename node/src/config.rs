@@ -27,6 +27,11 @@ pub struct NodeConfig {
     /// Like Redis' `requirepass`: clients must AUTH first.
     #[serde(default)]
     pub requirepass: Option<String>,
+    /// Shared by every node of the site: peers and coordinator members
+    /// prove it (challenge-response, see `auth`) before their traffic is
+    /// accepted. None: peer connections are not authenticated.
+    #[serde(default)]
+    pub cluster_secret: Option<String>,
     /// Largest bulk string (key or value) accepted, like `proto-max-bulk-len`.
     #[serde(default = "default_max_bulk")]
     pub max_bulk_len: usize,

@@ -8,6 +8,7 @@
 //! * `wal`: the write-ahead log and recovery.
 //! * `config`: flags and TOML.
 
+pub mod auth;
 pub mod cmd;
 pub mod config;
 pub mod conn;

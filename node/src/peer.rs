@@ -35,11 +35,11 @@ pub struct Sender {
 
 impl Sender {
     /// Starts the writer task for the peer at `addr`.
-    pub fn spawn(me: NodeId, addr: String) -> Sender {
+    pub fn spawn(me: NodeId, addr: String, secret: Option<Arc<str>>) -> Sender {
         let (eager, eager_rx) = mpsc::unbounded_channel();
         let (lazy, lazy_rx) = mpsc::unbounded_channel();
         let down = Arc::new(AtomicBool::new(false));
-        tokio::spawn(write_loop(me, addr, eager_rx, lazy_rx, down.clone()));
+        tokio::spawn(write_loop(me, addr, secret, eager_rx, lazy_rx, down.clone()));
         Sender { eager, lazy, down }
     }
 
@@ -56,6 +56,7 @@ impl Sender {
 async fn write_loop(
     me: NodeId,
     addr: String,
+    secret: Option<Arc<str>>,
     mut eager: mpsc::UnboundedReceiver<Message>,
     mut lazy: mpsc::UnboundedReceiver<Message>,
     down: Arc<AtomicBool>,
@@ -73,10 +74,23 @@ async fn write_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        down.store(false, Ordering::Relaxed);
         buf.clear();
         buf.extend_from_slice(&[BINARY_MAGIC]);
         put_frame(&Hello::Node(me), &mut buf);
+        if let Some(secret) = &secret {
+            let introduced = async {
+                stream.write_all(&buf).await?;
+                crate::auth::prove(&mut stream, &Hello::Node(me), secret).await
+            };
+            if let Err(e) = introduced.await {
+                tracing::debug!("peer {addr} did not accept this node: {e}");
+                down.store(true, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            buf.clear();
+        }
+        down.store(false, Ordering::Relaxed);
         loop {
             // Wait for anything, eager first.
             let first = tokio::select! {
@@ -127,6 +141,17 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
             }
         }
     };
+    // Another node or coordinator member proves the cluster secret first.
+    if let (Hello::Node(_) | Hello::Raft(_), Some(secret)) = (&hello, &node.config.cluster_secret) {
+        if let Err(e) = crate::auth::verify(&mut rd, &mut wr, &mut buf, &hello, secret).await {
+            tracing::warn!("refused a peer connection claiming to be {hello:?}: {e}");
+            return;
+        }
+    }
+    let peer = match hello {
+        Hello::Node(id) => Some(id),
+        _ => None,
+    };
     // A native client gets its replies on this same connection.
     let client = match hello {
         Hello::Client { id, password } => {
@@ -170,6 +195,10 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
         loop {
             match take_frame::<Message>(&mut buf) {
                 Ok(Some(msg)) => {
+                    if let Some(id) = peer.filter(|&id| !accepted_from(&node, id, &msg)) {
+                        tracing::debug!("dropping a message from node {id}, which is not in this node's configuration");
+                        continue;
+                    }
                     node.route(vec![causeway_core::message::Envelope { to: destination(&node, &msg), msg }], None);
                 }
                 Ok(None) => break,
@@ -183,6 +212,19 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
             Ok(n) if n > 0 => {}
             _ => return close(&node, client),
         }
+    }
+}
+
+/// Whether a message from peer node `id` is taken: from a node of this
+/// node's configuration (a member, or a failed one that may return),
+/// anything; from another node, only its own heartbeats (a node started
+/// with `--join` heartbeats before the coordinator adds it). A heartbeat
+/// must come from the node it names.
+fn accepted_from(node: &Node, id: NodeId, msg: &Message) -> bool {
+    let t = node.topology();
+    match msg {
+        Message::Heartbeat(beat) => beat.from == id,
+        _ => t.node(id).is_some() || t.returning.iter().any(|n| n.id == id) || node.config.nodes.iter().any(|n| n.id == id),
     }
 }
 

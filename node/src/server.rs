@@ -138,7 +138,7 @@ impl Node {
             let mut peers = self.peers.write();
             for n in &new.nodes {
                 if n.id != self.me && !peers.contains_key(&n.id) {
-                    peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone()));
+                    peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone(), self.secret()));
                 }
             }
         }
@@ -148,6 +148,11 @@ impl Node {
             }
         }
         *self.topology.write() = new;
+    }
+
+    /// The cluster secret, for connections to other nodes.
+    pub fn secret(&self) -> Option<Arc<str>> {
+        self.config.cluster_secret.as_deref().map(Arc::from)
     }
 
     /// Peers this node cannot reach right now.
@@ -270,7 +275,12 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     // and a new session reusing an old id would look like a resend).
     let incarnation = random_u64() | 1;
     let identity = Identity { me, site: config.site, addr: config.listen.clone(), incarnation, coordinators: config.coordinators() };
-    let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone()))).collect();
+    let secret: Option<Arc<str>> = config.cluster_secret.as_deref().map(Arc::from);
+    if secret.is_none() {
+        tracing::warn!("no --cluster-secret: connections from other nodes are not authenticated");
+    }
+    let peers =
+        topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone(), secret.clone()))).collect();
     let node = Arc::new(Node {
         me,
         topology: RwLock::new(Arc::new(topology.clone())),

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The secret test sites share (`--cluster-secret`).
+pub const CLUSTER_SECRET: &str = "integration-test-secret";
 /// How long a node may take to accept connections after it is spawned.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a test waits for one reply before failing (instead of hanging).
@@ -187,6 +189,7 @@ impl Cluster {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_causeway"));
         cmd.args(["node", "--id", &i.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--nodes", &list.join(",")])
             .args(["--replicas", &opts.replicas.to_string(), "--k", &opts.k.to_string()])
+            .args(["--cluster-secret", CLUSTER_SECRET])
             .args(&opts.extra);
         if let Some(dir) = &opts.data_dir {
             cmd.arg("--data-dir").arg(dir.join(format!("node{i}")));

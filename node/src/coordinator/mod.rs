@@ -95,7 +95,7 @@ pub async fn start(node: &Arc<Node>) -> Result<(), String> {
         return Ok(());
     }
     let dir = node.config.data_dir.as_ref().map(|d| std::path::Path::new(d).join("raft"));
-    let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone(), dir.as_deref()).await?;
+    let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone(), dir.as_deref(), node.secret()).await?;
     let coordinator = Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(node.config.failure_timeout_ms, mono_ms())) });
     let _ = node.coordinator.set(coordinator.clone());
     tokio::spawn(follow(node.clone(), coordinator.clone()));

@@ -142,6 +142,7 @@ impl RaftHandle {
         voters: BTreeMap<NodeId, String>,
         initial: Topology,
         dir: Option<&Path>,
+        secret: Option<Arc<str>>,
     ) -> Result<Arc<RaftHandle>, String> {
         if !voters.contains_key(&me) {
             return Err(format!("node {me} is not among the coordinator's voters {:?}", voters.keys().collect::<Vec<_>>()));
@@ -157,7 +158,7 @@ impl RaftHandle {
         .map_err(|e| format!("raft config: {e}"))?;
         let log = LogStore::open(dir).map_err(|e| format!("the coordinator's raft log: {e}"))?;
         let (machine, topology) = TopologyMachine::open(initial, dir).map_err(|e| format!("the coordinator's raft snapshot: {e}"))?;
-        let raft = Raft::new(me.into(), Arc::new(config), Network::new(me), log, machine)
+        let raft = Raft::new(me.into(), Arc::new(config), Network::new(me, secret), log, machine)
             .await
             .map_err(|e| format!("starting the raft member: {e}"))?;
         // Every voter initializes the group with the same membership (which
@@ -335,7 +336,7 @@ mod tests {
 
     /// Starts member `id` on `listener`; `voters` are everyone's addresses.
     async fn start_member(id: NodeId, listener: TcpListener, voters: &BTreeMap<NodeId, String>, dir: Option<&Path>) -> Member {
-        let handle = RaftHandle::start(id, voters.clone(), topology(1), dir).await.unwrap();
+        let handle = RaftHandle::start(id, voters.clone(), topology(1), dir, None).await.unwrap();
         let listener = tokio::spawn(accept(listener, handle.clone()));
         Member { handle, listener }
     }

@@ -64,12 +64,14 @@ pub enum RaftResponse {
 /// connection.
 pub struct Network {
     me: NodeId,
+    /// The cluster secret this member proves to the others (`auth`).
+    secret: Option<Arc<str>>,
     connections: BTreeMap<RaftNodeId, Arc<Mutex<Option<Connection>>>>,
 }
 
 impl Network {
-    pub fn new(me: NodeId) -> Self {
-        Network { me, connections: BTreeMap::new() }
+    pub fn new(me: NodeId, secret: Option<Arc<str>>) -> Self {
+        Network { me, secret, connections: BTreeMap::new() }
     }
 }
 
@@ -78,13 +80,14 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: RaftNodeId, node: &BasicNode) -> PeerClient {
         let connection = self.connections.entry(target).or_default().clone();
-        PeerClient { me: self.me, target, addr: node.addr.clone(), connection }
+        PeerClient { me: self.me, secret: self.secret.clone(), target, addr: node.addr.clone(), connection }
     }
 }
 
 /// Sends Raft RPCs to one peer member.
 pub struct PeerClient {
     me: NodeId,
+    secret: Option<Arc<str>>,
     target: RaftNodeId,
     addr: String,
     connection: Arc<Mutex<Option<Connection>>>,
@@ -114,7 +117,7 @@ impl PeerClient {
             // the connection goes with it.
             let mut connection = match slot.take() {
                 Some(connection) => connection,
-                None => Connection::open(&self.addr, self.me).await.map_err(Failure::Unreachable)?,
+                None => Connection::open(&self.addr, self.me, self.secret.as_deref()).await.map_err(Failure::Unreachable)?,
             };
             let response = connection.exchange(&request).await.map_err(Failure::Network)?;
             *slot = Some(connection);
@@ -173,7 +176,7 @@ struct Connection {
 }
 
 impl Connection {
-    async fn open(addr: &str, me: NodeId) -> io::Result<Connection> {
+    async fn open(addr: &str, me: NodeId, secret: Option<&str>) -> io::Result<Connection> {
         let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr} took over {CONNECT_TIMEOUT:?}")))??;
@@ -182,6 +185,9 @@ impl Connection {
         hello.extend_from_slice(&[BINARY_MAGIC]);
         put_frame(&Hello::Raft(me), &mut hello);
         stream.write_all(&hello).await?;
+        if let Some(secret) = secret {
+            crate::auth::prove(&mut stream, &Hello::Raft(me), secret).await?;
+        }
         Ok(Connection { stream, buf: BytesMut::new() })
     }
 

@@ -353,7 +353,7 @@ impl Supervisor {
             return Some(change);
         }
         // 5. Chains grow back to R, or move to their place on the ring.
-        let placed = current.rebalanced();
+        let placed = self.placed(current, current, now_ms);
         (placed.chains != current.chains).then(|| Change { topology: placed, why: "chains placed on the ring".into() })
     }
 
@@ -423,6 +423,26 @@ impl Supervisor {
         None
     }
 
+    /// `t` (the current configuration, maybe with nodes added) with every
+    /// chain moved towards its place on the ring (`Topology::rebalanced`),
+    /// safely: members it should gain join at the tail at once (they fetch
+    /// the state), but a member it should lose leaves only once every
+    /// member of its new chain holds the data, so a chain is never left
+    /// with nobody but replicas still fetching. Meanwhile it is one longer.
+    fn placed(&self, t: &Topology, current: &Topology, now_ms: u64) -> Topology {
+        let ideal = t.rebalanced();
+        let mut next = ideal.clone();
+        for (p, chain) in next.chains.iter_mut().enumerate() {
+            let p = p as PartitionId;
+            let before = &current.chain(p).nodes;
+            let ready = chain.nodes.iter().all(|&n| before.contains(&n) && self.holds(current, n, p, now_ms));
+            let mut nodes: Vec<NodeId> = before.iter().copied().filter(|n| chain.nodes.contains(n) || !ready).collect();
+            nodes.extend(chain.nodes.iter().copied().filter(|n| !before.contains(n)));
+            chain.nodes = nodes;
+        }
+        next
+    }
+
     /// Operator-added nodes and failed nodes that are back, once alive.
     fn admit_new(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
         if let Some(pos) = self.joining.iter().position(|n| self.alive_beat(n.id, now_ms).is_some() && current.node(n.id).is_none()) {
@@ -433,7 +453,7 @@ impl Supervisor {
             t.admitted.insert(info.id, beat.incarnation);
             let why = format!("node {} added", info.id);
             t.nodes.push(info);
-            return Some(Change { topology: t.rebalanced(), why });
+            return Some(Change { topology: self.placed(&t, current, now_ms), why });
         }
         for r in &current.returning {
             // Back only once it has dropped its old replicas (it holds the
@@ -448,7 +468,7 @@ impl Supervisor {
             t.admitted.insert(r.id, beat.incarnation);
             t.nodes.push(NodeInfo { id: r.id, addr: beat.addr.clone() });
             let why = format!("node {} is back (after {} failure(s) in a row)", r.id, self.strikes.get(&r.id).map_or(0, |s| s.count));
-            return Some(Change { topology: t.rebalanced(), why });
+            return Some(Change { topology: self.placed(&t, current, now_ms), why });
         }
         None
     }
@@ -584,7 +604,12 @@ mod tests {
         assert_eq!(back_at.1, 1_600 + 1_000, "back after one failure timeout alive");
         t = back_at.0.topology;
         assert!(t.node(3).is_some() && t.returning.is_empty() && t.admits(3, 103));
-        assert!(t.chains.iter().all(|c| c.len() == 3));
+        // It joins the chains it takes at the tail; the members it replaces
+        // leave only once it holds the data (here: its next heartbeat).
+        assert!(t.chains.iter().all(|c| c.len() >= 3) && t.chains.iter().any(|c| c.len() == 4));
+        all_beat(&mut s, &t, &[0, 1, 2, 3], at);
+        t = s.next(&t, at).expect("the replaced members leave").topology;
+        assert!(t.chains.iter().all(|c| c.len() == 3), "{:?}", t.chains);
         // It fails again at once: the next hold-out is twice as long.
         let later = at + 5_000;
         all_beat(&mut s, &t, &[0, 1, 2], later);

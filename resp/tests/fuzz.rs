@@ -103,32 +103,17 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
     input
 }
 
-/// Feeds `input` to a request decoder, in pieces of `chunk` bytes.
-fn requests(input: &[u8], chunk: usize, limits: &Limits) {
-    let mut d = RequestDecoder::new();
+/// Feeds `input` in pieces of `chunk` bytes to `decode` (one step of a
+/// decoder: a message taken, more needed, or an error), taking every
+/// complete message after each piece.
+fn feed<T, E>(input: &[u8], chunk: usize, mut decode: impl FnMut(&mut BytesMut) -> Result<Option<T>, E>) {
     let mut buf = BytesMut::new();
     for piece in input.chunks(chunk.max(1)) {
         buf.extend_from_slice(piece);
         for _ in 0..=input.len() {
             let before = buf.len();
-            match d.decode(&mut buf, limits) {
-                Ok(Some(_)) => assert!(buf.len() < before || before == 0, "a request consumed nothing"),
-                Ok(None) => break,
-                Err(_) => return,
-            }
-        }
-    }
-}
-
-fn frames(input: &[u8], chunk: usize, limits: &Limits) {
-    let mut d = FrameDecoder::new();
-    let mut buf = BytesMut::new();
-    for piece in input.chunks(chunk.max(1)) {
-        buf.extend_from_slice(piece);
-        for _ in 0..=input.len() {
-            let before = buf.len();
-            match d.decode(&mut buf, limits) {
-                Ok(Some(_)) => assert!(buf.len() < before, "a frame consumed nothing"),
+            match decode(&mut buf) {
+                Ok(Some(_)) => assert!(buf.len() < before || before == 0, "a message consumed nothing"),
                 Ok(None) => break,
                 Err(_) => return,
             }
@@ -151,8 +136,10 @@ fn the_parsers_survive_mutated_traffic() {
     for i in 0..n {
         let input = mutate(&mut rng, &corpus);
         let chunk = if i % 4 == 0 { 1 + rng.below(8) } else { input.len() };
-        requests(&input, chunk, &limits);
-        frames(&input, chunk, &limits);
+        let mut requests = RequestDecoder::new();
+        feed(&input, chunk, |buf| requests.decode(buf, &limits));
+        let mut frames = FrameDecoder::new();
+        feed(&input, chunk, |buf| frames.decode(buf, &limits));
     }
     eprintln!("resp fuzz: {n} mutated inputs, each through both decoders, 0 crashes");
 }

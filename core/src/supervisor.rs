@@ -185,6 +185,15 @@ impl Supervisor {
             && self.alive_beat(node, now_ms).is_some_and(|b| current.admits(node, b.incarnation) && !b.joining.contains(&p))
     }
 
+    /// `holds`, as of the current configuration: the node's last heartbeat
+    /// was sent at `current`'s epoch, so what it says it is still fetching
+    /// is about its place in `current` (a heartbeat from before it got its
+    /// place says it fetches nothing). Copies are only let go on this.
+    fn holds_now(&self, current: &Topology, node: NodeId, p: PartitionId, now_ms: u64) -> bool {
+        self.holds(current, node, p, now_ms)
+            && self.last_seen.get(&node).is_some_and(|h| h.beat.epoch == current.epoch && h.beat.recovered.is_none())
+    }
+
     /// Whether `node` was heard at or after `since_ms` (a heartbeat from
     /// before another node restarted says nothing of whether it survived
     /// the same outage).
@@ -197,7 +206,7 @@ impl Supervisor {
     fn sole_holder(&self, current: &Topology, node: NodeId, now_ms: u64) -> bool {
         (0..current.shape.partitions).any(|p| {
             let chain = current.chain(p);
-            chain.index_of(node).is_some() && !chain.nodes.iter().any(|&m| m != node && self.holds(current, m, p, now_ms))
+            chain.index_of(node).is_some() && !chain.nodes.iter().any(|&m| m != node && self.holds_now(current, m, p, now_ms))
         })
     }
 
@@ -435,7 +444,7 @@ impl Supervisor {
         for (p, chain) in next.chains.iter_mut().enumerate() {
             let p = p as PartitionId;
             let before = &current.chain(p).nodes;
-            let ready = chain.nodes.iter().all(|&n| before.contains(&n) && self.holds(current, n, p, now_ms));
+            let ready = chain.nodes.iter().all(|&n| before.contains(&n) && self.holds_now(current, n, p, now_ms));
             let mut nodes: Vec<NodeId> = before.iter().copied().filter(|n| chain.nodes.contains(n) || !ready).collect();
             nodes.extend(chain.nodes.iter().copied().filter(|n| !before.contains(n)));
             chain.nodes = nodes;

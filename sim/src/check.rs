@@ -133,3 +133,90 @@ impl CausalChecker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Each check catches a known-bad history.
+    use super::*;
+    use crate::Completed;
+    use causeway_core::driver::Response;
+    use causeway_core::hlc::Timestamp;
+    use causeway_core::message::Condition;
+
+    fn v(ts: u64) -> Version {
+        Version::local(0, Timestamp::new(ts, 0))
+    }
+
+    fn put(checker: &mut CausalChecker, client: usize, key: &str, value: &str, ts: u64) {
+        let value = Bytes::from(value.to_string());
+        checker.issued_write(client, &value);
+        let request = Request::Put { key: Bytes::from(key.to_string()), value: Some(value), ttl_ms: None, condition: Condition::Always };
+        let c =
+            Completed { client, request, result: Ok(Response::Written(true)), items: Vec::new(), written: Some(v(ts)), acked_at: Some(1) };
+        checker.completed(&c);
+    }
+
+    fn item(value: Option<&str>, ts: Option<u64>) -> Item {
+        Item { value: value.map(|s| Bytes::from(s.to_string())), version: ts.map(v), seq: 0, stable: true }
+    }
+
+    fn get(checker: &mut CausalChecker, client: usize, key: &str, value: Option<&str>, ts: Option<u64>) {
+        let key = Bytes::from(key.to_string());
+        let c = Completed {
+            client,
+            request: Request::Get(key.clone()),
+            result: Ok(Response::Read { value: value.map(|s| Bytes::from(s.to_string())), chain_index: 0 }),
+            items: vec![(key, item(value, ts))],
+            written: None,
+            acked_at: None,
+        };
+        checker.completed(&c);
+    }
+
+    #[test]
+    fn a_read_older_than_the_readers_own_write_is_caught() {
+        let mut c = CausalChecker::default();
+        put(&mut c, 0, "k", "new", 20);
+        get(&mut c, 0, "k", Some("old"), Some(10));
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert!(c.violations[0].contains("older than"));
+    }
+
+    #[test]
+    fn a_read_that_misses_a_dependency_is_caught() {
+        let mut c = CausalChecker::default();
+        // Client 0 writes x, then y; client 1 reads y, then x from before.
+        put(&mut c, 0, "x", "x1", 10);
+        put(&mut c, 0, "y", "y1", 20);
+        get(&mut c, 1, "y", Some("y1"), Some(20));
+        get(&mut c, 1, "x", None, None);
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    }
+
+    #[test]
+    fn a_fractured_snapshot_is_caught() {
+        let mut c = CausalChecker::default();
+        put(&mut c, 0, "acl", "private", 10);
+        put(&mut c, 0, "album", "photo", 20);
+        let keys = vec![Bytes::from("acl"), Bytes::from("album")];
+        let snapshot = Completed {
+            client: 1,
+            request: Request::MultiGet(keys.clone()),
+            result: Ok(Response::Values(vec![None, Some(Bytes::from("photo"))])),
+            items: vec![(keys[0].clone(), item(None, None)), (keys[1].clone(), item(Some("photo"), Some(20)))],
+            written: None,
+            acked_at: None,
+        };
+        c.completed(&snapshot);
+        assert!(c.violations.iter().any(|v| v.contains("fractured")), "{:?}", c.violations);
+    }
+
+    #[test]
+    #[should_panic(expected = "lost")]
+    fn a_lost_acknowledged_write_is_caught() {
+        let sim = crate::Sim::new(1, 3, causeway_core::ring::Shape { partitions: 2, replicas: 3, k: 2 }, 1, crate::Network::default());
+        let mut c = CausalChecker::default();
+        c.acknowledged.push((Bytes::from("k"), v(10)));
+        crate::workload::check_converged(1, &sim, &c);
+    }
+}

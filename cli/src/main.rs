@@ -11,6 +11,8 @@ mod cluster;
 mod dev;
 mod repl;
 mod resp_client;
+mod site;
+mod torture;
 
 use causeway_node::config::{parse_nodes, NodeConfig};
 use clap::{Args, Parser, Subcommand};
@@ -35,6 +37,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Site administration: status, add a node, remove (drain) a node.
     Cluster(cluster::ClusterArgs),
+    /// Fault campaign against a local site: random kills, pauses, wipes and
+    /// whole-site restarts under writers, then every check on the run.
+    Torture(torture::TortureArgs),
 }
 
 #[derive(Args)]
@@ -142,6 +147,7 @@ fn main() -> ExitCode {
         Command::Cli(args) => repl::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Cluster(args) => cluster::run(args),
+        Command::Torture(args) => torture::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

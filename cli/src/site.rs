@@ -1,0 +1,185 @@
+//! A local site: one `causeway node` child process per node on loopback,
+//! with a shared cluster secret, that can be killed, paused, wiped and
+//! restarted node by node (`causeway dev`, `causeway torture`).
+
+use crate::resp_client::RespConn;
+use causeway_resp::Frame;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The shape of a local site.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// Node i listens on `port + i`; 0: on ports the system picks.
+    pub port: u16,
+    pub nodes: u16,
+    pub replicas: usize,
+    pub k: usize,
+    pub partitions: u32,
+    /// Node i keeps its write-ahead log in `DIR/node-i`.
+    pub data_dir: Option<String>,
+    /// Extra flags for every node.
+    pub node_args: Vec<String>,
+    /// Where the nodes' stderr goes (None: inherited).
+    pub logs: Option<PathBuf>,
+}
+
+/// The running site.
+pub struct Site {
+    pub shape: Shape,
+    ports: Vec<u16>,
+    exe: PathBuf,
+    secret: Vec<String>,
+    children: Vec<Option<Child>>,
+}
+
+impl Site {
+    /// Starts every node and waits until each accepts connections.
+    pub fn start(shape: Shape) -> Result<Site, String> {
+        causeway_core::ring::Shape { partitions: shape.partitions, replicas: shape.replicas, k: shape.k }.validate(shape.nodes as usize)?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        // The nodes of this site prove a fresh shared secret to each other,
+        // unless one was given.
+        let given = shape.node_args.iter().any(|a| a.starts_with("--cluster-secret")) || std::env::var_os("CAUSEWAY_CLUSTER_SECRET").is_some();
+        let secret = if given { Vec::new() } else { vec!["--cluster-secret".to_string(), format!("{:032x}", rand::random::<u128>())] };
+        let ports = match shape.port {
+            0 => free_ports(shape.nodes)?,
+            p => (0..shape.nodes).map(|i| p + i).collect(),
+        };
+        let mut site = Site { children: (0..shape.nodes).map(|_| None).collect(), shape, ports, exe, secret };
+        for i in 0..site.shape.nodes {
+            site.spawn(i)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for i in 0..site.shape.nodes {
+            while std::net::TcpStream::connect(site.addr(i)).is_err() {
+                if Instant::now() > deadline || site.exited().is_some() {
+                    site.stop();
+                    return Err(format!("node {i} did not start on {} (is the port free?)", site.addr(i)));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(site)
+    }
+
+    pub fn addr(&self, i: u16) -> String {
+        format!("127.0.0.1:{}", self.ports[i as usize])
+    }
+
+    pub fn pid(&self, i: u16) -> Option<u32> {
+        self.children[i as usize].as_ref().map(|c| c.id())
+    }
+
+    fn spawn(&mut self, i: u16) -> Result<(), String> {
+        let s = &self.shape;
+        let nodes: Vec<String> = (0..s.nodes).map(|n| format!("{n}={}", self.addr(n))).collect();
+        let data: Vec<String> = s.data_dir.iter().flat_map(|d| ["--data-dir".to_string(), format!("{d}/node-{i}")]).collect();
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["node", "--id", &i.to_string(), "--listen", &self.addr(i), "--nodes", &nodes.join(",")])
+            .args(["--partitions", &s.partitions.to_string(), "--replicas", &s.replicas.to_string(), "--k", &s.k.to_string()])
+            .args(&data)
+            .args(&self.secret)
+            .args(&s.node_args)
+            .stdin(Stdio::null());
+        if let Some(dir) = &s.logs {
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("node-{i}.log"))).map_err(|e| e.to_string())?;
+            cmd.stdout(Stdio::null()).stderr(log);
+        }
+        self.children[i as usize] = Some(cmd.spawn().map_err(|e| format!("cannot start node {i}: {e}"))?);
+        Ok(())
+    }
+
+    /// kill -9 node `i`.
+    pub fn kill(&mut self, i: u16) {
+        if let Some(mut c) = self.children[i as usize].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a killed node again (same port, flags and data directory).
+    pub fn restart(&mut self, i: u16) -> Result<(), String> {
+        self.kill(i);
+        self.spawn(i)
+    }
+
+    /// Deletes a killed node's data directory (a new disk).
+    pub fn wipe(&self, i: u16) {
+        if let Some(d) = &self.shape.data_dir {
+            let _ = std::fs::remove_dir_all(format!("{d}/node-{i}"));
+        }
+    }
+
+    /// Sends `signal` ("STOP", "CONT", "TERM") to node `i`.
+    pub fn signal(&self, i: u16, signal: &str) {
+        if let Some(pid) = self.pid(i) {
+            let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+        }
+    }
+
+    /// A node whose process has exited, and how.
+    pub fn exited(&mut self) -> Option<(u16, std::process::ExitStatus)> {
+        for (i, c) in self.children.iter_mut().enumerate() {
+            if let Some(status) = c.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                *c = None;
+                return Some((i as u16, status));
+            }
+        }
+        None
+    }
+
+    pub fn running(&self) -> usize {
+        self.children.iter().flatten().count()
+    }
+
+    /// Waits until every running node serves (the coordinator admitted it).
+    pub async fn wait_serving(&self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        for i in (0..self.shape.nodes).filter(|&i| self.children[i as usize].is_some()) {
+            loop {
+                if let Ok(mut c) = RespConn::connect(&self.addr(i)).await {
+                    if let Ok(Frame::Bulk(s)) = c.call(&[b"CW.STATUS"]).await {
+                        if s.windows(11).any(|w| w == b"serving:yes") {
+                            break;
+                        }
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("node {i} was not admitted by the coordinator in time"));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every node (SIGTERM: each shuts down cleanly).
+    pub fn stop(&mut self) {
+        for i in 0..self.shape.nodes {
+            self.signal(i, "CONT");
+            self.signal(i, "TERM");
+        }
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.wait();
+        }
+        self.children.iter_mut().for_each(|c| *c = None);
+    }
+}
+
+/// `n` ports free a moment ago (bound to port 0, then released).
+fn free_ports(n: u16) -> Result<Vec<u16>, String> {
+    let listeners: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())).collect()
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

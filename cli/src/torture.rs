@@ -1,0 +1,303 @@
+//! `causeway torture`: a fault campaign against a real local site. It
+//! starts a site with `--fsync always`, runs writers through every node at a
+//! chosen consistency level, injects random faults one after another
+//! (kill -9 and restart, restart on an empty disk, SIGSTOP/SIGCONT, a pause
+//! of the coordinator leader, a whole-site kill -9 and restart) for a
+//! chosen time, lets the site heal by itself, then checks the whole run:
+//! every acknowledged write reads back at every level through every node,
+//! every chain's replicas are identical (`CW.DIGEST`), every node is a
+//! member again and writes flow. It prints a verdict with the seed, which
+//! replays the same fault schedule. (Linearizability of the history is
+//! checked by the test suite with porcupine, `cli/tests/linearizable.rs`,
+//! and in the simulator.)
+
+use crate::resp_client::RespConn;
+use crate::site::{Shape, Site};
+use causeway_resp::Frame;
+use clap::Args;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct TortureArgs {
+    /// How long faults are injected.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Replays a run's fault schedule (default: a fresh one, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The writers' consistency level: causal, linearizable or eventual.
+    #[arg(long, default_value = "causal")]
+    consistency: String,
+    #[arg(long, default_value_t = 4)]
+    nodes: u16,
+    /// Port of the first node (node i on port + i); 0: free ports.
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Concurrent writers, spread over the nodes.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+}
+
+/// splitmix64: a seed gives the same fault schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n.max(1)
+    }
+}
+
+/// What the writers saw.
+#[derive(Default)]
+struct Writes {
+    /// The last acknowledged value of each key whose last write was
+    /// acknowledged (a failed write leaves its key unknown: forgotten).
+    acked: HashMap<String, String>,
+    tried: u64,
+    acknowledged: u64,
+    longest_gap: Duration,
+}
+
+pub fn run(args: TortureArgs) -> Result<(), String> {
+    let seed = args.seed.unwrap_or_else(|| rand::random::<u16>() as u64);
+    let dir = std::env::temp_dir().join(format!("causeway-torture-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let shape = Shape {
+        port: args.port,
+        nodes: args.nodes,
+        replicas: 3.min(args.nodes as usize),
+        k: 2.min(args.nodes as usize),
+        partitions: 64,
+        data_dir: Some(dir.to_string_lossy().into_owned()),
+        node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"].map(String::from).to_vec(),
+        logs: Some(dir.clone()),
+    };
+    println!("torture: seed {seed}, {} nodes, {} s of faults, writers at {}; logs in {}", args.nodes, args.seconds, args.consistency, dir.display());
+    let mut site = Site::start(shape)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
+    let verdict = runtime.block_on(campaign(&mut site, &args, seed));
+    site.stop();
+    match verdict {
+        Ok(summary) => {
+            println!("{summary}\nverdict: ok (seed {seed})");
+            let _ = std::fs::remove_dir_all(&dir);
+            Ok(())
+        }
+        Err(e) => Err(format!("verdict: FAILED (seed {seed}): {e}; node logs in {}", dir.display())),
+    }
+}
+
+async fn campaign(site: &mut Site, args: &TortureArgs, seed: u64) -> Result<String, String> {
+    site.wait_serving(Duration::from_secs(30)).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    let writers: Vec<_> = (0..args.clients)
+        .map(|w| tokio::spawn(writer(site.addr(w as u16 % args.nodes), w, args.consistency.clone(), stop.clone(), writes.clone())))
+        .collect();
+    // Faults, one at a time, until the deadline.
+    let mut rng = Rng(seed);
+    let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1_000 + rng.below(1_500))).await;
+        let node = rng.below(args.nodes as u64) as u16;
+        let ms = |rng: &mut Rng, lo: u64, hi: u64| Duration::from_millis(lo + rng.below(hi - lo));
+        let fault = match rng.below(5) {
+            0 => {
+                site.kill(node);
+                tokio::time::sleep(ms(&mut rng, 200, 2_000)).await;
+                site.restart(node)?;
+                "kill -9 and restart"
+            }
+            1 => {
+                site.kill(node);
+                site.wipe(node);
+                tokio::time::sleep(ms(&mut rng, 200, 1_000)).await;
+                site.restart(node)?;
+                "kill -9 and restart on an empty disk"
+            }
+            2 => {
+                site.signal(node, "STOP");
+                tokio::time::sleep(ms(&mut rng, 500, 2_500)).await;
+                site.signal(node, "CONT");
+                "pause (SIGSTOP)"
+            }
+            3 => {
+                let leader = leader(site, args.nodes).await.unwrap_or(node);
+                site.signal(leader, "STOP");
+                tokio::time::sleep(ms(&mut rng, 1_000, 2_500)).await;
+                site.signal(leader, "CONT");
+                "pause of the coordinator leader"
+            }
+            _ => {
+                (0..args.nodes).for_each(|i| site.kill(i));
+                tokio::time::sleep(ms(&mut rng, 200, 1_000)).await;
+                for i in 0..args.nodes {
+                    site.restart(i)?;
+                }
+                "whole-site kill -9 and restart"
+            }
+        };
+        *faults.entry(fault).or_default() += 1;
+        // Wait for the site to take the fault before the next one (as
+        // operators would); a site that does not heal fails the run here.
+        wait_healed(site, args.nodes, Duration::from_secs(60)).await.map_err(|e| format!("after {fault} of node {node}: {e}"))?;
+    }
+    wait_healed(site, args.nodes, Duration::from_secs(60)).await?;
+    // Writes flow again once healed.
+    let before = writes.lock().unwrap().acknowledged;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let flowing = writes.lock().unwrap().acknowledged - before;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        let _ = w.await;
+    }
+    if flowing == 0 {
+        return Err("no write was acknowledged in the second after the site healed".into());
+    }
+    let writes = Arc::try_unwrap(writes).map_err(|_| "writers still running")?.into_inner().unwrap();
+    let checked = check_reads(site, args.nodes, &writes.acked).await?;
+    let partitions = check_replicas(site, args.nodes).await?;
+    let total: u32 = faults.values().sum();
+    let list: Vec<String> = faults.iter().map(|(f, n)| format!("{n} x {f}")).collect();
+    Ok(format!(
+        "{total} faults ({}); {} writes tried, {} acknowledged; {} keys' last acknowledged values read back at 3 levels through {} nodes ({checked} reads), 0 lost; {partitions} partitions with identical replicas; longest write gap {:.2} s",
+        list.join(", "),
+        writes.tried,
+        writes.acknowledged,
+        writes.acked.len(),
+        args.nodes,
+        writes.longest_gap.as_secs_f64()
+    ))
+}
+
+/// One writer: its own keys, unique values, through node `addr`.
+async fn writer(addr: String, w: usize, level: String, stop: Arc<AtomicBool>, writes: Arc<Mutex<Writes>>) {
+    let mut con: Option<RespConn> = None;
+    let mut last_ok = Instant::now();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(c) = con.as_mut() else {
+            if let Ok(mut c) = RespConn::connect(&addr).await {
+                if c.call(&[b"CW.CONSISTENCY", level.as_bytes()]).await.is_ok() {
+                    con = Some(c);
+                    continue;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        n += 1;
+        let (key, value) = (format!("torture:w{w}:k{}", n % 64), format!("w{w}:v{n}"));
+        let answer = tokio::time::timeout(Duration::from_secs(5), c.call(&[b"SET", key.as_bytes(), value.as_bytes()])).await;
+        let mut ws = writes.lock().unwrap();
+        ws.tried += 1;
+        match answer {
+            Ok(Ok(_)) => {
+                ws.acknowledged += 1;
+                ws.longest_gap = ws.longest_gap.max(last_ok.elapsed());
+                last_ok = Instant::now();
+                ws.acked.insert(key, value);
+            }
+            _ => {
+                ws.acked.remove(&key);
+                con = None;
+            }
+        }
+    }
+}
+
+/// `CW.CLUSTER STATUS` of `node`, as field -> value.
+async fn status(site: &Site, node: u16) -> Option<HashMap<String, String>> {
+    let mut c = RespConn::connect(&site.addr(node)).await.ok()?;
+    let Frame::Bulk(text) = tokio::time::timeout(Duration::from_secs(1), c.call(&[b"CW.CLUSTER", b"STATUS"])).await.ok()?.ok()? else {
+        return None;
+    };
+    let text = String::from_utf8_lossy(&text).into_owned();
+    Some(text.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
+}
+
+async fn leader(site: &Site, nodes: u16) -> Option<u16> {
+    for i in 0..nodes.min(3) {
+        if let Some(l) = status(site, i).await.and_then(|s| s.get("coordinator_leader")?.parse().ok()) {
+            return Some(l);
+        }
+    }
+    None
+}
+
+/// Waits until the leader reports every node a member, heard at the current
+/// epoch with nothing left to fetch, and every chain at R, and every node
+/// serves.
+async fn wait_healed(site: &Site, nodes: u16, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = leader(site, nodes).await {
+            if let Some(s) = status(site, l).await {
+                let settled = format!("epoch={},joining=0,", s.get("epoch").map_or("", |e| e.as_str()));
+                let whole = (0..nodes).all(|n| s.get(&format!("node{n}")).is_some_and(|line| !line.starts_with("member=no") && line.contains(&settled)));
+                if whole && s.get("short_chains").map(String::as_str) == Some("0") && site.wait_serving(Duration::from_secs(1)).await.is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the site did not heal within {} s", timeout.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every acknowledged value, at every level, through every node.
+async fn check_reads(site: &Site, nodes: u16, acked: &HashMap<String, String>) -> Result<u64, String> {
+    let mut reads = 0;
+    for node in 0..nodes {
+        for level in ["causal", "linearizable", "eventual"] {
+            let mut c = RespConn::connect(&site.addr(node)).await?;
+            c.call(&[b"CW.CONSISTENCY", level.as_bytes()]).await?;
+            for (k, v) in acked {
+                let got = c.call(&[b"GET", k.as_bytes()]).await?;
+                reads += 1;
+                if got != Frame::Bulk(v.clone().into()) {
+                    return Err(format!("acknowledged write lost: {level} GET {k} through node {node} returned {got:?}, expected {v}"));
+                }
+            }
+        }
+    }
+    Ok(reads)
+}
+
+/// Every chain's replicas identical and stable, by `CW.DIGEST`.
+async fn check_replicas(site: &Site, nodes: u16) -> Result<usize, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut by_partition: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for node in 0..nodes {
+            let mut c = RespConn::connect(&site.addr(node)).await?;
+            let Frame::Bulk(text) = c.call(&[b"CW.DIGEST"]).await? else { return Err("CW.DIGEST answered no text".into()) };
+            for line in String::from_utf8_lossy(&text).lines() {
+                if let Some((p, rest)) = line.split_once(':') {
+                    by_partition.entry(p.to_string()).or_default().push(rest.to_string());
+                }
+            }
+        }
+        let same = by_partition.values().all(|lines| {
+            lines.windows(2).all(|w| w[0] == w[1]) && lines.iter().all(|l| l.split(':').take(2).collect::<Vec<_>>().windows(2).all(|w| w[0] == w[1]))
+        });
+        if same {
+            return Ok(by_partition.len());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("replicas differ: {by_partition:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -41,7 +41,8 @@ impl Site {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         // The nodes of this site prove a fresh shared secret to each other,
         // unless one was given.
-        let given = shape.node_args.iter().any(|a| a.starts_with("--cluster-secret")) || std::env::var_os("CAUSEWAY_CLUSTER_SECRET").is_some();
+        let given =
+            shape.node_args.iter().any(|a| a.starts_with("--cluster-secret")) || std::env::var_os("CAUSEWAY_CLUSTER_SECRET").is_some();
         let secret = if given { Vec::new() } else { vec!["--cluster-secret".to_string(), format!("{:032x}", rand::random::<u128>())] };
         let ports = match shape.port {
             0 => free_ports(shape.nodes)?,
@@ -84,7 +85,8 @@ impl Site {
             .args(&s.node_args)
             .stdin(Stdio::null());
         if let Some(dir) = &s.logs {
-            let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("node-{i}.log"))).map_err(|e| e.to_string())?;
+            let log =
+                std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("node-{i}.log"))).map_err(|e| e.to_string())?;
             cmd.stdout(Stdio::null()).stderr(log);
         }
         self.children[i as usize] = Some(cmd.spawn().map_err(|e| format!("cannot start node {i}: {e}"))?);

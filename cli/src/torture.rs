@@ -80,7 +80,13 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"].map(String::from).to_vec(),
         logs: Some(dir.clone()),
     };
-    println!("torture: seed {seed}, {} nodes, {} s of faults, writers at {}; logs in {}", args.nodes, args.seconds, args.consistency, dir.display());
+    println!(
+        "torture: seed {seed}, {} nodes, {} s of faults, writers at {}; logs in {}",
+        args.nodes,
+        args.seconds,
+        args.consistency,
+        dir.display()
+    );
     let mut site = Site::start(shape)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
     let verdict = runtime.block_on(campaign(&mut site, &args, seed));
@@ -243,8 +249,12 @@ async fn wait_healed(site: &Site, nodes: u16, timeout: Duration) -> Result<(), S
         if let Some(l) = leader(site, nodes).await {
             if let Some(s) = status(site, l).await {
                 let settled = format!("epoch={},joining=0,", s.get("epoch").map_or("", |e| e.as_str()));
-                let whole = (0..nodes).all(|n| s.get(&format!("node{n}")).is_some_and(|line| !line.starts_with("member=no") && line.contains(&settled)));
-                if whole && s.get("short_chains").map(String::as_str) == Some("0") && site.wait_serving(Duration::from_secs(1)).await.is_ok() {
+                let whole = (0..nodes)
+                    .all(|n| s.get(&format!("node{n}")).is_some_and(|line| !line.starts_with("member=no") && line.contains(&settled)));
+                if whole
+                    && s.get("short_chains").map(String::as_str) == Some("0")
+                    && site.wait_serving(Duration::from_secs(1)).await.is_ok()
+                {
                     return Ok(());
                 }
             }
@@ -290,7 +300,8 @@ async fn check_replicas(site: &Site, nodes: u16) -> Result<usize, String> {
             }
         }
         let same = by_partition.values().all(|lines| {
-            lines.windows(2).all(|w| w[0] == w[1]) && lines.iter().all(|l| l.split(':').take(2).collect::<Vec<_>>().windows(2).all(|w| w[0] == w[1]))
+            lines.windows(2).all(|w| w[0] == w[1])
+                && lines.iter().all(|l| l.split(':').take(2).collect::<Vec<_>>().windows(2).all(|w| w[0] == w[1]))
         });
         if same {
             return Ok(by_partition.len());

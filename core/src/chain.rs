@@ -195,6 +195,11 @@ impl ChainReplica {
         self.joining
     }
 
+    /// The highest sequence number applied here.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
     /// A detached replica (epoch 0, recovered from the log) is no tail: it
     /// keeps what it does not know stable, to resend it once it has a place.
     fn is_tail(&self) -> bool {

@@ -345,7 +345,7 @@ impl Node {
     pub fn beat(&self, mono_ms: u64) -> Beat {
         let recovered = (!self.admitted).then(|| Recovered {
             whole: self.whole,
-            applied: self.parts.iter().enumerate().filter_map(|(p, r)| Some((p as PartitionId, r.as_ref()?.digest().applied))).collect(),
+            applied: self.parts.iter().enumerate().filter_map(|(p, r)| Some((p as PartitionId, r.as_ref()?.applied()))).collect(),
         });
         Beat {
             from: self.id.me,
@@ -353,9 +353,7 @@ impl Node {
             incarnation: self.id.incarnation,
             epoch: self.topology.epoch,
             sent_ms: mono_ms,
-            joining: (0..self.parts.len() as PartitionId)
-                .filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining()))
-                .collect(),
+            joining: self.joining(),
             recovered,
         }
     }
@@ -373,7 +371,12 @@ impl Node {
 
     /// Replicas still waiting for a state transfer.
     pub fn joining_replicas(&self) -> usize {
-        self.parts.iter().flatten().filter(|r| r.is_joining()).count()
+        self.joining().len()
+    }
+
+    /// The partitions whose replica here is still fetching its state.
+    fn joining(&self) -> Vec<PartitionId> {
+        (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining())).collect()
     }
 
     /// This node's replica of `partition` in brief, if it has one.

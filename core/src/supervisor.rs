@@ -211,8 +211,8 @@ impl Supervisor {
     }
 
     /// `node`'s last heartbeat, if it is recent.
-    fn alive_beat(&self, node: NodeId, now_ms: u64) -> Option<Beat> {
-        self.last_seen.get(&node).filter(|_| self.heard_recently(node, now_ms)).map(|h| h.beat.clone())
+    fn alive_beat(&self, node: NodeId, now_ms: u64) -> Option<&Beat> {
+        self.last_seen.get(&node).filter(|_| self.heard_recently(node, now_ms)).map(|h| &h.beat)
     }
 
     fn heard_recently(&self, node: NodeId, now_ms: u64) -> bool {
@@ -372,7 +372,7 @@ impl Supervisor {
         let restarted: Vec<(NodeId, Beat)> = current
             .nodes
             .iter()
-            .filter_map(|n| Some((n.id, self.alive_beat(n.id, now_ms)?)))
+            .filter_map(|n| Some((n.id, self.alive_beat(n.id, now_ms)?.clone())))
             .filter(|(n, beat)| !current.admits(*n, beat.incarnation))
             .collect();
         for (n, beat) in &restarted {
@@ -456,7 +456,7 @@ impl Supervisor {
     fn admit_new(&mut self, current: &Topology, now_ms: u64) -> Option<Change> {
         if let Some(pos) = self.joining.iter().position(|n| self.alive_beat(n.id, now_ms).is_some() && current.node(n.id).is_none()) {
             let info = self.joining.remove(pos);
-            let beat = self.alive_beat(info.id, now_ms).expect("checked alive");
+            let beat = self.alive_beat(info.id, now_ms).expect("checked alive").clone();
             let mut t = current.clone();
             t.returning.retain(|r| r.id != info.id);
             t.admitted.insert(info.id, beat.incarnation);

@@ -152,6 +152,9 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
         Hello::Node(id) => Some(id),
         _ => None,
     };
+    // Whether the peer was found in the configuration (looked up until it
+    // is, not for every frame after).
+    let mut known = false;
     // A native client gets its replies on this same connection.
     let client = match hello {
         Hello::Client { id, password } => {
@@ -195,7 +198,7 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
         loop {
             match take_frame::<Message>(&mut buf) {
                 Ok(Some(msg)) => {
-                    if let Some(id) = peer.filter(|&id| !accepted_from(&node, id, &msg)) {
+                    if let Some(id) = peer.filter(|&id| !accepted_from(&node, id, &msg, &mut known)) {
                         tracing::debug!("dropping a message from node {id}, which is not in this node's configuration");
                         continue;
                     }
@@ -219,12 +222,17 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
 /// node's configuration (a member, or a failed one that may return),
 /// anything; from another node, only its own heartbeats (a node started
 /// with `--join` heartbeats before the coordinator adds it). A heartbeat
-/// must come from the node it names.
-fn accepted_from(node: &Node, id: NodeId, msg: &Message) -> bool {
-    let t = node.topology();
+/// must come from the node it names. `known` remembers, for the
+/// connection, that the peer was found in the configuration.
+fn accepted_from(node: &Node, id: NodeId, msg: &Message, known: &mut bool) -> bool {
     match msg {
         Message::Heartbeat(beat) => beat.from == id,
-        _ => t.node(id).is_some() || t.returning.iter().any(|n| n.id == id) || node.config.nodes.iter().any(|n| n.id == id),
+        _ if *known => true,
+        _ => {
+            let t = node.topology();
+            *known = t.node(id).is_some() || t.returning.iter().any(|n| n.id == id) || node.config.nodes.iter().any(|n| n.id == id);
+            *known
+        }
     }
 }
 

@@ -290,7 +290,11 @@ fn forged_peer_connections_are_refused() {
         // 1. No proof: the hello is followed by a Reconfigure at once.
         // 2. A wrong secret. 3. The right secret, as a node id that is not
         // in the configuration.
-        for (hello, secret) in [(Hello::Node(1), None), (Hello::Node(1), Some("guess")), (Hello::Node(77), Some(CLUSTER_SECRET))] {
+        for (hello, secret) in [
+            (Hello::Node { id: 1, stream: 1 }, None),
+            (Hello::Node { id: 1, stream: 1 }, Some("guess")),
+            (Hello::Node { id: 77, stream: 1 }, Some(CLUSTER_SECRET)),
+        ] {
             let mut s = tokio::net::TcpStream::connect(c.addr(0)).await.unwrap();
             let mut out = bytes::BytesMut::from(&[BINARY_MAGIC][..]);
             put_frame(&hello, &mut out);
@@ -299,7 +303,8 @@ fn forged_peer_connections_are_refused() {
                 let _ = causeway_node::auth::prove(&mut s, &hello, secret).await;
             }
             out.clear();
-            put_frame(&reconfigure, &mut out);
+            // Frames from a node carry their sequence number.
+            put_frame(&(1u64, &reconfigure), &mut out);
             let _ = s.write_all(&out).await;
             let mut rest = Vec::new();
             let _ = tokio::time::timeout(std::time::Duration::from_millis(500), s.read_to_end(&mut rest)).await;

@@ -345,12 +345,26 @@ pub type Welcome = Result<(), String>;
 /// The first frame of a binary connection: who is speaking.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Hello {
-    /// Another node of the site: the connection carries its messages to us.
-    Node(NodeId),
+    /// Another node of the site: the connection carries its messages to us,
+    /// each frame a `(sequence number, Message)` of the sender's `stream`
+    /// (one per sending process and peer), so frames that a broken
+    /// connection may have lost are resent on the next one and duplicates
+    /// dropped. The acceptor answers with `LinkReply`s.
+    Node { id: NodeId, stream: u64 },
     /// A native client: replies for it go back on this connection. The
     /// password is checked against the node's `requirepass`.
     Client { id: ClientId, password: Option<String> },
     /// The coordinator's Raft member on node `NodeId`: the connection carries
     /// Raft RPCs, each request frame answered by one response frame.
     Raft(NodeId),
+}
+
+/// What a node sends back on a connection another node opened to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LinkReply {
+    /// Right after the hello: this process (`incarnation`) has taken every
+    /// frame of the stream up to `last`; the sender resends what follows.
+    Resume { incarnation: u64, last: u64 },
+    /// Every frame up to this sequence number has been taken.
+    Ack(u64),
 }

@@ -94,8 +94,8 @@ mod tests {
 
     async fn handshake(dialer_secret: &'static str, acceptor_secret: &str) -> Result<(), String> {
         let (mut a, b) = tokio::io::duplex(1024);
-        let hello = Hello::Node(3);
-        let dial = tokio::spawn(async move { prove(&mut a, &Hello::Node(3), dialer_secret).await });
+        let hello = Hello::Node { id: 3, stream: 1 };
+        let dial = tokio::spawn(async move { prove(&mut a, &Hello::Node { id: 3, stream: 1 }, dialer_secret).await });
         let (mut rd, mut wr) = tokio::io::split(b);
         let mut buf = BytesMut::new();
         let verdict = verify(&mut rd, &mut wr, &mut buf, &hello, acceptor_secret).await;
@@ -113,8 +113,8 @@ mod tests {
     fn a_proof_is_bound_to_the_hello_and_the_challenge() {
         let n1 = [1u8; 32];
         let p = |hello: &Hello, nonce: &[u8; 32]| -> Vec<u8> { proof("k", hello, nonce).finalize().into_bytes().to_vec() };
-        assert_ne!(p(&Hello::Node(1), &n1), p(&Hello::Node(2), &n1), "another node id");
-        assert_ne!(p(&Hello::Node(1), &n1), p(&Hello::Raft(1), &n1), "another role");
-        assert_ne!(p(&Hello::Node(1), &n1), p(&Hello::Node(1), &[2u8; 32]), "another challenge");
+        assert_ne!(p(&Hello::Node { id: 1, stream: 1 }, &n1), p(&Hello::Node { id: 2, stream: 1 }, &n1), "another node id");
+        assert_ne!(p(&Hello::Node { id: 1, stream: 1 }, &n1), p(&Hello::Raft(1), &n1), "another role");
+        assert_ne!(p(&Hello::Node { id: 1, stream: 1 }, &n1), p(&Hello::Node { id: 1, stream: 1 }, &[2u8; 32]), "another challenge");
     }
 }

@@ -151,6 +151,8 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
             }
             output.clear();
         }
+        // A slow peer slows the clients that feed it.
+        node.wait_for_peers().await;
         match stream.read_buf(&mut input).await {
             Ok(n) if n > 0 => {}
             _ => break,

@@ -7,6 +7,7 @@
 
 use crate::config::NodeConfig;
 use crate::coordinator::{self, Coordinator};
+use crate::peer::link::{Inbound, Link, SOFT_LIMIT};
 use crate::wal::{Fsync, Wal};
 use crate::{conn, peer};
 use ahash::AHashMap;
@@ -72,7 +73,9 @@ pub struct Node {
     pub stats: Stats,
     pub started: Instant,
     /// One outbound connection per other node, added as nodes join.
-    peers: RwLock<AHashMap<NodeId, peer::Sender>>,
+    peers: RwLock<AHashMap<NodeId, Link>>,
+    /// Where each peer's link stands on this side (frames taken).
+    inbound: Mutex<AHashMap<NodeId, Arc<Inbound>>>,
     /// The write-ahead log, when the node has a data directory.
     wal: OnceLock<Wal>,
     /// This node's coordinator member, if it is one of the coordinator nodes.
@@ -138,7 +141,7 @@ impl Node {
             let mut peers = self.peers.write();
             for n in &new.nodes {
                 if n.id != self.me && !peers.contains_key(&n.id) {
-                    peers.insert(n.id, peer::Sender::spawn(self.me, n.addr.clone(), self.secret()));
+                    peers.insert(n.id, Link::spawn(self.me, n.addr.clone(), self.secret()));
                 }
             }
         }
@@ -162,9 +165,44 @@ impl Node {
 
     fn send_to_peer(&self, n: NodeId, msg: Message) {
         match self.peers.read().get(&n) {
-            Some(p) => p.send(msg),
+            Some(p) => p.send(&msg),
             None => tracing::debug!("dropping a message for unknown node {n}"),
         }
+    }
+
+    /// Where peer `id`'s link stands on this side.
+    pub fn inbound(&self, id: NodeId) -> Arc<Inbound> {
+        self.inbound.lock().entry(id).or_default().clone()
+    }
+
+    /// Waits, up to `MAX_STALL`, until no link to a member of the
+    /// configuration that is up is over its backlog's soft limit: a slow
+    /// peer slows the clients of this node instead of growing its memory.
+    /// Links to nodes that are down or not members do not hold clients back
+    /// (the driver routes around them, the coordinator removes them).
+    pub async fn wait_for_peers(&self) {
+        const MAX_STALL: Duration = Duration::from_secs(1);
+        let deadline = tokio::time::Instant::now() + MAX_STALL;
+        loop {
+            let topology = self.topology();
+            let full = self.peers.read().iter().find_map(|(&n, link)| {
+                (topology.node(n).is_some() && !link.is_down() && link.backlog() > SOFT_LIMIT).then(|| link.clone())
+            });
+            let Some(link) = full else { return };
+            if tokio::time::timeout_at(deadline, link.room()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Bytes queued for peers or not yet acknowledged by them.
+    pub fn peer_backlog(&self) -> usize {
+        self.peers.read().values().map(Link::backlog).sum()
+    }
+
+    /// Messages dropped because a peer's backlog was over its limit.
+    pub fn dropped_peer_messages(&self) -> u64 {
+        self.peers.read().values().map(Link::dropped).sum()
     }
 
     /// A fresh client id for a session on this node.
@@ -279,13 +317,13 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     if secret.is_none() {
         tracing::warn!("no --cluster-secret: connections from other nodes are not authenticated");
     }
-    let peers =
-        topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, peer::Sender::spawn(me, n.addr.clone(), secret.clone()))).collect();
+    let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, Link::spawn(me, n.addr.clone(), secret.clone()))).collect();
     let node = Arc::new(Node {
         me,
         topology: RwLock::new(Arc::new(topology.clone())),
         core: Mutex::new(core_node::Node::new(identity, topology)),
         peers: RwLock::new(peers),
+        inbound: Mutex::new(AHashMap::new()),
         coordinator: OnceLock::new(),
         wal: OnceLock::new(),
         limits: config.limits(),

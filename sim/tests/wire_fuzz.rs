@@ -55,7 +55,7 @@ fn corpus() -> Vec<Vec<u8>> {
         put_frame(m, &mut b);
         out.push(b.to_vec());
     }
-    for h in [Hello::Node(2), Hello::Raft(1), Hello::Client { id: 5, password: Some("secret".into()) }] {
+    for h in [Hello::Node { id: 2, stream: 1 }, Hello::Raft(1), Hello::Client { id: 5, password: Some("secret".into()) }] {
         let mut b = BytesMut::new();
         put_frame(&h, &mut b);
         out.push(b.to_vec());

@@ -236,6 +236,8 @@ async fn info_section(conn: &mut Conn, section: &str) -> Vec<(&'static str, Stri
                 ("middle_of", middle.to_string()),
                 ("tail_of", tail.to_string()),
                 ("consistency", conn.driver.consistency().to_string()),
+                ("peer_backlog_bytes", node.peer_backlog().to_string()),
+                ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
             ]
         }
         "keyspace" => match conn.run(Request::Count).await {

@@ -391,11 +391,6 @@ impl Supervisor {
             let orphans: Vec<PartitionId> =
                 mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| holder(m, p))).collect();
             if orphans.is_empty() {
-                eprintln!(
-                    "DEBUG {now_ms} fail out {n}: seen {:?} admitted {:?}",
-                    self.last_seen.iter().map(|(k, h)| (*k, h.at_ms, h.beat.incarnation)).collect::<Vec<_>>(),
-                    current.admitted
-                );
                 self.strike(*n, now_ms);
                 let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");
                 return Some(Change { topology: current.failed(*n), why });

@@ -1,19 +1,28 @@
 //! `causeway torture`: a fault campaign against a real local site. It
-//! starts a site with `--fsync always`, runs writers through every node at a
-//! chosen consistency level, injects random faults one after another
-//! (kill -9 and restart, restart on an empty disk, SIGSTOP/SIGCONT, a pause
-//! of the coordinator leader, a whole-site kill -9 and restart) for a
-//! chosen time, lets the site heal by itself, then checks the whole run:
-//! every acknowledged write reads back at every level through every node,
-//! every chain's replicas are identical (`CW.DIGEST`), every node is a
-//! member again and writes flow. It prints a verdict with the seed, which
-//! replays the same fault schedule. (Linearizability of the history is
-//! checked by the test suite with porcupine, `cli/tests/linearizable.rs`,
-//! and in the simulator.)
+//! starts a site with `--fsync always`, runs clients through every node at a
+//! chosen consistency level (each writes its own keys and reads everyone's),
+//! injects random faults one after another (kill -9 and restart, restart on
+//! an empty disk, SIGSTOP/SIGCONT, a pause of the coordinator leader, a
+//! whole-site kill -9 and restart) for a chosen time, lets the site heal by
+//! itself, then checks the whole run:
+//!
+//! * the recorded history: linearizable runs with porcupine (every
+//!   operation, `causeway_sim::lincheck`), causal and linearizable runs for
+//!   each connection's session guarantees (read-your-writes, monotonic
+//!   reads: `causeway_sim::check::session_guarantees`; dependencies across
+//!   keys need versions a Redis client does not see, and are checked in the
+//!   simulator);
+//! * durability: each key's last acknowledged value reads back at every
+//!   level through every node;
+//! * convergence: every chain's replicas are identical (`CW.DIGEST`), every
+//!   node is a member again and writes flow.
+//!
+//! It prints a verdict with the seed, which replays the same fault schedule.
 
 use crate::resp_client::RespConn;
 use crate::site::{Shape, Site};
 use causeway_resp::Frame;
+use causeway_sim::lincheck::{Op, OpKind};
 use clap::Args;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +45,8 @@ pub struct TortureArgs {
     /// Port of the first node (node i on port + i); 0: free ports.
     #[arg(long, default_value_t = 0)]
     port: u16,
-    /// Concurrent writers, spread over the nodes.
+    /// Concurrent clients (each writes its own keys and reads everyone's),
+    /// spread over the nodes.
     #[arg(long, default_value_t = 8)]
     clients: usize,
 }
@@ -54,8 +64,10 @@ impl Rng {
     }
 }
 
-/// What the writers saw.
-#[derive(Default)]
+/// Keys per client.
+const KEYS: u64 = 64;
+
+/// What the clients saw.
 struct Writes {
     /// The last acknowledged value of each key whose last write was
     /// acknowledged (a failed write leaves its key unknown: forgotten).
@@ -63,6 +75,23 @@ struct Writes {
     tried: u64,
     acknowledged: u64,
     longest_gap: Duration,
+    /// Every operation, in microseconds since `started`; each connection
+    /// is its own session (`Op::client`).
+    history: Vec<Op>,
+    sessions: usize,
+    started: Instant,
+}
+
+impl Writes {
+    fn micros(&self) -> i64 {
+        self.started.elapsed().as_micros() as i64
+    }
+}
+
+/// A value's place among its key's writes: values are `w{client}:v{n}`, and
+/// each key has one sequential writer.
+fn order(value: &str) -> Option<u64> {
+    value.split_once(":v")?.1.parse().ok()
 }
 
 pub fn run(args: TortureArgs) -> Result<(), String> {
@@ -104,9 +133,28 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
 async fn campaign(site: &mut Site, args: &TortureArgs, seed: u64) -> Result<String, String> {
     site.wait_serving(Duration::from_secs(30)).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let writes = Arc::new(Mutex::new(Writes::default()));
+    let writes = Arc::new(Mutex::new(Writes {
+        acked: HashMap::new(),
+        tried: 0,
+        acknowledged: 0,
+        longest_gap: Duration::ZERO,
+        history: Vec::new(),
+        sessions: 0,
+        started: Instant::now(),
+    }));
     let writers: Vec<_> = (0..args.clients)
-        .map(|w| tokio::spawn(writer(site.addr(w as u16 % args.nodes), w, args.consistency.clone(), stop.clone(), writes.clone())))
+        .map(|w| {
+            let rng = Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9));
+            tokio::spawn(client(
+                site.addr(w as u16 % args.nodes),
+                w,
+                args.clients,
+                rng,
+                args.consistency.clone(),
+                stop.clone(),
+                writes.clone(),
+            ))
+        })
         .collect();
     // Faults, one at a time, until the deadline.
     let mut rng = Rng(seed);
@@ -170,55 +218,102 @@ async fn campaign(site: &mut Site, args: &TortureArgs, seed: u64) -> Result<Stri
         return Err("no write was acknowledged in the second after the site healed".into());
     }
     let writes = Arc::try_unwrap(writes).map_err(|_| "writers still running")?.into_inner().unwrap();
+    let history = check_history(&writes.history, &args.consistency)?;
     let checked = check_reads(site, args.nodes, &writes.acked).await?;
     let partitions = check_replicas(site, args.nodes).await?;
     let total: u32 = faults.values().sum();
     let list: Vec<String> = faults.iter().map(|(f, n)| format!("{n} x {f}")).collect();
     Ok(format!(
-        "{total} faults ({}); {} writes tried, {} acknowledged; {} keys' last acknowledged values read back at 3 levels through {} nodes ({checked} reads), 0 lost; {partitions} partitions with identical replicas; longest write gap {:.2} s",
+        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes ({checked} reads), 0 lost; {partitions} partitions with identical replicas; longest write gap {:.2} s",
         list.join(", "),
         writes.tried,
         writes.acknowledged,
+        writes.history.len(),
+        writes.sessions,
         writes.acked.len(),
         args.nodes,
         writes.longest_gap.as_secs_f64()
     ))
 }
 
-/// One writer: its own keys, unique values, through node `addr`.
-async fn writer(addr: String, w: usize, level: String, stop: Arc<AtomicBool>, writes: Arc<Mutex<Writes>>) {
-    let mut con: Option<RespConn> = None;
+/// One client, through node `addr`: writes unique values to its own keys,
+/// reads any client's keys, and records every operation. A connection that
+/// fails is replaced by a new one (a new session).
+async fn client(addr: String, w: usize, clients: usize, mut rng: Rng, level: String, stop: Arc<AtomicBool>, writes: Arc<Mutex<Writes>>) {
+    let mut con: Option<(RespConn, usize)> = None;
     let mut last_ok = Instant::now();
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let Some(c) = con.as_mut() else {
+        let Some((c, session)) = con.as_mut() else {
             if let Ok(mut c) = RespConn::connect(&addr).await {
                 if c.call(&[b"CW.CONSISTENCY", level.as_bytes()]).await.is_ok() {
-                    con = Some(c);
+                    let mut ws = writes.lock().unwrap();
+                    ws.sessions += 1;
+                    con = Some((c, ws.sessions));
                     continue;
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        n += 1;
-        let (key, value) = (format!("torture:w{w}:k{}", n % 64), format!("w{w}:v{n}"));
-        let answer = tokio::time::timeout(Duration::from_secs(5), c.call(&[b"SET", key.as_bytes(), value.as_bytes()])).await;
-        let mut ws = writes.lock().unwrap();
-        ws.tried += 1;
-        match answer {
-            Ok(Ok(_)) => {
+        let session = *session;
+        let call = writes.lock().unwrap().micros();
+        if rng.below(2) == 0 {
+            n += 1;
+            let (key, value) = (format!("torture:w{w}:k{}", n % KEYS), format!("w{w}:v{n}"));
+            let answer = tokio::time::timeout(Duration::from_secs(5), c.call(&[b"SET", key.as_bytes(), value.as_bytes()])).await;
+            let mut ws = writes.lock().unwrap();
+            ws.tried += 1;
+            let ok = matches!(answer, Ok(Ok(_)));
+            let ret = ok.then(|| ws.micros());
+            ws.history.push(Op { client: session, key: key.clone(), kind: OpKind::Put(value.clone()), call, ret });
+            if ok {
                 ws.acknowledged += 1;
                 ws.longest_gap = ws.longest_gap.max(last_ok.elapsed());
                 last_ok = Instant::now();
                 ws.acked.insert(key, value);
-            }
-            _ => {
+            } else {
                 ws.acked.remove(&key);
                 con = None;
             }
+        } else {
+            let key = format!("torture:w{}:k{}", rng.below(clients as u64), rng.below(KEYS));
+            let answer = tokio::time::timeout(Duration::from_secs(5), c.call(&[b"GET", key.as_bytes()])).await;
+            let value = match answer {
+                Ok(Ok(Frame::Bulk(v))) => String::from_utf8_lossy(&v).into_owned(),
+                Ok(Ok(Frame::Null)) => String::new(),
+                _ => {
+                    // A failed read says nothing: left out of the history.
+                    con = None;
+                    continue;
+                }
+            };
+            let mut ws = writes.lock().unwrap();
+            let ret = Some(ws.micros());
+            ws.history.push(Op { client: session, key, kind: OpKind::Get(value), call, ret });
         }
     }
+}
+
+/// Checks the recorded history for the run's level: what it says, or the
+/// violation.
+fn check_history(history: &[Op], level: &str) -> Result<String, String> {
+    if level == "eventual" {
+        return Ok("no ordering promised at eventual".into());
+    }
+    let violations = causeway_sim::check::session_guarantees(history, order);
+    if let Some(first) = violations.first() {
+        return Err(format!("{} session-guarantee violations, the first: {first}", violations.len()));
+    }
+    let mut said = "session guarantees hold".to_string();
+    if level == "linearizable" {
+        match causeway_sim::lincheck::verdict(history) {
+            Ok(true) => said += ", linearizable (porcupine)",
+            Ok(false) => return Err("the history is not linearizable (porcupine's explanation is above)".into()),
+            Err(e) => said += &format!(", linearizability NOT checked: {e}"),
+        }
+    }
+    Ok(said)
 }
 
 /// `CW.CLUSTER STATUS` of `node`, as field -> value.

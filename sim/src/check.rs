@@ -14,6 +14,7 @@
 //!   writes it returns: if it returns y2 and y2's writer had seen x2, it must
 //!   return x2 or newer for x (no fractured reads, ChainReaction §3.5).
 
+use crate::lincheck::{Op, OpKind};
 use crate::Completed;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
@@ -134,6 +135,56 @@ impl CausalChecker {
     }
 }
 
+/// Session guarantees over a history seen from outside, where reads return
+/// values but not versions (a stock Redis client): read-your-writes and
+/// monotonic reads, per session and key. Values are unique, and
+/// `order(value)` gives a value's place among its key's writes (for keys
+/// each written by one sequential writer, its issue order). A read must not
+/// return nothing, or a value placed before one the session wrote
+/// (acknowledged) or read earlier; a value whose write failed is exempt
+/// (a failed write may still take effect at any later time). Weaker than
+/// `CausalChecker` (no dependencies across keys), which needs versions.
+pub fn session_guarantees(history: &[Op], order: impl Fn(&str) -> Option<u64>) -> Vec<String> {
+    let failed: std::collections::HashSet<&str> = history
+        .iter()
+        .filter_map(|op| match &op.kind {
+            OpKind::Put(v) if op.ret.is_none() => Some(v.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut ops: Vec<&Op> = history.iter().collect();
+    ops.sort_by_key(|op| (op.client, op.call));
+    let mut violations = Vec::new();
+    // Per (session, key): the latest value seen, and its place.
+    let mut seen: HashMap<(usize, &str), (&str, u64)> = HashMap::new();
+    for op in ops {
+        let at = (op.client, op.key.as_str());
+        let got = match &op.kind {
+            OpKind::Put(v) if op.ret.is_some() => v.as_str(),
+            OpKind::Get(v) if op.ret.is_some() => {
+                if let Some(&(had, place)) = seen.get(&at) {
+                    match order(v) {
+                        _ if v.is_empty() => violations.push(format!("session {} read nothing for {}, after {had}", op.client, op.key)),
+                        Some(p) if p < place && !failed.contains(v.as_str()) => {
+                            violations.push(format!("session {} read {v} for {}, older than {had} it had seen", op.client, op.key))
+                        }
+                        _ => {}
+                    }
+                }
+                v.as_str()
+            }
+            _ => continue,
+        };
+        if let Some(place) = order(got) {
+            let entry = seen.entry(at).or_insert((got, place));
+            if place > entry.1 {
+                *entry = (got, place);
+            }
+        }
+    }
+    violations
+}
+
 #[cfg(test)]
 mod tests {
     //! Each check catches a known-bad history.
@@ -218,5 +269,22 @@ mod tests {
         let mut c = CausalChecker::default();
         c.acknowledged.push((Bytes::from("k"), v(10)));
         crate::workload::check_converged(1, &sim, &c);
+    }
+
+    #[test]
+    fn session_guarantees_catch_a_stale_read_and_allow_a_late_failed_write() {
+        let op = |client, kind, call, ret| Op { client, key: "k".into(), kind, call, ret };
+        let order = |v: &str| v.strip_prefix('v')?.parse().ok();
+        let put = |v: &str| OpKind::Put(v.into());
+        let get = |v: &str| OpKind::Get(v.into());
+        // Session 0 writes v2, then reads v1: a stale read.
+        let bad = [op(0, put("v1"), 0, Some(1)), op(0, put("v2"), 2, Some(3)), op(0, get("v1"), 4, Some(5))];
+        assert_eq!(session_guarantees(&bad, order).len(), 1);
+        // Session 1 reads v2, then nothing.
+        let bad = [op(0, put("v2"), 0, Some(1)), op(1, get("v2"), 2, Some(3)), op(1, get(""), 4, Some(5))];
+        assert_eq!(session_guarantees(&bad, order).len(), 1);
+        // v1's write failed: it may land after v2, and be read after it.
+        let fine = [op(0, put("v1"), 0, None), op(0, put("v2"), 2, Some(3)), op(0, get("v2"), 4, Some(5)), op(0, get("v1"), 6, Some(7))];
+        assert!(session_guarantees(&fine, order).is_empty());
     }
 }

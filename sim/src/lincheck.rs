@@ -36,19 +36,27 @@ pub enum OpKind {
 }
 
 /// True if `history` is linearizable (every key a register starting empty;
-/// multi-key reads see all their keys at one instant).
+/// multi-key reads see all their keys at one instant). Panics if the check
+/// cannot be made (a test must not pass without it).
 pub fn check(history: &[Op]) -> bool {
-    let mut child = Command::new(binary()).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("run lincheck");
-    child.stdin.take().expect("piped").write_all(to_json(history).as_bytes()).expect("write history");
-    let out = child.wait_with_output().expect("lincheck ran");
+    verdict(history).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Whether `history` is linearizable, or why that could not be decided (the
+/// checker could not be built or run, or it timed out).
+pub fn verdict(history: &[Op]) -> Result<bool, String> {
+    let mut child =
+        Command::new(binary()?).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().map_err(|e| format!("cannot run lincheck: {e}"))?;
+    child.stdin.take().expect("piped").write_all(to_json(history).as_bytes()).map_err(|e| format!("lincheck input: {e}"))?;
+    let out = child.wait_with_output().map_err(|e| format!("lincheck: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     match out.status.code() {
-        Some(0) => true,
+        Some(0) => Ok(true),
         Some(1) => {
             eprintln!("{text}");
-            false
+            Ok(false)
         }
-        other => panic!("lincheck failed ({other:?}): {text}"),
+        other => Err(format!("lincheck could not decide ({other:?}): {text}")),
     }
 }
 
@@ -76,12 +84,13 @@ pub fn to_json(history: &[Op]) -> String {
     s
 }
 
-/// Builds tools/lincheck once per process.
-fn binary() -> PathBuf {
+/// Builds tools/lincheck once per process (it needs Go: `.ci/run`
+/// installs it).
+fn binary() -> Result<PathBuf, String> {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
     let mut built = BUILT.lock().expect("not poisoned");
     if let Some(p) = &*built {
-        return p.clone();
+        return Ok(p.clone());
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/lincheck");
     let out = std::env::temp_dir().join(format!("causeway-lincheck-{}", std::process::id()));
@@ -92,8 +101,10 @@ fn binary() -> PathBuf {
         .arg(".")
         .current_dir(&dir)
         .status()
-        .expect("go is installed (.ci/run installs it)");
-    assert!(status.success(), "building tools/lincheck failed");
+        .map_err(|e| format!("cannot build the linearizability checker in {} (is Go installed?): {e}", dir.display()))?;
+    if !status.success() {
+        return Err(format!("building the linearizability checker in {} failed", dir.display()));
+    }
     *built = Some(out.clone());
-    out
+    Ok(out)
 }

@@ -7,7 +7,9 @@
 //!   every node, and the replicas of each chain are identical;
 //! * a node paused past the failure timeout, then the coordinator leader
 //!   paused as long: the site comes back to every node a member, every
-//!   chain at R, and writes keep flowing.
+//!   chain at R, and writes keep flowing;
+//! * a coordinator member restarted on an empty disk: it rejoins (its Raft
+//!   log caught up from the leader) and the coordinator keeps deciding.
 
 mod common;
 
@@ -129,4 +131,37 @@ fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
     assert!(before_stop > 20 && tried > 100, "writes kept flowing: {before_stop} keys, {tried} writes");
     readable_everywhere(&c, &[0, 1, 2, 3], &acked);
     replicas_identical(&c, &[0, 1, 2, 3]);
+}
+
+#[test]
+fn a_coordinator_member_restarted_on_an_empty_disk_rejoins_and_the_coordinator_keeps_deciding() {
+    let mut c = Cluster::start_with(Opts::new(4, 3, 2).durable().flag("--fsync", "always").flag("--failure-timeout-ms", 800));
+    let leader_of = |c: &Cluster| (0..3).find_map(|i| cluster_status(c, i)?.get("coordinator_leader")?.parse::<usize>().ok());
+    let whole = |c: &Cluster, nodes: &[usize], what: &str| {
+        c.eventually(WAIT, what, || {
+            let s = cluster_status(c, leader_of(c)?)?;
+            (nodes.iter().all(|&n| is_member(&s, n)) && s.get("short_chains")? == "0").then_some(())
+        })
+    };
+    whole(&c, &[0, 1, 2, 3], "the site to start whole");
+    for i in 0..50 {
+        let _: () = c.conn(i % 4).set(format!("before:{i}"), i).unwrap();
+    }
+    // A coordinator member that follows (the leader has replicated its log
+    // to it) loses its disk: its Raft log is gone.
+    let leader = leader_of(&c).unwrap();
+    let victim = (0..3).find(|&n| n != leader).unwrap();
+    c.kill(victim);
+    let dir = c.opts.data_dir.clone().unwrap().join(format!("node{victim}"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    c.restart(victim);
+    whole(&c, &[0, 1, 2, 3], "the wiped member to be back");
+    // The coordinator still decides: a node killed now is removed.
+    c.kill(3);
+    c.eventually(WAIT, "the killed node to be removed", || (!is_member(&cluster_status(&c, leader_of(&c)?)?, 3)).then_some(()));
+    for i in 0..50 {
+        let got: i64 = c.conn(i % 3).get(format!("before:{i}")).unwrap();
+        assert_eq!(got, i as i64);
+    }
+    assert!(!c.logs().contains("panicked"), "{}", c.logs());
 }

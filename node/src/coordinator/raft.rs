@@ -41,7 +41,21 @@
 //! whole group that restarts starts again from the topology its nodes start
 //! with.
 //!
+//! A member restarted on an empty disk (its log and vote gone) comes back
+//! as the voter it was: it initializes like a new member, the leader finds
+//! its log behind what it had acknowledged and sends it everything again.
+//! openraft calls that a log reversion and panics the leader's replication
+//! unless built with `loosen-follower-log-revert` (we are): without it, one
+//! wiped coordinator disk stopped the coordinator for good
+//! (`cli/tests/recovery.rs`). What that leaves open: until it has caught
+//! up, the wiped member may vote for a member that lacks the latest
+//! committed entry, which loses that entry if the member that has it is
+//! down at the same moment (a double fault within the catch-up time).
+//!
 //! Not done yet:
+//! * A member restarted on an empty disk should come back as a learner and
+//!   be promoted once caught up (openraft membership changes), which closes
+//!   the double-fault window above.
 //! * Membership of the Raft group is static: the voters given to `start`.
 //!   Adding or removing coordinator nodes needs openraft's membership changes.
 //!   With a data directory the members' addresses are those the group was

@@ -160,28 +160,30 @@ impl goldenscript::Runner for Scenario {
                 let client = self.client(*via, *level, key);
                 self.checker.issued_write(client, &bytes);
                 let done = self.request(client, request, OpKind::Put(value.clone()), key)?;
-                let t = self.sim.as_ref().expect("site").topology();
+                let sim = self.sim.as_ref().expect("site");
+                let (t, now) = (sim.topology(), at(sim));
                 let p = t.partition_of(key.as_bytes());
                 match (&done.result, done.acked_at.and_then(|i| t.chain(p).nodes.get(i as usize))) {
-                    (Ok(_), Some(n)) => writeln!(out, "put {key}={value} → ok (p{p}, acked by n{n})")?,
-                    (Ok(_), None) => writeln!(out, "put {key}={value} → ok (p{p})")?,
-                    (Err(e), _) => writeln!(out, "put {key}={value} → error: {e}")?,
+                    (Ok(_), Some(n)) => writeln!(out, "{now} ms: put {key}={value} → ok (p{p}, acked by n{n})")?,
+                    (Ok(_), None) => writeln!(out, "{now} ms: put {key}={value} → ok (p{p})")?,
+                    (Err(e), _) => writeln!(out, "{now} ms: put {key}={value} → error: {e}")?,
                 }
             }
             Command::Get { key, via, level } => {
                 let client = self.client(*via, *level, key);
                 let done = self.request(client, Request::Get(Bytes::from(key.clone())), OpKind::Get(String::new()), key)?;
-                let t = self.sim.as_ref().expect("site").topology();
+                let sim = self.sim.as_ref().expect("site");
+                let (t, now) = (sim.topology(), at(sim));
                 match &done.result {
                     Ok(Response::Read { value, chain_index }) => {
                         let value = value.as_ref().map_or("nil".into(), |v| String::from_utf8_lossy(v).to_string());
                         match t.chain(t.partition_of(key.as_bytes())).nodes.get(*chain_index as usize) {
-                            Some(n) => writeln!(out, "get {key} → {value} (from n{n})")?,
-                            None => writeln!(out, "get {key} → {value} (from position {chain_index})")?,
+                            Some(n) => writeln!(out, "{now} ms: get {key} → {value} (from n{n})")?,
+                            None => writeln!(out, "{now} ms: get {key} → {value} (from position {chain_index})")?,
                         }
                     }
                     Ok(other) => return Err(format!("get answered {other:?}").into()),
-                    Err(e) => writeln!(out, "get {key} → error: {e}")?,
+                    Err(e) => writeln!(out, "{now} ms: get {key} → error: {e}")?,
                 }
             }
             Command::Crash(nodes) => {
@@ -205,10 +207,14 @@ impl goldenscript::Runner for Scenario {
                     };
                     let node = sim.node(n);
                     let recovered = node.beat(sim.now_ms).recovered.expect("a restarted node is not admitted yet");
+                    // Each replica's position in its partition's update order.
                     let parts: Vec<String> = recovered.applied.iter().map(|(p, a)| format!("p{p}@{a}")).collect();
-                    let parts = if parts.is_empty() { "nothing".into() } else { parts.join(" ") };
-                    let whole = if recovered.whole { "a whole log" } else { "not a whole log" };
-                    writeln!(out, "{} ms: n{n} restarted {how} as #{}: recovered {parts} ({whole})", at(sim), node.incarnation())?;
+                    let parts = match (parts.is_empty(), recovered.whole) {
+                        (true, _) => "nothing".to_string(),
+                        (false, true) => format!("{} (whole)", parts.join(" ")),
+                        (false, false) => format!("{} (not whole)", parts.join(" ")),
+                    };
+                    writeln!(out, "{} ms: n{n} restarted {how} as #{}: recovered {parts}", at(sim), node.incarnation())?;
                 }
             }
             Command::Pause { node, ms } => {
@@ -236,9 +242,7 @@ impl goldenscript::Runner for Scenario {
                     }
                     self.record(sim.now_ms + 100);
                 }
-                self.changes(&mut out)?;
                 writeln!(out, "{} ms: quiet", at(self.sim.as_ref().expect("site")))?;
-                return Ok(out);
             }
             Command::Status => self.status(&mut out)?,
             Command::Digest => {
@@ -259,8 +263,10 @@ impl goldenscript::Runner for Scenario {
             }
             Command::Check => self.check(&mut out)?,
         }
-        self.changes(&mut out)?;
-        Ok(out)
+        // What the coordinator did meanwhile came first.
+        let mut changes = String::new();
+        self.changes(&mut changes)?;
+        Ok(changes + &out)
     }
 }
 
@@ -369,7 +375,7 @@ impl Scenario {
         if !c.violations.is_empty() {
             return Err(format!("causal+ violated:\n{}", c.violations.join("\n")).into());
         }
-        writeln!(out, "causal+: {} reads, no violation", c.reads_checked)?;
+        writeln!(out, "causal+: every read ({}) saw its causal past", c.reads_checked)?;
         let digests = sim.digests();
         check::converged(&digests)?;
         writeln!(out, "converged: the replicas of each of {} partitions are identical", digests.len())?;

@@ -187,32 +187,14 @@ impl Sim {
                 SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0 }
             })
             .collect();
-        let topology = Arc::new(topology);
-        let mut rng = Rng::new(seed);
-        let clients = (0..clients)
-            .map(|i| {
-                // Half the clients sit on a node (like a Redis connection's
-                // proxy session), half are native clients with no home.
-                let local = (i % 2 == 0).then(|| rng.below(topology.nodes.len() as u64) as NodeId);
-                let id = causeway_core::message::session_id(local.unwrap_or(0), i as u64);
-                SimClient {
-                    driver: Driver::new(id, topology.clone(), local, CLIENT_TIMEOUT_MS),
-                    items: Vec::new(),
-                    snapshot_keys: Default::default(),
-                    written: None,
-                    acked_at: None,
-                    request: None,
-                }
-            })
-            .collect();
-        Sim {
+        let mut sim = Sim {
             now_ms: 1_000,
-            rng,
+            rng: Rng::new(seed),
             network,
             fsync: Fsync::Always,
-            topology,
+            topology: Arc::new(topology),
             nodes,
-            clients,
+            clients: Vec::new(),
             queue: BinaryHeap::new(),
             bodies: Vec::new(),
             free: Vec::new(),
@@ -224,7 +206,31 @@ impl Sim {
             delivered: 0,
             dropped: 0,
             changes: Vec::new(),
+        };
+        for i in 0..clients {
+            // Half the clients sit on a node (like a Redis connection's
+            // proxy session), half are native clients with no home.
+            let local = (i % 2 == 0).then(|| sim.rng.below(sim.topology.nodes.len() as u64) as NodeId);
+            sim.add_client(local);
         }
+        sim
+    }
+
+    /// A new client session, on node `local` (a Redis connection's proxy
+    /// session, which prefers its own node for reads) or native (`None`).
+    /// Returns its index.
+    pub fn add_client(&mut self, local: Option<NodeId>) -> usize {
+        let i = self.clients.len();
+        let id = causeway_core::message::session_id(local.unwrap_or(0), i as u64);
+        self.clients.push(SimClient {
+            driver: Driver::new(id, self.topology.clone(), local, CLIENT_TIMEOUT_MS),
+            items: Vec::new(),
+            snapshot_keys: Default::default(),
+            written: None,
+            acked_at: None,
+            request: None,
+        });
+        i
     }
 
     /// The coordinator is the real `Supervisor`, fed by the nodes'
@@ -537,6 +543,19 @@ impl Sim {
         self.restart(node);
     }
 
+    /// Starts a new node, in no chain yet, and asks the coordinator to add
+    /// it (`causeway cluster add`): it takes its share of the partitions
+    /// once the coordinator hears its heartbeat. Returns its id.
+    pub fn join(&mut self) -> NodeId {
+        let id = self.nodes.len() as NodeId;
+        self.incarnations += 1;
+        let saved = (*self.topology).clone();
+        let core = Node::new(identity(id, self.incarnations), saved.clone());
+        self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0 });
+        self.supervisor.as_mut().expect("joins need the coordinator").add(NodeInfo { id, addr: format!("sim-{id}") });
+        id
+    }
+
     /// Pauses `node` (SIGSTOP) for `ms`: it handles nothing meanwhile and
     /// finds its messages waiting when it resumes.
     pub fn pause(&mut self, node: NodeId, ms: u64) {
@@ -581,6 +600,39 @@ impl Sim {
     pub fn healed(&self) -> bool {
         let t = &self.topology;
         t.returning.is_empty() && t.nodes.len() == self.nodes.len() && t.chains.iter().all(|c| c.len() == t.shape.replicas)
+    }
+
+    /// Whether the site has nothing left to do by itself: every live node
+    /// (paused ones too) is a serving member, every chain is R long with no
+    /// crashed node in it, and everything has settled.
+    pub fn quiet(&self) -> bool {
+        let t = &self.topology;
+        let crashed = |n: NodeId| self.nodes[n as usize].crashed;
+        (0..self.nodes.len() as NodeId).all(|n| crashed(n) || t.node(n).is_some())
+            && t.chains.iter().all(|c| c.len() == t.shape.replicas && !c.nodes.iter().any(|&n| crashed(n)))
+            && self.settled()
+    }
+
+    /// Node `id`'s state machine (as it was when it crashed, if it did).
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize].core
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_crashed(&self, id: NodeId) -> bool {
+        self.nodes[id as usize].crashed
+    }
+
+    pub fn is_paused(&self, id: NodeId) -> bool {
+        self.nodes[id as usize].paused_until > self.now_ms
+    }
+
+    /// The coordinator, when the sim runs the real one.
+    pub fn supervisor(&self) -> Option<&Supervisor> {
+        self.supervisor.as_ref()
     }
 
     /// What the coordinator did, one line each.

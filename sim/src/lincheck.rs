@@ -108,3 +108,25 @@ fn binary() -> Result<PathBuf, String> {
     *built = Some(out.clone());
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(client: usize, value: &str, call: i64, ret: i64) -> Op {
+        Op { client, key: "k".into(), kind: OpKind::Put(value.into()), call, ret: Some(ret) }
+    }
+
+    fn get(client: usize, output: &str, call: i64, ret: i64) -> Op {
+        Op { client, key: "k".into(), kind: OpKind::Get(output.into()), call, ret: Some(ret) }
+    }
+
+    /// A read that starts after a write returned must see it (or something
+    /// newer); one that overlaps the write may see either.
+    #[test]
+    fn a_stale_read_is_caught() {
+        assert!(check(&[put(0, "a", 1, 2), get(1, "a", 3, 4)]));
+        assert!(check(&[put(0, "a", 1, 4), get(1, "", 2, 3)]), "overlapping: either value is fine");
+        assert!(!check(&[put(0, "a", 1, 2), get(1, "", 3, 4)]), "a read after the write returned the old value");
+    }
+}

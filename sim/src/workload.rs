@@ -1,13 +1,12 @@
 //! A random client workload over a simulated site, with a hook for faults,
 //! and the end-of-run checks every simulation test shares.
 
-use crate::check::CausalChecker;
+use crate::check::{self, CausalChecker};
 use crate::{Completed, Fsync, Network, Rng, Sim};
 use bytes::Bytes;
 use causeway_core::driver::Request;
 use causeway_core::message::Condition;
 use causeway_core::ring::{NodeId, Shape, Topology};
-use std::collections::HashMap;
 
 /// What a run did.
 pub struct Run {
@@ -131,28 +130,11 @@ pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowe
     if check_causal {
         assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
     }
-    check_converged(seed, &sim, &checker);
+    let digests = sim.digests();
+    if let Err(e) = check::converged(&digests).and_then(|()| check::durable(&digests, &checker.acknowledged)) {
+        panic!("seed {seed}: {e}");
+    }
     Run { checker, completed, failed }
-}
-
-/// Every live replica of every partition holds the same data with nothing
-/// left unstable, and every acknowledged write is there.
-pub fn check_converged(seed: u64, sim: &Sim, checker: &CausalChecker) {
-    let mut latest = HashMap::new();
-    for (p, replicas) in sim.digests().into_iter().enumerate() {
-        let head = &replicas[0];
-        for (i, r) in replicas.iter().enumerate() {
-            assert_eq!(r.applied, r.stable, "seed {seed}: partition {p} replica {i} applied {} but only {} stable", r.applied, r.stable);
-            assert_eq!(r, head, "seed {seed}: partition {p} replica {i} differs from the head");
-        }
-        for (k, s) in &head.latest {
-            latest.insert(k.clone(), s.version.clone());
-        }
-    }
-    for (key, version) in &checker.acknowledged {
-        let have = latest.get(key);
-        assert!(have.is_some_and(|h| h >= version), "seed {seed}: acknowledged write {key:?}@{version} lost (have {have:?})");
-    }
 }
 
 /// The seeds to run: `SEED=n` replays one, `SEEDS=a..b` runs a longer

@@ -160,8 +160,10 @@ impl Supervisor {
     /// A node's heartbeat.
     pub fn heartbeat(&mut self, beat: Beat, now_ms: u64) {
         let last = self.last_seen.get(&beat.from);
+        // Alive since: a new process (even one that restarted faster than
+        // the failure timeout) starts over.
         let since_ms = match last {
-            Some(h) if now_ms.saturating_sub(h.at_ms) < self.failure_timeout_ms => h.since_ms,
+            Some(h) if now_ms.saturating_sub(h.at_ms) < self.failure_timeout_ms && h.beat.incarnation == beat.incarnation => h.since_ms,
             _ => now_ms,
         };
         let incarnation_ms = last.filter(|h| h.beat.incarnation == beat.incarnation).map_or(now_ms, |h| h.incarnation_ms);
@@ -241,12 +243,15 @@ impl Supervisor {
             .collect()
     }
 
-    /// How much longer failed `node` must stay alive before it returns.
+    /// How much longer failed `node` must stay alive before it returns: the
+    /// hold-out counts from when it failed out or, if later, from when it
+    /// was last seen coming back (a new process, or the end of a silence).
     fn held_out_ms(&self, node: NodeId, now_ms: u64) -> u64 {
         let Some(h) = self.last_seen.get(&node).filter(|_| self.heard_recently(node, now_ms)) else {
             return self.hold_out_ms(node);
         };
-        (h.since_ms + self.hold_out_ms(node)).saturating_sub(now_ms)
+        let failed_ms = self.strikes.get(&node).map_or(0, |s| s.last_ms);
+        (h.since_ms.max(failed_ms) + self.hold_out_ms(node)).saturating_sub(now_ms)
     }
 
     /// The hold-out after the node's failures in a row: `HOLD_OUT_MS`,

@@ -112,6 +112,16 @@ pub struct ChainReplica {
     /// predecessor (the paper's "zombie" node): applies nothing, serves no
     /// reads.
     joining: bool,
+    /// Moved up the chain past nodes that may hold more: serves nothing
+    /// until it has what its successor had (`catch_up`).
+    catching_up: bool,
+    /// What this replica had not known stable at its last reconfiguration:
+    /// a predecessor that moved up past it may need it (`catch_up`), even
+    /// once the new order's acknowledgements have pruned `unstable`.
+    handoff: Vec<Update>,
+    /// A predecessor's `CatchUp` that came while this replica was catching
+    /// up itself: answered once it has (node, after).
+    owed: Option<(NodeId, u64)>,
     store: PartitionStore,
     /// Orders writes at the head.
     clock: Clock,
@@ -159,6 +169,9 @@ impl ChainReplica {
             index,
             k,
             joining: false,
+            catching_up: false,
+            handoff: Vec::new(),
+            owed: None,
             store: PartitionStore::default(),
             clock: Clock::default(),
             applied: 0,
@@ -190,9 +203,10 @@ impl ChainReplica {
         Some(r)
     }
 
-    /// Still waiting for the partition's state (a node that just joined).
+    /// Not serving yet: waiting for the partition's state (a node that just
+    /// joined), or catching up after moving up the chain.
     pub fn is_joining(&self) -> bool {
-        self.joining
+        self.joining || self.catching_up
     }
 
     /// The highest sequence number applied here.
@@ -224,7 +238,9 @@ impl ChainReplica {
 
     /// A write at the head: order it, apply it, start it down the chain.
     pub fn put(&mut self, req: PutRequest, now_ms: u64, out: &mut Outbox) {
-        if self.index != 0 {
+        if self.index != 0 || self.catching_up {
+            // A head still catching up would order writes over sequence
+            // numbers its successor may hold: the client retries shortly.
             return self.not_responsible(out, req.op);
         }
         if self.chain.len() < self.k {
@@ -493,6 +509,10 @@ impl ChainReplica {
             self.last_progress_ms = now_ms;
             self.request_state(out);
         }
+        if self.catching_up && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
+            self.last_progress_ms = now_ms;
+            self.request_suffix(out);
+        }
         if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
@@ -503,6 +523,11 @@ impl ChainReplica {
     pub fn get(&self, op: OpId, key: &[u8], min: Option<&Version>, now_ms: u64, out: &mut Outbox) {
         if self.joining {
             return self.refuse(out, op, Refusal::Behind);
+        }
+        if self.catching_up {
+            // Below this position may be versions a session saw: not yet here.
+            let reason = if self.index == 0 { Refusal::NotResponsible { epoch: self.epoch } } else { Refusal::Behind };
+            return self.refuse(out, op, reason);
         }
         let latest = self.store.latest(key);
         if let Some(min) = min {
@@ -565,7 +590,7 @@ impl ChainReplica {
     /// they are at their heads too and inside the same snapshot: no
     /// fractured reads (the ACL / photo-album example of §3.5).
     pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, now_ms: u64) -> Result<Item, Refusal> {
-        if self.index != 0 || self.joining {
+        if self.index != 0 || self.joining || self.catching_up {
             return Err(Refusal::NotResponsible { epoch: self.epoch });
         }
         self.clock.observe(at);
@@ -607,6 +632,61 @@ impl ChainReplica {
         send(out, Dest::Node(from), Message::Transfer { epoch, partition: self.partition, state: self.state() });
     }
 
+    /// Asks the successor for what it holds beyond this replica; with no
+    /// successor, there is nobody who could hold more.
+    fn request_suffix(&mut self, out: &mut Outbox) {
+        match self.successor() {
+            Some(next) => {
+                let me = self.chain[self.index];
+                send(
+                    out,
+                    Dest::Node(next),
+                    Message::CatchUp { epoch: self.epoch, partition: self.partition, from: me, after: self.applied },
+                );
+            }
+            None => {
+                self.catching_up = false;
+                if let Some((from, after)) = self.owed.take() {
+                    self.catch_up(self.epoch, from, after, out);
+                }
+            }
+        }
+    }
+
+    /// The predecessor `from` moved up past this replica and asks for what
+    /// this replica holds after `after`. Everything it lacks was not known
+    /// stable here when the order changed (it was at or past the tail that
+    /// defined stability), so `handoff` has it (and `unstable` what came
+    /// since). A replica still catching up itself answers once it has.
+    pub fn catch_up(&mut self, epoch: u64, from: NodeId, after: u64, out: &mut Outbox) {
+        if epoch != self.epoch || self.joining || self.predecessor() != Some(from) {
+            return;
+        }
+        if self.catching_up {
+            self.owed = Some((from, after));
+            return;
+        }
+        let mut updates: Vec<Update> = self.unstable.iter().chain(&self.handoff).filter(|u| u.seq > after).cloned().collect();
+        updates.sort_by_key(|u| u.seq);
+        updates.dedup_by_key(|u| u.seq);
+        send(out, Dest::Node(from), Message::Suffix { epoch, partition: self.partition, updates, applied: self.applied });
+    }
+
+    /// The successor's answer to `request_suffix`: applies what it sent;
+    /// serves again once it has all the successor had.
+    pub fn suffix(&mut self, epoch: u64, updates: Vec<Update>, applied: u64, now_ms: u64, out: &mut Outbox) {
+        if epoch != self.epoch || !self.catching_up {
+            return;
+        }
+        self.forward(updates, now_ms, out);
+        if self.applied >= applied {
+            self.catching_up = false;
+            if let Some((from, after)) = self.owed.take() {
+                self.catch_up(epoch, from, after, out);
+            }
+        }
+    }
+
     /// Installs a state transfer, then applies the updates that arrived
     /// meanwhile.
     pub fn transfer(&mut self, epoch: u64, state: PartitionState, now_ms: u64, out: &mut Outbox) {
@@ -639,6 +719,20 @@ impl ChainReplica {
         if self.joining {
             self.request_state(out);
             return true;
+        }
+        // Moved up past nodes that may hold more than this replica (the
+        // update invariant held in the old order, not necessarily in the
+        // new one): catch up from the new successor, which holds the most
+        // of those (ChainReaction's invariant, old order), before serving.
+        self.catching_up |= index < was;
+        // A predecessor that moved up may ask for these; the acknowledgements
+        // of the new order (whose tail is not the most behind until it has
+        // caught up) must not take them away first.
+        self.handoff = self.unstable.iter().cloned().collect();
+        self.owed = None;
+        if self.catching_up {
+            self.last_progress_ms = now_ms;
+            self.request_suffix(out);
         }
         if self.is_tail() {
             self.stable = self.applied;
@@ -721,11 +815,25 @@ mod tests {
         let repaired = t.without(a);
         middle.reconfigure(&repaired, b, 20, &mut out);
         tail.reconfigure(&repaired, c, 20, &mut out);
+        // The new head catches up from its successor before taking writes.
+        middle.put(put(2, 1), 20, &mut out);
+        assert!(matches!(&take(&mut out, Dest::Client(9))[..], [Message::Refused { .. }]), "no writes while catching up");
+        let to_tail = take(&mut out, Dest::Node(c));
+        let Some(&Message::CatchUp { epoch, from, after, .. }) = to_tail.iter().find(|m| matches!(m, Message::CatchUp { .. })) else {
+            panic!("asks its successor: {to_tail:?}")
+        };
+        tail.catch_up(epoch, from, after, &mut out);
+        let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the successor answers") };
+        assert!(updates.is_empty() && applied == 0, "the tail never got the write");
+        middle.suffix(epoch, updates, applied, 20, &mut out);
         // The client resends the write with its id to the new head.
         middle.put(put(2, 1), 21, &mut out);
         assert_eq!(middle.digest().applied, 1, "applied once");
         assert!(take(&mut out, Dest::Client(9)).is_empty(), "answered only once stable");
-        let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the new head resends") };
+        assert!(take(&mut out, Dest::Node(c)).iter().all(|m| !matches!(m, Message::Forward { .. })), "nothing new to forward");
+        let Some(Message::Forward { updates, .. }) = to_tail.into_iter().find(|m| matches!(m, Message::Forward { .. })) else {
+            panic!("the new head resends")
+        };
         assert_eq!(updates.len(), 1);
         tail.forward(updates, 22, &mut out);
         take(&mut out, Dest::Client(9));
@@ -739,6 +847,49 @@ mod tests {
         // A different write from the same session is applied.
         middle.put(put(3, 3), 30, &mut out);
         assert_eq!(middle.digest().applied, 2);
+    }
+
+    #[test]
+    fn a_tail_moved_to_the_head_catches_up_before_it_serves() {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
+        let [a, b, c] = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
+        let (mut head, mut middle, mut tail) =
+            (ChainReplica::new(&t, 0, a, 0).unwrap(), ChainReplica::new(&t, 0, b, 0).unwrap(), ChainReplica::new(&t, 0, c, 0).unwrap());
+        let mut out = Outbox::new();
+        // Two writes reach the middle (acknowledged at k=2), not the tail.
+        head.put(put(1, 1), 10, &mut out);
+        head.put(put(2, 2), 10, &mut out);
+        for m in take(&mut out, Dest::Node(b)) {
+            let Message::Forward { updates, .. } = m else { continue };
+            middle.forward(updates, 11, &mut out);
+        }
+        out.clear();
+        // The tail moves to the head: [c, a, b].
+        let mut moved = t.clone();
+        moved.epoch = 2;
+        moved.chains[0].nodes = vec![c, a, b];
+        for (r, me) in [(&mut head, a), (&mut middle, b), (&mut tail, c)] {
+            r.reconfigure(&moved, me, 20, &mut out);
+        }
+        // Until it has caught up it takes no writes and serves no reads.
+        tail.put(put(3, 3), 21, &mut out);
+        tail.get(OpId { client: 9, seq: 4 }, b"k", None, 21, &mut out);
+        let refused = take(&mut out, Dest::Client(9));
+        assert_eq!(refused.iter().filter(|m| matches!(m, Message::Refused { .. })).count(), 2, "{refused:?}");
+        let to_a = take(&mut out, Dest::Node(a));
+        let Some(&Message::CatchUp { epoch, from, after, .. }) = to_a.iter().find(|m| matches!(m, Message::CatchUp { .. })) else {
+            panic!("asks its new successor, the old head: {to_a:?}")
+        };
+        assert_eq!(after, 0);
+        head.catch_up(epoch, from, after, &mut out);
+        let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the old head answers") };
+        assert_eq!((updates.len(), applied), (2, 2));
+        tail.suffix(epoch, updates, applied, 22, &mut out);
+        // Now it orders the next write after what the chain holds.
+        out.clear();
+        tail.put(put(5, 5), 23, &mut out);
+        assert_eq!(tail.digest().applied, 3, "the next write is seq 3, not a reused 1");
     }
 
     fn logged(r: &mut ChainReplica) -> Vec<Update> {

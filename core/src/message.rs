@@ -223,6 +223,23 @@ pub enum Message {
         updates: Vec<Update>,
         lazy: bool,
     },
+    /// A replica that moved up its chain (a role move, or its predecessor
+    /// failed) asks its new successor, which may hold more, for what it
+    /// holds after `after`, before it serves again.
+    CatchUp {
+        epoch: u64,
+        partition: PartitionId,
+        from: NodeId,
+        after: u64,
+    },
+    /// The answer to `CatchUp`: the updates after `after` the successor
+    /// holds, and how far it is (`applied`).
+    Suffix {
+        epoch: u64,
+        partition: PartitionId,
+        updates: Vec<Update>,
+        applied: u64,
+    },
     /// A node that joined the chain asks its predecessor for the state.
     Fetch {
         epoch: u64,
@@ -287,9 +304,15 @@ impl Message {
             | Flushed { op }
             | TopologyIs { op, .. }
             | Refused { op, .. } => Some(*op),
-            Forward { .. } | StableUpTo { .. } | Fetch { .. } | Transfer { .. } | Reconfigure { .. } | Heartbeat { .. } | Lease { .. } => {
-                None
-            }
+            Forward { .. }
+            | StableUpTo { .. }
+            | CatchUp { .. }
+            | Suffix { .. }
+            | Fetch { .. }
+            | Transfer { .. }
+            | Reconfigure { .. }
+            | Heartbeat { .. }
+            | Lease { .. } => None,
         }
     }
 

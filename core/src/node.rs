@@ -286,6 +286,12 @@ impl Node {
                     self.with(partition, |r| r.forward(updates, now_ms, out));
                 }
             }
+            Message::CatchUp { epoch, partition, from, after } => {
+                self.with(partition, |r| r.catch_up(epoch, from, after, out));
+            }
+            Message::Suffix { epoch, partition, updates, applied } => {
+                self.with(partition, |r| r.suffix(epoch, updates, applied, now_ms, out));
+            }
             Message::Fetch { epoch, partition, from } => {
                 self.with(partition, |r| r.fetch(epoch, from, out));
             }

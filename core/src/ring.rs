@@ -189,6 +189,27 @@ impl Topology {
         t
     }
 
+    /// Chain `p` one step nearer its order on the ring, if it has its ring
+    /// members but not in their ring order: the first member out of place
+    /// moves up to its place (the others keep their order). Moving up is
+    /// the only safe move (the mover catches up from its new successor,
+    /// `ChainReplica::catch_up`); repeated, it restores the ring's order,
+    /// which spreads head, middle and tail roles over the nodes as evenly
+    /// as the ring spreads partitions. Joins and returns append at the
+    /// tail; this undoes that.
+    pub fn toward_ring_order(&self, p: PartitionId) -> Option<Vec<NodeId>> {
+        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        let ideal: Vec<NodeId> = ring_order(&ids, p).take(self.shape.replicas).collect();
+        let chain = &self.chain(p).nodes;
+        if chain.len() != ideal.len() || ideal.iter().any(|n| !chain.contains(n)) {
+            return None;
+        }
+        let at = chain.iter().zip(&ideal).position(|(c, i)| c != i)?;
+        let mut moved: Vec<NodeId> = chain.iter().copied().filter(|&n| n != ideal[at]).collect();
+        moved.insert(at, ideal[at]);
+        Some(moved)
+    }
+
     /// How many chains `node` heads, sits in the middle of, and ends. The
     /// only member of a one-node chain is both its head and its tail.
     pub fn roles(&self, node: NodeId) -> Roles {
@@ -293,6 +314,37 @@ mod tests {
         let fresh = Topology::new(9, t.shape, cut.nodes.clone()).unwrap();
         let same = grown.chains.iter().zip(&fresh.chains).filter(|(a, b)| a.nodes.iter().all(|n| b.nodes.contains(n))).count();
         assert_eq!(same, 32);
+    }
+
+    #[test]
+    fn roles_return_to_the_ring_order_one_move_up_at_a_time() {
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(4)).unwrap();
+        assert!((0..64).all(|p| t.toward_ring_order(p).is_none()), "placed chains are in ring order");
+        // Node 0 fails and returns: it is at the tail of every chain it is in.
+        let mut back = t.clone();
+        for c in &mut back.chains {
+            if let Some(i) = c.index_of(0) {
+                c.nodes.remove(i);
+                c.nodes.push(0);
+            }
+        }
+        assert_eq!(back.roles(0).head, 0);
+        for p in 0..64 {
+            let mut steps = 0;
+            while let Some(order) = back.toward_ring_order(p) {
+                // One member moves up; the others keep their order.
+                let before = &back.chains[p as usize].nodes;
+                let mover = *order.iter().zip(before).find(|(a, b)| a != b).unwrap().0;
+                let rest = |c: &[NodeId]| c.iter().copied().filter(|&n| n != mover).collect::<Vec<_>>();
+                assert_eq!(rest(&order), rest(before));
+                assert!(order.iter().position(|&n| n == mover) < before.iter().position(|&n| n == mover));
+                back.chains[p as usize].nodes = order;
+                steps += 1;
+            }
+            assert!(steps <= 2);
+        }
+        assert_eq!(back.chains, t.chains);
+        assert_eq!(back.roles(0), t.roles(0));
     }
 
     #[test]

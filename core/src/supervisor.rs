@@ -27,6 +27,12 @@
 //!   doubles with every failure in a row (flapping is damped).
 //! * Once nothing else is due, chains shorter than R grow back at the tail
 //!   with live nodes (state transfer, then the new tail serves).
+//! * Then roles rebalance: a node that joined or returned took the tail of
+//!   its chains; once every member of a chain holds the data, the chain
+//!   moves one member up at a time towards its order on the ring
+//!   (`Topology::toward_ring_order`), so heads, middles and tails spread
+//!   over the nodes again. A member that moves up catches up from its new
+//!   successor before it serves (`ChainReplica::catch_up`).
 //! * An operator can drain a node (`drain`): it leaves every chain the same
 //!   way, after the chains have been extended past it, so R is never lost;
 //!   it does not come back by itself.
@@ -368,7 +374,33 @@ impl Supervisor {
         }
         // 5. Chains grow back to R, or move to their place on the ring.
         let placed = self.placed(current, current, now_ms);
-        (placed.chains != current.chains).then(|| Change { topology: placed, why: "chains placed on the ring".into() })
+        if placed.chains != current.chains {
+            return Some(Change { topology: placed, why: "chains placed on the ring".into() });
+        }
+        // 6. Roles rebalance: chains whose members all hold the data move
+        // one step nearer their ring order.
+        self.rebalance_roles(current, now_ms)
+    }
+
+    /// Chains with every member holding the data, each moved one step
+    /// nearer its ring order (`Topology::toward_ring_order`).
+    fn rebalance_roles(&self, current: &Topology, now_ms: u64) -> Option<Change> {
+        let mut t = current.clone();
+        let mut moved = 0;
+        for p in 0..current.shape.partitions {
+            let chain = &current.chain(p).nodes;
+            if !chain.iter().all(|&n| self.holds_now(current, n, p, now_ms)) {
+                continue;
+            }
+            if let Some(order) = current.toward_ring_order(p) {
+                t.chains[p as usize].nodes = order;
+                moved += 1;
+            }
+        }
+        (moved > 0).then(|| {
+            t.epoch += 1;
+            Change { topology: t, why: format!("{moved} chains reordered towards the ring's order (balanced roles)") }
+        })
     }
 
     /// A node of `current` heard with an incarnation it does not admit: see

@@ -198,7 +198,16 @@ pub fn converged(digests: &[Vec<Digest>]) -> Result<(), String> {
                 return Err(format!("partition {p} replica {i} applied {} but only {} stable", r.applied, r.stable));
             }
             if r != &replicas[0] {
-                return Err(format!("partition {p} replica {i} differs from the head"));
+                let (h, fingerprint) = (&replicas[0], Digest::fingerprint);
+                return Err(format!(
+                    "partition {p} replica {i} differs from the head: applied {} (head {}), {} keys (head {}), data {:x} (head {:x})",
+                    r.applied,
+                    h.applied,
+                    r.latest.len(),
+                    h.latest.len(),
+                    fingerprint(r),
+                    fingerprint(h)
+                ));
             }
         }
     }

@@ -596,10 +596,13 @@ impl Sim {
     }
 
     /// Whether the coordinator has nothing left to do: every node is a
-    /// member and every chain is R long.
+    /// member, every chain is R long and in its ring order (roles balanced).
     pub fn healed(&self) -> bool {
         let t = &self.topology;
-        t.returning.is_empty() && t.nodes.len() == self.nodes.len() && t.chains.iter().all(|c| c.len() == t.shape.replicas)
+        t.returning.is_empty()
+            && t.nodes.len() == self.nodes.len()
+            && t.chains.iter().all(|c| c.len() == t.shape.replicas)
+            && (0..t.shape.partitions).all(|p| t.toward_ring_order(p).is_none())
     }
 
     /// Whether the site has nothing left to do by itself: every live node
@@ -610,6 +613,7 @@ impl Sim {
         let crashed = |n: NodeId| self.nodes[n as usize].crashed;
         (0..self.nodes.len() as NodeId).all(|n| crashed(n) || t.node(n).is_some())
             && t.chains.iter().all(|c| c.len() == t.shape.replicas && !c.nodes.iter().any(|&n| crashed(n)))
+            && (0..t.shape.partitions).all(|p| t.toward_ring_order(p).is_none())
             && self.settled()
     }
 

@@ -77,6 +77,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
+/// Every origin is acknowledged at least this often, changed or not.
+pub const SITE_ACK_REFRESH_MS: u64 = 1_000;
+
 /// A value sent by a partition of `origin` to its sibling partition here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteValue {
@@ -140,6 +143,8 @@ struct Origin {
     handed_out: Position,
     ack_due: bool,
     resend: bool,
+    /// When it was last acknowledged.
+    acked_ms: u64,
 }
 
 /// A site's receiver (Eunomia Alg. 5, `r_m`).
@@ -174,6 +179,7 @@ impl Receiver {
                     handed_out: from,
                     ack_due: true,
                     resend: false,
+                    acked_ms: 0,
                 };
                 (s, origin)
             })
@@ -190,13 +196,21 @@ impl Receiver {
         self.flush(out);
     }
 
-    /// Acknowledges, once per tick, every origin whose stream moved here.
-    pub fn tick(&mut self, out: &mut Vec<ReceiverOut>) {
-        for (&origin, o) in self.origins.iter_mut().filter(|(_, o)| o.ack_due) {
+    /// Acknowledges, once per tick, every origin whose stream moved here,
+    /// and every origin again each `SITE_ACK_REFRESH_MS` (an ack lost on the
+    /// way to a stabilizer replica that is not leading is otherwise never
+    /// repaired once the stream is quiet, and that replica keeps ids every
+    /// site applied).
+    pub fn tick(&mut self, now_ms: u64, out: &mut Vec<ReceiverOut>) {
+        for (&origin, o) in self.origins.iter_mut() {
+            if !o.ack_due && now_ms.saturating_sub(o.acked_ms) < SITE_ACK_REFRESH_MS {
+                continue;
+            }
             let ack = SiteAck { from: self.me, origin, received: o.received, applied: o.applied, resend: o.resend };
             out.push(ReceiverOut::Ack(ack));
             o.ack_due = false;
             o.resend = false;
+            o.acked_ms = now_ms;
         }
     }
 
@@ -354,7 +368,7 @@ mod tests {
 
     fn acks(r: &mut Receiver) -> Vec<SiteAck> {
         let mut out = Vec::new();
-        r.tick(&mut out);
+        r.tick(0, &mut out);
         out.into_iter().filter_map(|o| if let ReceiverOut::Ack(a) = o { Some(a) } else { None }).collect()
     }
 

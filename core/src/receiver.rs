@@ -302,7 +302,7 @@ impl Receiver {
                     key: value.key,
                     value: value.value,
                     expires_at_ms: value.expires_at_ms,
-                    version: Version { ts: id.ts, site: origin, vv: id.vv },
+                    version: Version { ts: id.ts, site: origin, vv: VersionVector(id.vv.iter().copied().collect()) },
                 }));
             }
         }
@@ -312,7 +312,7 @@ impl Receiver {
 /// Whether `id` of `origin` may be applied at site `me` (Alg. 5 line 12,
 /// plus its own site's dependencies, see the module docs).
 fn ready(me: SiteId, origin: SiteId, id: &UpdateId, site_time: &VersionVector) -> bool {
-    let third_sites = id.vv.0.iter().enumerate().all(|(d, &t)| {
+    let third_sites = id.vv.iter().enumerate().all(|(d, &t)| {
         let d = d as SiteId;
         d == origin || d == me || t <= site_time.get(d)
     });
@@ -322,6 +322,7 @@ fn ready(me: SiteId, origin: SiteId, id: &UpdateId, site_time: &VersionVector) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stabilizer::IdVector;
 
     fn ts(ms: u64) -> Timestamp {
         Timestamp::new(ms, 0)
@@ -330,12 +331,13 @@ mod tests {
     /// An update of `origin` at `ms` in partition `partition`, depending on
     /// `deps` (site, ms) in other sites and on `local_dep` in its own.
     fn update(origin: SiteId, partition: PartitionId, ms: u64, local_dep: u64, deps: &[(SiteId, u64)]) -> UpdateId {
-        let mut vv = VersionVector::local(origin, ts(ms));
+        let mut vv = IdVector::from_elem(Timestamp::ZERO, origin as usize + 1);
+        vv[origin as usize] = ts(ms);
         for &(site, dep) in deps {
-            if vv.0.len() <= site as usize {
-                vv.0.resize(site as usize + 1, Timestamp::ZERO);
+            if vv.len() <= site as usize {
+                vv.resize(site as usize + 1, Timestamp::ZERO);
             }
-            vv.0[site as usize] = ts(dep);
+            vv[site as usize] = ts(dep);
         }
         UpdateId { partition, ts: ts(ms), local_dep: ts(local_dep), vv }
     }

@@ -20,7 +20,9 @@ use bytes::Bytes;
 use causeway_core::hlc::{Clock, Timestamp};
 use causeway_core::receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue};
 use causeway_core::ring::PartitionId;
-use causeway_core::stabilizer::{IdBatch, IdsAck, Position, ReplicaId, Reporter, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
+use causeway_core::stabilizer::{
+    IdBatch, IdVector, IdsAck, Position, ReplicaId, Reporter, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId,
+};
 use causeway_core::version::{SiteId, VersionVector};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -253,8 +255,8 @@ impl Sim {
                     let partition = self.rng.below(PARTITIONS as u64) as PartitionId;
                     let seen = self.sites[site].sessions[s];
                     let ts = self.sites[site].clocks[partition as usize].tick(wall, seen[site]);
-                    let mut vv = VersionVector(seen.iter().copied().collect());
-                    vv.0[site] = ts;
+                    let mut vv: IdVector = seen.iter().copied().collect();
+                    vv[site] = ts;
                     let id = UpdateId { partition, ts, local_dep: seen[site], vv };
                     self.sites[site].sessions[s][site] = ts;
                     self.sites[site].last_write[partition as usize] = ts;
@@ -297,7 +299,7 @@ impl Sim {
         let wall = self.wall(site);
         for p in 0..PARTITIONS as usize {
             let straggler = site == 1 && p == 0;
-            if self.now < PROMISES_END_MS && (!straggler || self.now % 50 == 0) {
+            if self.now < PROMISES_END_MS && (!straggler || self.now.is_multiple_of(50)) {
                 let clock = &mut self.sites[site].clocks[p];
                 let promise = clock.last().max(Timestamp::new(wall, 0));
                 clock.observe(promise);

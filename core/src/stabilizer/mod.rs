@@ -72,8 +72,9 @@ pub use reporter::Reporter;
 
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId};
-use crate::version::{SiteId, VersionVector};
+use crate::version::SiteId;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::collections::{BTreeMap, VecDeque};
 
 /// A stabilizer replica. The coordinator nodes are the natural home, so it
@@ -130,6 +131,11 @@ impl Position {
     }
 }
 
+/// An update's vector as ids carry it: one entry per site, inline up to four
+/// sites so that copying an id (once per destination) never allocates
+/// (`VersionVector` keeps two inline, for per-key memory).
+pub type IdVector = SmallVec<[Timestamp; 4]>;
+
 /// The identifier of one update, what the stabilizer orders and ships
 /// (Eunomia §5: `u.id` and the partition, no key and no value; the value
 /// travels from the partition to its siblings in the other sites directly).
@@ -146,8 +152,8 @@ pub struct UpdateId {
     /// receiver may apply concurrent updates of one site in parallel instead
     /// of one at a time; `ts.just_before()` is always safe.
     pub local_dep: Timestamp,
-    /// Its dependencies on other sites (Eunomia §4, `u.vts`).
-    pub vv: VersionVector,
+    /// Its vector (Eunomia §4, `u.vts`): its dependencies on other sites.
+    pub vv: IdVector,
 }
 
 impl Default for Position {

@@ -90,11 +90,11 @@ impl OrderedIds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::version::VersionVector;
+    use crate::stabilizer::IdVector;
 
     fn id(partition: u32, ms: u64, logical: u32) -> UpdateId {
         let ts = Timestamp::new(ms, logical);
-        UpdateId { partition, ts, local_dep: Timestamp::ZERO, vv: VersionVector::local(0, ts) }
+        UpdateId { partition, ts, local_dep: Timestamp::ZERO, vv: IdVector::from_elem(ts, 1) }
     }
 
     fn positions(ids: &[UpdateId]) -> Vec<(u64, u32)> {
@@ -139,7 +139,7 @@ mod tests {
         const PARTITIONS: u32 = 64;
         const IDS: usize = 10_000_000;
         const ROUND: usize = 64 * 16;
-        let vv = VersionVector(smallvec::smallvec![Timestamp::ZERO; 3]);
+        let vv = IdVector::from_elem(Timestamp::ZERO, 3);
         let mut ids: Vec<UpdateId> = Vec::with_capacity(IDS);
         for i in 0..IDS {
             // Partitions write at slightly different paces, so heads interleave.

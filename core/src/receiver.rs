@@ -65,6 +65,13 @@
 //!   from there (they keep everything not applied); values it held are gone,
 //!   so the sibling partitions must send again the values of updates not yet
 //!   applied here.
+//! * Catching up is paced by dependency chains: n updates of one origin,
+//!   each depending on the previous one, cost n local chain stabilizations
+//!   one after the other (the same price local writes pay for dependency
+//!   stabilization). A site that was cut off therefore catches up at that
+//!   pace, not at link bandwidth. Applying eagerly and hiding remote
+//!   versions from readers until `applied()` covers them would lift this;
+//!   it is not built.
 //! * Values of updates never shipped (lost with their partition before they
 //!   were reported) wait forever; nothing expires them yet.
 

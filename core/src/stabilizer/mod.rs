@@ -42,6 +42,29 @@
 //!   resumes every destination from its acknowledged point. So a site never
 //!   sees a gap or a duplicate, across leader changes, loss and reordering.
 //!
+//! # Which chain node reports: the tail
+//!
+//! In a site whose partitions are chains (ChainReaction), a partition's ids
+//! and promises should come from the *tail* of its chain, not the head. A
+//! head that crashes may have timestamped writes that never reached another
+//! node; had it reported them, the stabilizer would ship ids whose value
+//! exists nowhere, and every receiving site would wait for that value
+//! forever, holding back every later update of this site. The tail reports
+//! an update only once it is stable (on every replica of the chain), so it
+//! survives R-1 failures, and the same tail can send the value to the
+//! sibling partitions. Property 2 holds at the tail because it applies in
+//! the head's order. The tail owns no clock, so the head puts its promise
+//! into the chain stream (at the update-order position where it made it)
+//! and the tail reports it once it has applied everything before it. After
+//! a failure, the new tail resumes from each stabilizer replica's ack (every
+//! chain node keeps its ids until the replicas acknowledged them, the acks
+//! flowing up the chain like `StableUpTo`; replicas refuse gaps and ignore
+//! duplicates), and a new head moves its clock past every timestamp and
+//! promise it holds. The price is one chain traversal added to remote
+//! visibility. A bonus: whatever a remote update depends on in this site
+//! was stable here before it was shipped, so receivers need not check their
+//! own site's entry of a vector.
+//!
 //! # Paper map
 //!
 //! | paper | here |
@@ -63,6 +86,9 @@
 //! * Nothing bounds the memory of ids kept for a site that stays cut off:
 //!   they are kept until it applies them (that is how it catches up without
 //!   a full copy).
+//! * Every replica merges (orders) what became stable, not only the leader,
+//!   so that a new leader is ready at once; followers pay the merge but
+//!   never ship.
 
 mod order;
 mod reporter;
@@ -414,7 +440,10 @@ impl Stabilizer {
     /// Alg. 3 line 10 `process`: ship each site the next part of the stream,
     /// from where it is, at most `SHIP_WINDOW` ids beyond what it
     /// acknowledged. Shipping again from the acknowledged point after
-    /// `SHIP_RESEND_MS` without progress repairs lost shipments and acks.
+    /// `SHIP_RESEND_MS` without progress repairs lost shipments and acks. A
+    /// shipment without ids still goes out when the stable time moved: it
+    /// lets the site's vector follow this site's clock while nobody writes
+    /// (one small message per site per tick).
     fn ship(&mut self, now_ms: u64, out: &mut Vec<StabilizerOut>) {
         for (&site, dest) in self.dests.iter_mut() {
             if dest.sent < dest.received {

@@ -22,6 +22,16 @@ impl Timestamp {
     pub fn new(physical_ms: u64, logical: u32) -> Self {
         Timestamp { physical_ms, logical }
     }
+
+    /// The largest timestamp smaller than this one (`ZERO` stays `ZERO`):
+    /// "everything strictly before `ts`" as an inclusive bound.
+    pub fn just_before(self) -> Timestamp {
+        match (self.physical_ms, self.logical) {
+            (0, 0) => Timestamp::ZERO,
+            (p, 0) => Timestamp::new(p - 1, u32::MAX),
+            (p, l) => Timestamp::new(p, l - 1),
+        }
+    }
 }
 
 impl fmt::Display for Timestamp {
@@ -83,6 +93,13 @@ mod tests {
         let back = c.tick(50, Timestamp::ZERO); // wall clock stepped back
         assert!(back > b);
         assert_eq!(c.tick(200, Timestamp::ZERO), Timestamp::new(200, 0));
+    }
+
+    #[test]
+    fn just_before_is_the_predecessor() {
+        assert_eq!(Timestamp::new(5, 3).just_before(), Timestamp::new(5, 2));
+        assert_eq!(Timestamp::new(5, 0).just_before(), Timestamp::new(4, u32::MAX));
+        assert_eq!(Timestamp::ZERO.just_before(), Timestamp::ZERO);
     }
 
     #[test]

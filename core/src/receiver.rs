@@ -1,0 +1,485 @@
+//! The site receiver: shows other sites' updates in this site without ever
+//! showing an effect before its cause (Eunomia §4, Algorithm 5), as a sans-I/O
+//! state machine like `node::Node`.
+//!
+//! # What it guarantees
+//!
+//! Each other site's stabilizer ships this site its stream of update ids in
+//! timestamp order (`stabilizer`), and that site's partitions send the
+//! values to their siblings here directly (Eunomia §5, data and metadata
+//! separated; a value may arrive before or after its id). The receiver
+//! keeps one queue per origin site (`Queue_m[k]`) and a vector
+//! (`SiteTime_m`, `applied()`): for each origin `k`, every update of `k`
+//! with timestamp <= `applied()[k]` is *stable in this site's chains*.
+//!
+//! It asks for the update at the front of origin `k`'s queue to be applied
+//! (`ReceiverOut::Apply`, routed by the caller through the head of the local
+//! chain so the chain's invariants hold) once
+//!
+//! 1. its value has arrived,
+//! 2. its dependencies on third sites are stable here: `vv[d] <=
+//!    applied()[d]` for every site `d` other than `k` and this one (Alg. 5
+//!    line 12), and
+//! 3. its dependencies in its own site are stable here: `local_dep <=
+//!    applied()[k]`.
+//!
+//! Updates of one origin are asked for in stream order. An update counts as
+//! applied (moves `applied()`, satisfies others' dependencies) only when the
+//! caller reports it stable in the local chain (`ReceiverMsg::Applied`), not
+//! when it is handed out: a reader anywhere in a chain may see a new version
+//! as soon as the head has it, so a dependent update must not reach any head
+//! before its cause is everywhere. This is ChainReaction's dependency
+//! stabilization (§3.3.1), applied to remote writes.
+//!
+//! Condition 3 is where we differ from the paper. Alg. 5 waits for "ok" from
+//! the partition before the next update of the same origin, i.e. one update
+//! of each origin in flight at a time; once "ok" means "stable in a chain"
+//! that is one chain round trip per remote update. Every update of an origin
+//! could depend on every earlier one (their timestamps say no more), so
+//! updates carry the writer's causal past in their own site (`UpdateId::
+//! local_dep`) and concurrent updates of one origin flow in parallel. An
+//! origin that sends `local_dep = ts.just_before()` gets the paper's
+//! behaviour. Dependencies on this site itself are not checked: a local
+//! update is stable in its chain before it is reported to the stabilizer
+//! (see the stabilizer docs), so anything that depends on it finds it here.
+//!
+//! The receiver takes from each origin only what extends the stream it has
+//! (`Ship::prev` at or before what it received), never a gap or a duplicate,
+//! and acknowledges to every replica of the origin's stabilizer how far it
+//! received and how far it applied (`stabilizer::SiteAck`). It ignores
+//! shipments and values from sites not in its configuration.
+//!
+//! # Paper map
+//!
+//! | paper | here |
+//! | --- | --- |
+//! | Alg. 5 `new_update` | `step` with `ReceiverMsg::Ship` |
+//! | Alg. 5 `check_pending` / `flush` | `flush`, run whenever an id, a value or a local stability report arrives |
+//! | Alg. 5 lines 13-17 (`apply`, `ok`, `SiteTime[k]`) | `ReceiverOut::Apply`, then `ReceiverMsg::Applied` |
+//! | §5 data/metadata separation | `ReceiverMsg::Value` |
+//!
+//! # What is left out
+//!
+//! * The receiver is not replicated. A restarted one is rebuilt from the
+//!   site's applied vector (`Receiver::new`), and the origins ship again
+//!   from there (they keep everything not applied); values it held are gone,
+//!   so the sibling partitions must send again the values of updates not yet
+//!   applied here.
+//! * Catching up is paced by dependency chains: n updates of one origin,
+//!   each depending on the previous one, cost n local chain stabilizations
+//!   one after the other (the same price local writes pay for dependency
+//!   stabilization). A site that was cut off therefore catches up at that
+//!   pace, not at link bandwidth. Applying eagerly and hiding remote
+//!   versions from readers until `applied()` covers them would lift this;
+//!   it is not built.
+//! * Values of updates never shipped (lost with their partition before they
+//!   were reported) wait forever; nothing expires them yet.
+
+use crate::hlc::Timestamp;
+use crate::ring::PartitionId;
+use crate::stabilizer::{Position, Ship, SiteAck, UpdateId};
+use crate::version::{SiteId, Version, VersionVector};
+use ahash::AHashMap;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Every origin is acknowledged at least this often, changed or not.
+pub const SITE_ACK_REFRESH_MS: u64 = 1_000;
+
+/// A value sent by a partition of `origin` to its sibling partition here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteValue {
+    pub origin: SiteId,
+    pub partition: PartitionId,
+    pub ts: Timestamp,
+    pub key: Bytes,
+    /// `None` deletes.
+    pub value: Option<Bytes>,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// A remote update ready to be applied: to be written through the head of
+/// `partition`'s local chain with exactly this version (last-writer-wins
+/// against what the chain holds), then reported stable with
+/// `ReceiverMsg::Applied` once the chain's tail has it, whether it won or
+/// lost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteWrite {
+    pub partition: PartitionId,
+    pub key: Bytes,
+    pub value: Option<Bytes>,
+    pub expires_at_ms: Option<u64>,
+    pub version: Version,
+}
+
+/// What the receiver is told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReceiverMsg {
+    /// From another site's stabilizer leader.
+    Ship(Ship),
+    /// From a sibling partition in another site.
+    Value(RemoteValue),
+    /// From this site's chain of `partition`: the remote update `(origin,
+    /// partition, ts)` is stable (has reached the tail).
+    Applied { origin: SiteId, partition: PartitionId, ts: Timestamp },
+}
+
+/// What the receiver sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReceiverOut {
+    /// To the head of the local chain of `partition`.
+    Apply(RemoteWrite),
+    /// To every stabilizer replica of `ack.origin`.
+    Ack(SiteAck),
+}
+
+/// What the receiver holds of one origin site's stream.
+#[derive(Debug)]
+struct Origin {
+    /// The stream is here without a gap up to this position.
+    received: Position,
+    /// `Queue_m[k]`: received, not handed out yet, in stream order.
+    pending: VecDeque<UpdateId>,
+    /// Handed out and not reported stable, in stream order (with whether
+    /// reported stable: reports come in any order).
+    in_flight: VecDeque<(Position, bool)>,
+    /// Everything up to here is stable in the local chains.
+    applied: Position,
+    /// Everything up to here was handed out (values for it are stale).
+    handed_out: Position,
+    ack_due: bool,
+    resend: bool,
+    /// When it was last acknowledged.
+    acked_ms: u64,
+}
+
+/// A site's receiver (Eunomia Alg. 5, `r_m`).
+#[derive(Debug)]
+pub struct Receiver {
+    me: SiteId,
+    origins: BTreeMap<SiteId, Origin>,
+    /// `SiteTime_m`; this site's own entry stays zero.
+    site_time: VersionVector,
+    /// Values whose update has not been handed out.
+    values: AHashMap<(SiteId, PartitionId, Timestamp), RemoteValue>,
+}
+
+impl Receiver {
+    /// The receiver of site `me` in a deployment of `sites`, resuming from
+    /// `applied` (what the site's chains hold of each origin; all zero for a
+    /// new site).
+    pub fn new(me: SiteId, sites: &[SiteId], applied: &VersionVector) -> Receiver {
+        let mut site_time = VersionVector::default();
+        site_time.0.resize(sites.iter().map(|&s| s as usize + 1).max().unwrap_or(0), Timestamp::ZERO);
+        let origins = sites
+            .iter()
+            .filter(|&&s| s != me)
+            .map(|&s| {
+                let from = Position::through(applied.get(s));
+                site_time.0[s as usize] = from.time();
+                let origin = Origin {
+                    received: from,
+                    pending: VecDeque::new(),
+                    in_flight: VecDeque::new(),
+                    applied: from,
+                    handed_out: from,
+                    ack_due: true,
+                    resend: false,
+                    acked_ms: 0,
+                };
+                (s, origin)
+            })
+            .collect();
+        Receiver { me, origins, site_time, values: AHashMap::new() }
+    }
+
+    pub fn step(&mut self, msg: ReceiverMsg, out: &mut Vec<ReceiverOut>) {
+        match msg {
+            ReceiverMsg::Ship(ship) => self.new_updates(ship),
+            ReceiverMsg::Value(value) => self.new_value(value),
+            ReceiverMsg::Applied { origin, partition, ts } => self.stable_locally(origin, Position { ts, partition }),
+        }
+        self.flush(out);
+    }
+
+    /// Acknowledges, once per tick, every origin whose stream moved here,
+    /// and every origin again each `SITE_ACK_REFRESH_MS` (an ack lost on the
+    /// way to a stabilizer replica that is not leading is otherwise never
+    /// repaired once the stream is quiet, and that replica keeps ids every
+    /// site applied).
+    pub fn tick(&mut self, now_ms: u64, out: &mut Vec<ReceiverOut>) {
+        for (&origin, o) in self.origins.iter_mut() {
+            if !o.ack_due && now_ms.saturating_sub(o.acked_ms) < SITE_ACK_REFRESH_MS {
+                continue;
+            }
+            let ack = SiteAck { from: self.me, origin, received: o.received, applied: o.applied, resend: o.resend };
+            out.push(ReceiverOut::Ack(ack));
+            o.ack_due = false;
+            o.resend = false;
+            o.acked_ms = now_ms;
+        }
+    }
+
+    /// `SiteTime_m`: for each origin, every update of it with timestamp <= its
+    /// entry is stable in this site (this site's own entry is zero).
+    pub fn applied(&self) -> &VersionVector {
+        &self.site_time
+    }
+
+    /// Ids received and not handed out yet.
+    pub fn waiting(&self) -> usize {
+        self.origins.values().map(|o| o.pending.len()).sum()
+    }
+
+    /// Remote updates handed out and not reported stable yet.
+    pub fn in_flight(&self) -> usize {
+        self.origins.values().map(|o| o.in_flight.len()).sum()
+    }
+
+    /// Alg. 5 `new_update`, for a whole shipment: keep what extends the
+    /// stream, refuse a gap.
+    fn new_updates(&mut self, ship: Ship) {
+        if ship.to != self.me {
+            return;
+        }
+        let Some(o) = self.origins.get_mut(&ship.origin) else { return };
+        o.ack_due = true;
+        if ship.prev > o.received {
+            o.resend = true;
+            return;
+        }
+        for id in ship.ids {
+            if id.position() > o.received {
+                o.received = id.position();
+                o.pending.push_back(id);
+            }
+        }
+        o.received = o.received.max(ship.through);
+        self.settle(ship.origin);
+    }
+
+    fn new_value(&mut self, value: RemoteValue) {
+        let Some(o) = self.origins.get(&value.origin) else { return };
+        if (Position { ts: value.ts, partition: value.partition }) > o.handed_out {
+            self.values.insert((value.origin, value.partition, value.ts), value);
+        }
+    }
+
+    fn stable_locally(&mut self, origin: SiteId, pos: Position) {
+        let Some(o) = self.origins.get_mut(&origin) else { return };
+        if let Ok(i) = o.in_flight.binary_search_by_key(&pos, |&(p, _)| p) {
+            o.in_flight[i].1 = true;
+        }
+        while o.in_flight.front().is_some_and(|&(_, stable)| stable) {
+            o.in_flight.pop_front();
+        }
+        self.settle(origin);
+    }
+
+    /// Moves `origin`'s applied point (and its `SiteTime` entry) up to just
+    /// before the first update of it that is not stable here.
+    fn settle(&mut self, origin: SiteId) {
+        let o = self.origins.get_mut(&origin).expect("settle a known origin");
+        let first_missing = o.in_flight.front().map(|&(p, _)| p).or_else(|| o.pending.front().map(UpdateId::position));
+        let applied = first_missing.map_or(o.received, Position::before);
+        if applied > o.applied {
+            o.applied = applied;
+            o.ack_due = true;
+            self.site_time.0[origin as usize] = applied.time();
+        }
+    }
+
+    /// Alg. 5 `flush`: hand out, per origin in stream order, every update
+    /// whose value is here and whose dependencies are stable here. Handing
+    /// out changes no dependency (only `Applied` does), so one pass is
+    /// enough.
+    fn flush(&mut self, out: &mut Vec<ReceiverOut>) {
+        for (&origin, o) in self.origins.iter_mut() {
+            while let Some(next) = o.pending.front() {
+                if !ready(self.me, origin, next, &self.site_time) {
+                    break;
+                }
+                let Some(value) = self.values.remove(&(origin, next.partition, next.ts)) else { break };
+                let id = o.pending.pop_front().expect("front exists");
+                o.handed_out = id.position();
+                o.in_flight.push_back((id.position(), false));
+                out.push(ReceiverOut::Apply(RemoteWrite {
+                    partition: id.partition,
+                    key: value.key,
+                    value: value.value,
+                    expires_at_ms: value.expires_at_ms,
+                    version: Version { ts: id.ts, site: origin, vv: VersionVector(id.vv.iter().copied().collect()) },
+                }));
+            }
+        }
+    }
+}
+
+/// Whether `id` of `origin` may be applied at site `me` (Alg. 5 line 12,
+/// plus its own site's dependencies, see the module docs).
+fn ready(me: SiteId, origin: SiteId, id: &UpdateId, site_time: &VersionVector) -> bool {
+    let third_sites = id.vv.iter().enumerate().all(|(d, &t)| {
+        let d = d as SiteId;
+        d == origin || d == me || t <= site_time.get(d)
+    });
+    third_sites && id.local_dep <= site_time.get(origin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stabilizer::IdVector;
+
+    fn ts(ms: u64) -> Timestamp {
+        Timestamp::new(ms, 0)
+    }
+
+    /// An update of `origin` at `ms` in partition `partition`, depending on
+    /// `deps` (site, ms) in other sites and on `local_dep` in its own.
+    fn update(origin: SiteId, partition: PartitionId, ms: u64, local_dep: u64, deps: &[(SiteId, u64)]) -> UpdateId {
+        let mut vv = IdVector::from_elem(Timestamp::ZERO, origin as usize + 1);
+        vv[origin as usize] = ts(ms);
+        for &(site, dep) in deps {
+            if vv.len() <= site as usize {
+                vv.resize(site as usize + 1, Timestamp::ZERO);
+            }
+            vv[site as usize] = ts(dep);
+        }
+        UpdateId { partition, ts: ts(ms), local_dep: ts(local_dep), vv }
+    }
+
+    fn ship(origin: SiteId, prev: Position, ids: Vec<UpdateId>, through_ms: u64) -> ReceiverMsg {
+        ReceiverMsg::Ship(Ship { origin, to: 2, prev, ids, through: Position::through(ts(through_ms)) })
+    }
+
+    fn value(origin: SiteId, partition: PartitionId, ms: u64) -> ReceiverMsg {
+        let key = Bytes::from(format!("k{origin}.{partition}.{ms}"));
+        ReceiverMsg::Value(RemoteValue { origin, partition, ts: ts(ms), key, value: Some(Bytes::from("v")), expires_at_ms: None })
+    }
+
+    fn applied(origin: SiteId, partition: PartitionId, ms: u64) -> ReceiverMsg {
+        ReceiverMsg::Applied { origin, partition, ts: ts(ms) }
+    }
+
+    /// The (origin, ms) of every Apply in `out`, which it empties.
+    fn applies(out: &mut Vec<ReceiverOut>) -> Vec<(SiteId, u64)> {
+        let mut got = Vec::new();
+        out.retain(|o| match o {
+            ReceiverOut::Apply(w) => {
+                got.push((w.version.site, w.version.ts.physical_ms));
+                false
+            }
+            ReceiverOut::Ack(_) => true,
+        });
+        got
+    }
+
+    fn acks(r: &mut Receiver) -> Vec<SiteAck> {
+        let mut out = Vec::new();
+        r.tick(0, &mut out);
+        out.into_iter().filter_map(|o| if let ReceiverOut::Ack(a) = o { Some(a) } else { None }).collect()
+    }
+
+    /// Site 2 receives an update of site 1 that depends on an update of site
+    /// 0 it has not received yet: it waits for it, and then for it to be
+    /// stable in the local chain.
+    #[test]
+    fn an_update_waits_for_its_dependency_from_a_third_site() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        r.step(ship(1, Position::START, vec![update(1, 0, 10, 0, &[(0, 5)])], 10), &mut out);
+        r.step(value(1, 0, 10), &mut out);
+        assert!(applies(&mut out).is_empty(), "site 0's update at 5 is not here");
+
+        r.step(value(0, 3, 5), &mut out);
+        r.step(ship(0, Position::START, vec![update(0, 3, 5, 0, &[])], 6), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 5)]);
+        assert_eq!(r.applied().get(0), ts(5).just_before(), "handed out is not applied");
+
+        r.step(applied(0, 3, 5), &mut out);
+        assert_eq!(r.applied().get(0), ts(6));
+        assert_eq!(applies(&mut out), vec![(1, 10)]);
+        r.step(applied(1, 0, 10), &mut out);
+        assert_eq!(r.applied().get(1), ts(10));
+    }
+
+    #[test]
+    fn a_value_may_arrive_before_or_after_its_id() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        r.step(value(0, 0, 1), &mut out);
+        assert!(applies(&mut out).is_empty());
+        r.step(ship(0, Position::START, vec![update(0, 0, 1, 0, &[]), update(0, 1, 2, 0, &[])], 2), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 1)], "the second waits for its value");
+        r.step(value(0, 1, 2), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 2)]);
+        // A value sent again after its update was handed out is not kept.
+        r.step(value(0, 1, 2), &mut out);
+        assert!(r.values.is_empty());
+    }
+
+    /// Updates of one origin are handed out in order. One that depends on
+    /// the previous one waits until that one is stable here; concurrent ones
+    /// flow together, and count as applied only up to the first not stable.
+    #[test]
+    fn an_update_counts_as_applied_only_once_stable_here() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        let ids = vec![update(0, 0, 1, 0, &[]), update(0, 1, 2, 1, &[]), update(0, 2, 3, 0, &[])];
+        for ms in 1..=3 {
+            r.step(value(0, ms as PartitionId - 1, ms), &mut out);
+        }
+        r.step(ship(0, Position::START, ids, 3), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 1)], "2 depends on 1, which is not stable yet; 3 is behind 2");
+        r.step(applied(0, 0, 1), &mut out);
+        assert_eq!(r.applied().get(0), ts(2).just_before(), "everything before 2");
+        assert_eq!(applies(&mut out), vec![(0, 2), (0, 3)], "3 is concurrent with 2");
+        r.step(applied(0, 2, 3), &mut out);
+        assert_eq!(r.applied().get(0), ts(2).just_before(), "2 is not stable yet");
+        r.step(applied(0, 1, 2), &mut out);
+        assert_eq!(r.applied().get(0), ts(3));
+        let ack = acks(&mut r).into_iter().find(|a| a.origin == 0).unwrap();
+        assert_eq!(ack.applied, Position::through(ts(3)));
+    }
+
+    #[test]
+    fn takes_only_what_extends_the_stream() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        acks(&mut r);
+        let a = update(0, 0, 1, 0, &[]);
+        let b = update(0, 0, 2, 0, &[]);
+        let c = update(0, 0, 3, 0, &[]);
+        // The shipment of `a` is lost: the one of `b` leaves a gap.
+        r.step(ship(0, a.position(), vec![b.clone()], 2), &mut out);
+        assert_eq!(r.waiting(), 0);
+        let ack = acks(&mut r);
+        assert!(ack[0].resend && ack[0].received == Position::through(Timestamp::ZERO));
+        // The leader ships again from the start, twice (a retransmission).
+        r.step(ship(0, Position::START, vec![a.clone(), b.clone()], 2), &mut out);
+        r.step(ship(0, Position::START, vec![a, b, c], 3), &mut out);
+        assert_eq!(r.waiting(), 3);
+        // A site that is not in the configuration, and a shipment for another site, are ignored.
+        r.step(ship(7, Position::START, vec![update(7, 0, 1, 0, &[])], 1), &mut out);
+        r.step(
+            ReceiverMsg::Ship(Ship { origin: 1, to: 0, prev: Position::START, ids: vec![], through: Position::through(ts(9)) }),
+            &mut out,
+        );
+        assert_eq!(r.waiting(), 3);
+        assert_eq!(r.applied().get(1), Timestamp::ZERO);
+    }
+
+    #[test]
+    fn a_restarted_receiver_resumes_from_the_applied_vector() {
+        let applied_vv = VersionVector(smallvec::smallvec![ts(2), ts(0), ts(0)]);
+        let mut r = Receiver::new(2, &[0, 1, 2], &applied_vv);
+        let ack = acks(&mut r).into_iter().find(|a| a.origin == 0).unwrap();
+        assert_eq!((ack.received, ack.applied), (Position::through(ts(2)), Position::through(ts(2))));
+        let mut out = Vec::new();
+        r.step(value(0, 0, 3), &mut out);
+        let ids = vec![update(0, 0, 1, 0, &[]), update(0, 0, 2, 0, &[]), update(0, 0, 3, 0, &[])];
+        r.step(ship(0, Position::START, ids, 3), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 3)], "1 and 2 were applied before the restart");
+    }
+}

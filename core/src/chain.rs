@@ -385,7 +385,8 @@ impl ChainReplica {
         }
         let state = LogRecord::State { partition: self.partition, state: self.state() };
         let unstable = LogRecord::Updates { partition: self.partition, updates: self.unstable.iter().cloned().collect() };
-        vec![state, unstable]
+        let behind = LogRecord::Behind { partition: self.partition, behind: self.catching_up };
+        vec![state, unstable, behind]
     }
 
     fn state(&self) -> PartitionState {
@@ -645,12 +646,17 @@ impl ChainReplica {
                 );
             }
             None => {
-                self.catching_up = false;
+                self.caught_up();
                 if let Some((from, after)) = self.owed.take() {
                     self.catch_up(self.epoch, from, after, out);
                 }
             }
         }
+    }
+
+    fn caught_up(&mut self) {
+        self.catching_up = false;
+        self.log.push(LogRecord::Behind { partition: self.partition, behind: false });
     }
 
     /// The predecessor `from` moved up past this replica and asks for what
@@ -669,18 +675,31 @@ impl ChainReplica {
         let mut updates: Vec<Update> = self.unstable.iter().chain(&self.handoff).filter(|u| u.seq > after).cloned().collect();
         updates.sort_by_key(|u| u.seq);
         updates.dedup_by_key(|u| u.seq);
-        send(out, Dest::Node(from), Message::Suffix { epoch, partition: self.partition, updates, applied: self.applied });
+        let (partition, applied) = (self.partition, self.applied);
+        let msg = match updates.iter().map(|u| u.seq).eq(after + 1..=applied) || applied <= after {
+            true => Message::Suffix { epoch, partition, updates, applied, state: None },
+            // Some of what it lacks was already stable here (declared by a
+            // tail while it was away): the whole state instead.
+            false => Message::Suffix { epoch, partition, updates: Vec::new(), applied, state: Some(self.state()) },
+        };
+        send(out, Dest::Node(from), msg);
     }
 
     /// The successor's answer to `request_suffix`: applies what it sent;
     /// serves again once it has all the successor had.
-    pub fn suffix(&mut self, epoch: u64, updates: Vec<Update>, applied: u64, now_ms: u64, out: &mut Outbox) {
+    pub fn suffix(&mut self, epoch: u64, updates: Vec<Update>, applied: u64, state: Option<PartitionState>, now_ms: u64, out: &mut Outbox) {
         if epoch != self.epoch || !self.catching_up {
             return;
         }
+        if let Some(state) = state.filter(|s| s.applied > self.applied) {
+            self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
+            let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
+            self.restore(state, now_ms);
+            self.forward(early, now_ms, out);
+        }
         self.forward(updates, now_ms, out);
         if self.applied >= applied {
-            self.catching_up = false;
+            self.caught_up();
             if let Some((from, after)) = self.owed.take() {
                 self.catch_up(epoch, from, after, out);
             }
@@ -712,6 +731,8 @@ impl ChainReplica {
         let chain = topology.chain(self.partition);
         let Some(index) = chain.index_of(me) else { return false };
         let was = self.index;
+        // Recovered from the log: its place now may not be the one it had.
+        let recovered = self.epoch == 0;
         self.epoch = topology.epoch;
         self.k = topology.shape.k;
         self.chain = chain.nodes.clone();
@@ -722,9 +743,13 @@ impl ChainReplica {
         }
         // Moved up past nodes that may hold more than this replica (the
         // update invariant held in the old order, not necessarily in the
-        // new one): catch up from the new successor, which holds the most
-        // of those (ChainReaction's invariant, old order), before serving.
-        self.catching_up |= index < was;
+        // new one), or recovered from the log into a place it may not have
+        // had (a reorder committed while the site was down): catch up from
+        // the new successor, which holds the most of those, before serving.
+        if (index < was || recovered) && !self.catching_up {
+            self.catching_up = true;
+            self.log.push(LogRecord::Behind { partition: self.partition, behind: true });
+        }
         // A predecessor that moved up may ask for these; the acknowledgements
         // of the new order (whose tail is not the most behind until it has
         // caught up) must not take them away first.
@@ -825,7 +850,7 @@ mod tests {
         tail.catch_up(epoch, from, after, &mut out);
         let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the successor answers") };
         assert!(updates.is_empty() && applied == 0, "the tail never got the write");
-        middle.suffix(epoch, updates, applied, 20, &mut out);
+        middle.suffix(epoch, updates, applied, None, 20, &mut out);
         // The client resends the write with its id to the new head.
         middle.put(put(2, 1), 21, &mut out);
         assert_eq!(middle.digest().applied, 1, "applied once");
@@ -885,7 +910,7 @@ mod tests {
         head.catch_up(epoch, from, after, &mut out);
         let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the old head answers") };
         assert_eq!((updates.len(), applied), (2, 2));
-        tail.suffix(epoch, updates, applied, 22, &mut out);
+        tail.suffix(epoch, updates, applied, None, 22, &mut out);
         // Now it orders the next write after what the chain holds.
         out.clear();
         tail.put(put(5, 5), 23, &mut out);
@@ -897,7 +922,7 @@ mod tests {
             .into_iter()
             .flat_map(|rec| match rec {
                 LogRecord::Updates { updates, .. } => updates,
-                LogRecord::State { .. } | LogRecord::Dropped { .. } => Vec::new(),
+                LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } => Vec::new(),
             })
             .collect()
     }

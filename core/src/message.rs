@@ -233,12 +233,14 @@ pub enum Message {
         after: u64,
     },
     /// The answer to `CatchUp`: the updates after `after` the successor
-    /// holds, and how far it is (`applied`).
+    /// holds, and how far it is (`applied`); or, when it no longer has all
+    /// of those updates, its whole state.
     Suffix {
         epoch: u64,
         partition: PartitionId,
         updates: Vec<Update>,
         applied: u64,
+        state: Option<crate::chain::PartitionState>,
     },
     /// A node that joined the chain asks its predecessor for the state.
     Fetch {

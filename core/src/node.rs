@@ -35,7 +35,7 @@ use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::SiteId;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// How often a node sends its heartbeat to every coordinator member.
@@ -107,6 +107,9 @@ pub struct Recovery {
     pub records: usize,
     /// Partitions whose updates stop at a gap: (partition, first missing).
     pub gaps: Vec<(PartitionId, u64)>,
+    /// Partitions whose replica was catching up after moving up its chain:
+    /// it may lack what its position needs.
+    pub behind: Vec<PartitionId>,
 }
 
 /// One data node.
@@ -179,18 +182,28 @@ impl Node {
         let mut report = Recovery::default();
         // Per partition: the last state, and the updates logged after it.
         let mut segments: BTreeMap<PartitionId, (Option<crate::chain::PartitionState>, Vec<Update>)> = BTreeMap::new();
+        let mut behind: BTreeSet<PartitionId> = BTreeSet::new();
         for record in records {
             report.records += 1;
             match record {
                 LogRecord::State { partition, state } => {
                     segments.insert(partition, (Some(state), Vec::new()));
+                    behind.remove(&partition);
                 }
                 LogRecord::Updates { partition, updates } => segments.entry(partition).or_default().1.extend(updates),
                 LogRecord::Dropped { partition } => {
                     segments.remove(&partition);
+                    behind.remove(&partition);
+                }
+                LogRecord::Behind { partition, behind: true } => {
+                    behind.insert(partition);
+                }
+                LogRecord::Behind { partition, behind: false } => {
+                    behind.remove(&partition);
                 }
             }
         }
+        report.behind = behind.into_iter().filter(|p| segments.get(p).is_some_and(|(s, _)| s.is_some())).collect();
         for (p, (state, updates)) in segments {
             // Every replica's log starts with a state record (an empty one at
             // the site's birth); updates without one are from a replica that
@@ -205,7 +218,7 @@ impl Node {
             }
             self.parts[p as usize] = Some(r);
         }
-        self.whole = synced && report.gaps.is_empty();
+        self.whole = synced && report.gaps.is_empty() && report.behind.is_empty();
         report
     }
 
@@ -289,8 +302,8 @@ impl Node {
             Message::CatchUp { epoch, partition, from, after } => {
                 self.with(partition, |r| r.catch_up(epoch, from, after, out));
             }
-            Message::Suffix { epoch, partition, updates, applied } => {
-                self.with(partition, |r| r.suffix(epoch, updates, applied, now_ms, out));
+            Message::Suffix { epoch, partition, updates, applied, state } => {
+                self.with(partition, |r| r.suffix(epoch, updates, applied, state, now_ms, out));
             }
             Message::Fetch { epoch, partition, from } => {
                 self.with(partition, |r| r.fetch(epoch, from, out));

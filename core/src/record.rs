@@ -7,7 +7,8 @@
 //! nothing a step sends leaves before that step's records are durable under
 //! `fsync=always`. Recovery (`node::Node::recover`) reads them back per
 //! partition: the last `State` record, then the updates after it, sorted
-//! by sequence number, unless a `Dropped` record came after them.
+//! by sequence number, unless a `Dropped` record came after them; and
+//! whether it was catching up (`Behind`) when the node stopped.
 
 use crate::chain::PartitionState;
 use crate::message::Update;
@@ -31,12 +32,19 @@ pub enum LogRecord {
     /// came before is not to be recovered (a node that returns to the chain
     /// fetches the state anew).
     Dropped { partition: PartitionId },
+    /// The replica moved up its chain and is catching up (`behind`), or has
+    /// caught up: a replica that restarts while behind does not have all
+    /// its position needs, so its log is not whole (see `node::Recovery`).
+    Behind { partition: PartitionId, behind: bool },
 }
 
 impl LogRecord {
     pub fn partition(&self) -> PartitionId {
         match self {
-            LogRecord::Updates { partition, .. } | LogRecord::State { partition, .. } | LogRecord::Dropped { partition } => *partition,
+            LogRecord::Updates { partition, .. }
+            | LogRecord::State { partition, .. }
+            | LogRecord::Dropped { partition }
+            | LogRecord::Behind { partition, .. } => *partition,
         }
     }
 

@@ -141,7 +141,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         .into_iter()
         .flat_map(|r| match r {
             LogRecord::Updates { updates, .. } => updates,
-            LogRecord::State { .. } | LogRecord::Dropped { .. } => vec![],
+            LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } => vec![],
         })
         .collect();
     // Restart 1: the plain log.
@@ -157,7 +157,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         match m {
             LogRecord::State { state, .. } => restored.restore(state, 20),
             LogRecord::Updates { updates, .. } => assert_eq!(restored.replay(updates, 20), None),
-            LogRecord::Dropped { .. } => {}
+            LogRecord::Dropped { .. } | LogRecord::Behind { .. } => {}
         }
     }
     let mut o2 = Outbox::new();
@@ -173,7 +173,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         match m {
             LogRecord::State { state, .. } => restored2.restore(state, 20),
             LogRecord::Updates { updates, .. } => assert_eq!(restored2.replay(updates, 20), None),
-            LogRecord::Dropped { .. } => {}
+            LogRecord::Dropped { .. } | LogRecord::Behind { .. } => {}
         }
     }
     restored2.put(put(2, 1, 1, Condition::Always, Some("v")), 21, &mut o2);

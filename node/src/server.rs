@@ -445,6 +445,13 @@ fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
             node.me
         );
     }
+    if !report.behind.is_empty() {
+        tracing::warn!(
+            "node {}: {} replicas were catching up when the node stopped; it rejoins with a state transfer (or, if nobody else has them, by log length)",
+            node.me,
+            report.behind.len()
+        );
+    }
     if report.records > 0 {
         tracing::info!("node {} recovered {} log records from {}", node.me, report.records, dir.display());
     }

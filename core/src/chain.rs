@@ -917,6 +917,40 @@ mod tests {
         assert_eq!(tail.digest().applied, 3, "the next write is seq 3, not a reused 1");
     }
 
+    #[test]
+    fn a_recovered_replica_placed_ahead_of_a_longer_log_takes_its_successors_state() {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
+        let [a, b, c] = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
+        let mut head = ChainReplica::new(&t, 0, a, 0).unwrap();
+        let mut out = Outbox::new();
+        head.put(put(1, 1), 10, &mut out);
+        let first = logged(&mut head);
+        head.put(put(2, 2), 11, &mut out);
+        head.stable_up_to(2, 12, &mut out);
+        out.clear();
+        // c recovers a log with only the first write, and a reorder that
+        // was committed while the site was down puts it at the head.
+        let mut recovered = ChainReplica::detached(0, c, 0, 2);
+        recovered.restore(PartitionState { applied: 0, stable: 0, entries: Vec::new(), sessions: Vec::new() }, 20);
+        assert_eq!(recovered.replay(first, 20), None);
+        let mut moved = t.clone();
+        moved.epoch = 2;
+        moved.chains[0].nodes = vec![c, a, b];
+        recovered.reconfigure(&moved, c, 21, &mut out);
+        head.reconfigure(&moved, a, 21, &mut out);
+        let to_a = take(&mut out, Dest::Node(a));
+        let Some(&Message::CatchUp { epoch, from, after, .. }) = to_a.iter().find(|m| matches!(m, Message::CatchUp { .. })) else {
+            panic!("asks its successor: {to_a:?}")
+        };
+        head.catch_up(epoch, from, after, &mut out);
+        let Some(Message::Suffix { updates, applied, state, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("answered") };
+        assert!(state.is_some(), "the second write is stable at a and no longer kept as an update: the whole state");
+        recovered.suffix(epoch, updates, applied, state, 22, &mut out);
+        recovered.put(put(3, 3), 23, &mut out);
+        assert_eq!(recovered.digest().applied, 3, "orders after what the chain holds");
+    }
+
     fn logged(r: &mut ChainReplica) -> Vec<Update> {
         r.take_log()
             .into_iter()

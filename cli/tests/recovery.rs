@@ -137,10 +137,14 @@ fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
 fn a_coordinator_member_restarted_on_an_empty_disk_rejoins_and_the_coordinator_keeps_deciding() {
     let mut c = Cluster::start_with(Opts::new(4, 3, 2).durable().flag("--fsync", "always").flag("--failure-timeout-ms", 800));
     let leader_of = |c: &Cluster| (0..3).find_map(|i| cluster_status(c, i)?.get("coordinator_leader")?.parse::<usize>().ok());
+    // Every node a member, heard at the current epoch with nothing left to
+    // fetch, and every chain at R.
     let whole = |c: &Cluster, nodes: &[usize], what: &str| {
         c.eventually(WAIT, what, || {
             let s = cluster_status(c, leader_of(c)?)?;
-            (nodes.iter().all(|&n| is_member(&s, n)) && s.get("short_chains")? == "0").then_some(())
+            let settled = format!("epoch={},joining=0,", s.get("epoch")?);
+            let all = nodes.iter().all(|&n| is_member(&s, n) && s[&format!("node{n}")].contains(&settled));
+            (all && s.get("short_chains")? == "0").then_some(())
         })
     };
     whole(&c, &[0, 1, 2, 3], "the site to start whole");
@@ -155,6 +159,9 @@ fn a_coordinator_member_restarted_on_an_empty_disk_rejoins_and_the_coordinator_k
     let dir = c.opts.data_dir.clone().unwrap().join(format!("node{victim}"));
     std::fs::remove_dir_all(&dir).unwrap();
     c.restart(victim);
+    // Serving means admitted again (a restarted process is not, until the
+    // coordinator decides); then settled.
+    c.wait_serving(&[victim]);
     whole(&c, &[0, 1, 2, 3], "the wiped member to be back");
     // The coordinator still decides: a node killed now is removed.
     c.kill(3);

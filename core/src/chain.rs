@@ -203,10 +203,15 @@ impl ChainReplica {
         Some(r)
     }
 
-    /// Not serving yet: waiting for the partition's state (a node that just
-    /// joined), or catching up after moving up the chain.
+    /// Still waiting for the partition's state (a node that just joined).
     pub fn is_joining(&self) -> bool {
-        self.joining || self.catching_up
+        self.joining
+    }
+
+    /// Catching up from its successor after moving up the chain (it holds
+    /// the partition's data, maybe without the latest updates).
+    pub fn is_catching_up(&self) -> bool {
+        self.catching_up
     }
 
     /// The highest sequence number applied here.

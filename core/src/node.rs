@@ -393,6 +393,11 @@ impl Node {
         self.joining().len()
     }
 
+    /// Replicas catching up from their successor after moving up a chain.
+    pub fn catching_up_replicas(&self) -> usize {
+        self.parts.iter().flatten().filter(|r| r.is_catching_up()).count()
+    }
+
     /// The partitions whose replica here is still fetching its state.
     fn joining(&self) -> Vec<PartitionId> {
         (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining())).collect()

@@ -591,7 +591,7 @@ impl Sim {
     pub fn settled(&self) -> bool {
         self.queue.is_empty()
             && self.configured()
-            && self.nodes.iter().all(|n| n.crashed || n.core.joining_replicas() == 0)
+            && self.nodes.iter().all(|n| n.crashed || n.core.joining_replicas() + n.core.catching_up_replicas() == 0)
             && self.digests().iter().flatten().all(|d| d.applied == d.stable)
     }
 

@@ -67,8 +67,9 @@ impl Conn {
     pub async fn run(&mut self, request: Request) -> Result<Response, ClientError> {
         debug_assert!(self.owed.is_empty(), "run() after settle()");
         let level = self.driver.consistency();
-        let progress = self.driver.start_at(request, level, now_ms());
-        self.apply(progress);
+        let now = now_ms();
+        let progress = self.driver.start_at(request, level, now);
+        self.apply(progress, now);
         loop {
             if let Some(response) = self.responses.pop_front() {
                 return response;
@@ -91,9 +92,10 @@ impl Conn {
     fn queue(&mut self, batch: Batch) {
         let level = batch.level.unwrap_or(self.driver.consistency());
         self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer });
+        let now = now_ms();
         for request in batch.requests {
-            let progress = self.driver.start_at(request, level, now_ms());
-            self.apply(progress);
+            let progress = self.driver.start_at(request, level, now);
+            self.apply(progress, now);
         }
     }
 
@@ -117,20 +119,21 @@ impl Conn {
 
     /// The session follows the node's configuration (a cheap local look).
     fn follow_site(&mut self) {
-        let progress = self.driver.reconfigured(self.node.topology(), now_ms());
-        self.apply(progress);
+        let now = now_ms();
+        let progress = self.driver.reconfigured(self.node.topology(), now);
+        self.apply(progress, now);
     }
 
     /// Does what the driver asked: sends its messages (those for this node
     /// are handled here and now, and their answers fed back at once),
     /// reports nodes that cannot be reached, looks at the site when asked
     /// to, and keeps the responses, in the order the driver gave them.
-    fn apply(&mut self, progress: Progress) {
+    /// Everything in place takes no time worth reading the clock for again.
+    fn apply(&mut self, progress: Progress, now: u64) {
         let id = self.id();
         let mut work = VecDeque::from([progress]);
         while let Some(p) = work.pop_front() {
             self.responses.extend(p.done);
-            let now = now_ms();
             if p.recheck {
                 work.push_back(self.driver.reconfigured(self.node.topology(), now));
                 for peer in self.node.down_peers() {
@@ -157,20 +160,22 @@ impl Conn {
         let sleep = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
         match tokio::time::timeout(sleep, self.replies.recv()).await {
             Ok(Some(msg)) => {
-                let progress = self.driver.on_message(msg, now_ms());
-                self.apply(progress);
+                let now = now_ms();
+                let progress = self.driver.on_message(msg, now);
+                self.apply(progress, now);
                 // Take what else arrived meanwhile without another wait.
                 while let Ok(msg) = self.replies.try_recv() {
-                    let progress = self.driver.on_message(msg, now_ms());
-                    self.apply(progress);
+                    let progress = self.driver.on_message(msg, now);
+                    self.apply(progress, now);
                 }
             }
             Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
             Err(_) => {}
         }
-        if self.driver.next_wake().is_some_and(|at| now_ms() >= at) {
-            let progress = self.driver.tick(now_ms());
-            self.apply(progress);
+        let now = now_ms();
+        if self.driver.next_wake().is_some_and(|at| now >= at) {
+            let progress = self.driver.tick(now);
+            self.apply(progress, now);
         }
     }
 }

@@ -195,6 +195,9 @@ pub struct Progress {
 }
 
 /// A request of the session, in the order it was made.
+// Most slots of a busy queue are running ones: boxing `Op` would only add
+// an allocation per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Slot {
     /// Not started: an earlier request it may not overlap is unfinished.

@@ -10,7 +10,7 @@
 //! this file only moves messages: to peers, to this node's own state
 //! machine (handled in place, no hop) and back.
 
-use crate::cmd::{self, Batch, Outcome};
+use crate::cmd::{self, Batch, Outcome, Responses};
 use crate::server::{now_ms, Node};
 use bytes::BytesMut;
 use causeway_core::driver::{ClientError, Driver, Progress, Request, Response};
@@ -30,7 +30,7 @@ const MAX_PENDING_OUTPUT: usize = 1 << 20;
 /// once; the rest are read after these are answered.
 const MAX_QUEUED: usize = 1024;
 
-type Answer = fn(&Node, Vec<Result<Response, ClientError>>) -> Frame;
+type Answer = fn(&Node, Responses) -> Frame;
 
 /// A reply owed to the client, in command order.
 enum Owed {
@@ -109,7 +109,7 @@ impl Conn {
                 },
                 Some(&Owed::Answer { requests, answer }) if self.responses.len() >= requests => {
                     self.owed.pop_front();
-                    answer(&self.node, self.responses.drain(..requests).collect())
+                    answer(&self.node, self.responses.drain(..requests))
                 }
                 _ => return,
             };
@@ -129,27 +129,30 @@ impl Conn {
     /// reports nodes that cannot be reached, looks at the site when asked
     /// to, and keeps the responses, in the order the driver gave them.
     /// Everything in place takes no time worth reading the clock for again.
-    fn apply(&mut self, progress: Progress, now: u64) {
+    fn apply(&mut self, mut p: Progress, now: u64) {
         let id = self.id();
-        let mut work = VecDeque::from([progress]);
-        while let Some(p) = work.pop_front() {
-            self.responses.extend(p.done);
+        loop {
+            self.responses.extend(p.done.drain(..));
+            let mut next = Progress::default();
             if p.recheck {
-                work.push_back(self.driver.reconfigured(self.node.topology(), now));
+                merge(&mut next, self.driver.reconfigured(self.node.topology(), now));
                 for peer in self.node.down_peers() {
-                    work.push_back(self.driver.unreachable(peer, now));
+                    merge(&mut next, self.driver.unreachable(peer, now));
                 }
             }
-            if p.send.is_empty() {
-                continue;
+            if !p.send.is_empty() {
+                let (mine, undelivered) = self.node.route_sends(std::mem::take(&mut p.send), id);
+                for n in undelivered {
+                    merge(&mut next, self.driver.undeliverable(n, now));
+                }
+                for msg in mine {
+                    merge(&mut next, self.driver.on_message(msg, now));
+                }
             }
-            let (mine, undelivered) = self.node.route_sends(p.send, id);
-            for n in undelivered {
-                work.push_back(self.driver.undeliverable(n, now));
+            if next.send.is_empty() && next.done.is_empty() && !next.recheck {
+                return;
             }
-            for msg in mine {
-                work.push_back(self.driver.on_message(msg, now));
-            }
+            p = next;
         }
     }
 
@@ -178,6 +181,22 @@ impl Conn {
             self.apply(progress, now);
         }
     }
+}
+
+/// Adds `p` to `into`, keeping the order of the responses (the driver's
+/// calls were made in that order).
+fn merge(into: &mut Progress, p: Progress) {
+    if into.send.is_empty() {
+        into.send = p.send;
+    } else {
+        into.send.extend(p.send);
+    }
+    if into.done.is_empty() {
+        into.done = p.done;
+    } else {
+        into.done.extend(p.done);
+    }
+    into.recheck |= p.recheck;
 }
 
 /// Serves one Redis client until it quits or disconnects.

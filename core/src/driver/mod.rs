@@ -195,14 +195,12 @@ pub struct Progress {
 }
 
 /// A request of the session, in the order it was made.
-// Most slots of a busy queue are running ones: boxing `Op` would only add
-// an allocation per request.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Slot {
     /// Not started: an earlier request it may not overlap is unfinished.
     Waiting(Request, Consistency),
-    Running(Op),
+    /// Boxed: slots move (queue, start, finish) and an `Op` is large.
+    Running(Box<Op>),
     /// Finished, held until every earlier request has finished too.
     Done(Result<Response, ClientError>),
 }
@@ -338,7 +336,7 @@ impl Driver {
 
     fn running(&self) -> impl Iterator<Item = &Op> {
         self.queue.iter().filter_map(|s| match s {
-            Slot::Running(op) => Some(op),
+            Slot::Running(op) => Some(&**op),
             _ => None,
         })
     }
@@ -396,7 +394,10 @@ impl Driver {
                 if unfinished_before && !overlaps(request, *level) {
                     break;
                 }
-                let (request, level) = (request.clone(), *level);
+                // Moved out, not cloned; the placeholder is replaced below.
+                let Slot::Waiting(request, level) = std::mem::replace(slot, Slot::Done(Err(ClientError::Timeout))) else {
+                    unreachable!("matched above")
+                };
                 let (op, step) = Op::start(&mut self.cx, request, level, now_ms);
                 *slot = Slot::Running(op);
                 settle(slot, step, p);

@@ -139,8 +139,8 @@ pub(super) struct Op {
     phase: Phase,
     /// Op sequence numbers whose replies we still expect.
     outstanding: Vec<u64>,
-    /// Where each outstanding message went.
-    targets: AHashMap<u64, NodeId>,
+    /// Where each message went, by op seq (a few per request).
+    targets: Vec<(u64, NodeId)>,
     /// A write's id (the op seq of its first `Put`): every resend carries
     /// it, and its acknowledgement is accepted whichever attempt it answers.
     write: Option<u64>,
@@ -150,18 +150,18 @@ pub(super) struct Op {
 
 impl Op {
     /// Starts `request`.
-    pub fn start(cx: &mut Ctx, request: Request, consistency: Consistency, now_ms: u64) -> (Op, Step) {
-        let mut op = Op {
+    pub fn start(cx: &mut Ctx, request: Request, consistency: Consistency, now_ms: u64) -> (Box<Op>, Step) {
+        let mut op = Box::new(Op {
             request,
             consistency,
             started_ms: now_ms,
             redirects: 0,
             phase: Phase::Writing,
             outstanding: Vec::new(),
-            targets: AHashMap::new(),
+            targets: Vec::new(),
             write: None,
             resends: 0,
-        };
+        });
         let step = op.begin(cx, now_ms);
         let step = op.sent(step);
         (op, step)
@@ -207,7 +207,7 @@ impl Op {
 
     /// Whether a reply is awaited from `node`.
     fn waits_on(&self, node: NodeId) -> bool {
-        self.outstanding.iter().any(|s| self.targets.get(s) == Some(&node))
+        self.targets.iter().any(|&(seq, to)| to == node && self.outstanding.contains(&seq))
     }
 
     /// This step's messages to `node` could not be sent (`known`: the node
@@ -356,7 +356,7 @@ impl Op {
     fn sent(&mut self, p: Step) -> Step {
         for (node, msg) in &p.send {
             if let Some(id) = msg.op() {
-                self.targets.insert(id.seq, *node);
+                self.targets.push((id.seq, *node));
             }
         }
         p

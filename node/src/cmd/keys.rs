@@ -3,7 +3,7 @@
 //! queues them (pipelining) and calls the command's answer with the
 //! responses, in order.
 
-use super::{syntax_error, upper, Batch};
+use super::{syntax_error, upper, Batch, Responses};
 use crate::conn::client_error;
 use crate::server::now_ms;
 use bytes::Bytes;
@@ -12,8 +12,6 @@ use causeway_core::message::Condition;
 use causeway_resp::Frame;
 use std::sync::atomic::Ordering::Relaxed;
 
-type Responses = Vec<Result<Response, ClientError>>;
-
 /// Keys and values are kept in their own allocation: arguments are slices
 /// of the connection's read buffer, and keeping one would keep the buffer.
 fn own(b: &Bytes) -> Bytes {
@@ -21,8 +19,8 @@ fn own(b: &Bytes) -> Bytes {
 }
 
 /// The one response of a single-request command.
-fn only(responses: Responses) -> Result<Response, ClientError> {
-    responses.into_iter().next().expect("one request, one response")
+fn only(mut responses: Responses) -> Result<Response, ClientError> {
+    responses.next().expect("one request, one response")
 }
 
 /// GET key

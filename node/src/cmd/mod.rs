@@ -32,17 +32,20 @@ pub enum Outcome {
     Queue(Batch),
 }
 
+/// The responses to a data command's requests, in order.
+pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, ClientError>>;
+
 /// A data command's requests, in order, and how to answer from their
 /// responses.
 pub struct Batch {
     pub requests: Vec<Request>,
     /// The level of these requests alone (CW.WITH), else the session's.
     pub level: Option<Consistency>,
-    pub answer: fn(&Node, Vec<Result<Response, ClientError>>) -> Frame,
+    pub answer: fn(&Node, Responses) -> Frame,
 }
 
 impl Batch {
-    fn new(requests: Vec<Request>, answer: fn(&Node, Vec<Result<Response, ClientError>>) -> Frame) -> Result<Batch, Frame> {
+    fn new(requests: Vec<Request>, answer: fn(&Node, Responses) -> Frame) -> Result<Batch, Frame> {
         Ok(Batch { requests, level: None, answer })
     }
 }

@@ -89,6 +89,10 @@ pub struct Client {
     tx: mpsc::UnboundedSender<Incoming>,
     /// The driver's responses, in request order.
     responses: VecDeque<Result<Response, ClientError>>,
+    /// Requests started whose responses were not taken: a call dropped
+    /// before it finished (a timeout around it) leaves its request running,
+    /// and the next call skips its response.
+    unanswered: usize,
     out: BytesMut,
 }
 
@@ -114,6 +118,7 @@ impl Client {
             replies,
             tx,
             responses: VecDeque::new(),
+            unanswered: 0,
             out,
         };
         let topology = match tokio::time::timeout(DEFAULT_TIMEOUT, client.replies.recv()).await {
@@ -178,13 +183,21 @@ impl Client {
     /// map; this only moves messages.
     pub async fn run_at(&mut self, request: Request, level: Consistency) -> Result<Response, Error> {
         let epoch = self.driver.topology().epoch;
+        let mut earlier = self.unanswered;
+        self.unanswered += 1;
         let progress = self.driver.start_at(request, level, now_ms());
         self.apply(progress).await;
         let result = loop {
-            if let Some(response) = self.responses.pop_front() {
-                break response;
+            match self.responses.pop_front() {
+                Some(response) => {
+                    self.unanswered -= 1;
+                    if earlier == 0 {
+                        break response;
+                    }
+                    earlier -= 1;
+                }
+                None => self.wait().await,
             }
-            self.wait().await;
         };
         if self.driver.topology().epoch != epoch {
             self.connect_all().await?;

@@ -24,13 +24,13 @@
 //!   run.
 //! * A causal read must not overlap an earlier read. ChainReaction keeps
 //!   reads of different keys consistent by making a version visible only
-//!   once everything it depends on is stable (§3.2.1, §3.3.1: "version
-//!   staleness only one level deep"). That argument needs the later read to
-//!   be *served* after the earlier one: if session S reads `a` (version v,
-//!   which depends on version u of `b`) and then `b`, sent together the read
-//!   of `b` can reach a replica before u does, while the read of `a` is
-//!   served later, after u became stable and v was written: S sees v and
-//!   then a `b` older than u, which breaks causality. The same holds for
+//!   once everything it depends on is stable (§3.2.1, §3.3.1: "the version
+//!   staleness to be only one level deep"). That argument needs the later
+//!   read to be *served* after the earlier one: if session S reads `a`
+//!   (version v, which depends on version u of `b`) and then `b`, sent
+//!   together the read of `b` can reach a replica before u does, while the
+//!   read of `a` is served later, after u became stable and v was written:
+//!   S sees v and then a `b` older than u, which breaks causality. The same holds for
 //!   one key (monotonic reads: two replicas of one chain). Linearizable
 //!   reads overlapping each other break real-time order for the same
 //!   reason.

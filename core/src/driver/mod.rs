@@ -649,4 +649,22 @@ mod tests {
         assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head), "resent to the new head, got {:?}", p.send);
         assert_eq!(d.topology().epoch, 2);
     }
+
+    #[test]
+    fn an_unreachable_node_moves_only_the_reads_waiting_on_it() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        d.set_consistency(Consistency::Eventual);
+        let sent: Vec<(NodeId, OpId)> =
+            (0..12).map(|i| d.start(get(&format!("k{i}")), 0).send.into_iter().map(|(n, m)| (n, op_of(&m))).next().unwrap()).collect();
+        let down = sent[0].0;
+        let waiting = sent.iter().filter(|(n, _)| *n == down).count();
+        let p = d.unreachable(down, 10);
+        assert_eq!(p.send.len(), waiting, "each read that went to {down} is sent again");
+        assert!(p.send.iter().all(|(n, _)| *n != down));
+        // Another read's answer still counts, held until the first (moved)
+        // one is answered.
+        let (_, other) = sent.iter().find(|(n, _)| *n != down).unwrap();
+        assert!(d.on_message(value(*other, "x", None, 0, 0), 11).done.is_empty());
+        assert!(d.is_busy());
+    }
 }

@@ -217,6 +217,26 @@ async fn sessions_move_between_native_and_redis_clients() {
 }
 
 /// Regression (fixed; this was the bug):
+/// A call dropped before it finished (a timeout around it) leaves its
+/// request running in the session; the next call must get its own answer,
+/// not the dropped one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_does_not_shift_the_answers() {
+    let c = Cluster::three();
+    let mut client = connect(&c, 0).await;
+    client.put(b"drop:a", b"a").await.unwrap();
+    client.put(b"drop:b", b"b").await.unwrap();
+    // Polled once, so dropped at its first wait: the request was sent, its
+    // answer not yet taken.
+    tokio::select! {
+        biased;
+        answer = client.get(b"drop:a") => panic!("answered before it waited: {answer:?}"),
+        _ = std::future::ready(()) => {}
+    }
+    assert_eq!(client.get(b"drop:b").await.unwrap().as_deref(), Some(&b"b"[..]));
+    assert_eq!(client.get(b"drop:a").await.unwrap().as_deref(), Some(&b"a"[..]));
+}
+
 /// With `set_timeout` below half the library's built-in 5 s, a request that
 /// times out leaves the driver busy (`Client::run` calls
 /// `driver.tick(now + self.timeout)`, but the driver was built with the

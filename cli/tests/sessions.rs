@@ -313,6 +313,57 @@ fn one_megabyte_value_round_trip() {
     assert_eq!(v, vec![Some(value2.clone()), Some(value2)]);
 }
 
+/// One pipeline, every level: each read sees the write just before it in
+/// the pipeline (read-your-writes), replies come back in order, and a
+/// connection command in the middle (CW.CONSISTENCY, CW.SESSION INFO)
+/// runs after the commands before it. The eventual reads at the end run
+/// together (the only requests a session overlaps); they read keys a
+/// linearizable write made stable, so every replica has them.
+#[test]
+fn a_pipeline_reads_its_own_writes_in_order() {
+    let c = Cluster::three();
+    let mut con = c.conn(2);
+    let mut p = redis::pipe();
+    for level in ["causal", "linearizable"] {
+        p.cmd("CW.CONSISTENCY").arg(level);
+        for i in 0..50 {
+            let key = format!("ryw:{level}:{}", i % 7);
+            p.cmd("SET").arg(&key).arg(format!("v1-{i}"));
+            p.cmd("GET").arg(&key);
+            p.cmd("SET").arg(&key).arg(format!("v2-{i}"));
+            p.cmd("GET").arg(&key);
+            p.cmd("MGET").arg(&key).arg("ryw:none");
+        }
+    }
+    p.cmd("CW.SESSION").arg("INFO");
+    p.cmd("CW.CONSISTENCY").arg("eventual");
+    for i in 0..7 {
+        p.cmd("GET").arg(format!("ryw:linearizable:{i}"));
+    }
+    p.cmd("EXISTS").arg("ryw:linearizable:0").arg("ryw:none").arg("ryw:linearizable:1");
+    let replies: Vec<Value> = p.query(&mut con).unwrap();
+    let mut it = replies.into_iter();
+    let mut next = || it.next().expect("a reply per command");
+    for level in ["causal", "linearizable"] {
+        assert_eq!(next(), Value::Okay, "CW.CONSISTENCY {level}");
+        for i in 0..50 {
+            let at = format!("{level} {i}");
+            assert_eq!(next(), Value::Okay, "{at}");
+            assert_eq!(next(), Value::BulkString(format!("v1-{i}").into_bytes()), "{at}: the first GET sees the first SET");
+            assert_eq!(next(), Value::Okay, "{at}");
+            assert_eq!(next(), Value::BulkString(format!("v2-{i}").into_bytes()), "{at}: the second GET sees the second SET");
+            assert_eq!(next(), Value::Array(vec![Value::BulkString(format!("v2-{i}").into_bytes()), Value::Nil]), "{at}: MGET");
+        }
+    }
+    assert!(matches!(next(), Value::BulkString(info) if info.starts_with(b"tracked_keys:")));
+    assert_eq!(next(), Value::Okay);
+    for i in 0..7 {
+        let last = (0..50).filter(|j| j % 7 == i).max().unwrap();
+        assert_eq!(next(), Value::BulkString(format!("v2-{last}").into_bytes()), "eventual GET {i}");
+    }
+    assert_eq!(next(), Value::Int(2));
+}
+
 #[test]
 fn pipelined_commands_answer_in_order() {
     let c = Cluster::three();

@@ -18,11 +18,12 @@
 
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
-use causeway_core::driver::{ClientError, Consistency, Driver, Request, Response};
+use causeway_core::driver::{ClientError, Consistency, Driver, Progress, Request, Response};
 use causeway_core::message::{ClientId, Condition, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::session::Session;
 use causeway_core::wire::{put_frame, take_frame};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -60,12 +61,9 @@ impl From<ClientError> for Error {
     }
 }
 
-/// How often a waiting request lets the driver retry what is due.
-const RECHECK: Duration = Duration::from_millis(100);
-/// A request waiting this long makes the client check for a new map.
-const PROBE_AFTER: Duration = Duration::from_millis(300);
-/// The op sequence number of those checks (the driver's own never get
-/// this high).
+/// The op sequence number of the partition map requests the client sends
+/// when the driver asks for a recheck (the driver's own never get this
+/// high).
 const PROBE: u64 = u64::MAX;
 
 /// How long a request may take by default.
@@ -89,7 +87,12 @@ pub struct Client {
     password: Option<String>,
     replies: mpsc::UnboundedReceiver<Incoming>,
     tx: mpsc::UnboundedSender<Incoming>,
-    timeout: Duration,
+    /// The driver's responses, in request order.
+    responses: VecDeque<Result<Response, ClientError>>,
+    /// Requests started whose responses were not taken: a call dropped
+    /// before it finished (a timeout around it) leaves its request running,
+    /// and the next call skips its response.
+    unanswered: usize,
     out: BytesMut,
 }
 
@@ -114,7 +117,8 @@ impl Client {
             password: password.map(str::to_string),
             replies,
             tx,
-            timeout: DEFAULT_TIMEOUT,
+            responses: VecDeque::new(),
+            unanswered: 0,
             out,
         };
         let topology = match tokio::time::timeout(DEFAULT_TIMEOUT, client.replies.recv()).await {
@@ -156,7 +160,6 @@ impl Client {
     }
 
     pub fn set_timeout(&mut self, t: Duration) {
-        self.timeout = t;
         self.driver.set_timeout(t.as_millis() as u64);
     }
 
@@ -176,54 +179,24 @@ impl Client {
     }
 
     /// Runs one request to completion at `level`, for this request only.
+    /// The driver decides deadlines, retries and when to look for a new
+    /// map; this only moves messages.
     pub async fn run_at(&mut self, request: Request, level: Consistency) -> Result<Response, Error> {
-        while self.replies.try_recv().is_ok() {}
         let epoch = self.driver.topology().epoch;
+        let mut earlier = self.unanswered;
+        self.unanswered += 1;
         let progress = self.driver.start_at(request, level, now_ms());
-        if let Some(done) = self.send(progress.send).await.or(progress.done) {
-            return Ok(done?);
-        }
-        let started = tokio::time::Instant::now();
-        let deadline = started + self.timeout;
+        self.apply(progress).await;
         let result = loop {
-            let wake = deadline.min(tokio::time::Instant::now() + RECHECK);
-            match tokio::time::timeout_at(wake, self.replies.recv()).await {
-                Ok(Some(incoming)) => {
-                    let progress = match incoming {
-                        // The answer to our own probe for a newer map.
-                        Incoming::Reply(Message::TopologyIs { op, topology }) if op.seq == PROBE => {
-                            self.driver.reconfigured(Arc::new(topology), now_ms())
-                        }
-                        Incoming::Reply(msg) => self.driver.on_message(msg, now_ms()),
-                        Incoming::Closed(Some(node)) => {
-                            // Reconnect next time; reads waiting on it go elsewhere now.
-                            self.writers.remove(&node);
-                            self.driver.unreachable(node, now_ms())
-                        }
-                        Incoming::Closed(None) => continue,
-                    };
-                    if let Some(done) = self.send(progress.send).await.or(progress.done) {
-                        break done;
+            match self.responses.pop_front() {
+                Some(response) => {
+                    self.unanswered -= 1;
+                    if earlier == 0 {
+                        break response;
                     }
+                    earlier -= 1;
                 }
-                Ok(None) => unreachable!("the client holds a sender"),
-                Err(_) if tokio::time::Instant::now() >= deadline => {
-                    break self.driver.tick(now_ms() + self.timeout.as_millis() as u64).done.unwrap_or(Err(ClientError::Timeout))
-                }
-                Err(_) => {
-                    // A request this slow may be waiting on a node that
-                    // died: ask a node for the current map (the driver
-                    // resends what is safe to resend if it changed).
-                    if started.elapsed() >= PROBE_AFTER {
-                        self.probe().await;
-                    }
-                    // Let the driver retry what is due (a write whose head
-                    // could not be reached).
-                    let progress = self.driver.tick(now_ms());
-                    if let Some(done) = self.send(progress.send).await.or(progress.done) {
-                        break done;
-                    }
-                }
+                None => self.wait().await,
             }
         };
         if self.driver.topology().epoch != epoch {
@@ -232,8 +205,51 @@ impl Client {
         Ok(result?)
     }
 
-    /// Asks one connected node for the current partition map; the answer
-    /// comes back as a `TopologyIs` for op `PROBE`.
+    /// Waits for a reply, a closed connection or the driver's next
+    /// wake-up, and hands it to the driver.
+    async fn wait(&mut self) {
+        let Some(wake_ms) = self.driver.next_wake() else { return };
+        let sleep = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        if let Ok(incoming) = tokio::time::timeout(sleep, self.replies.recv()).await {
+            let progress = match incoming.expect("the client holds a sender") {
+                Incoming::Reply(msg) => self.driver.on_message(msg, now_ms()),
+                Incoming::Closed(Some(node)) => {
+                    // Reconnect next time; reads waiting on it go elsewhere now.
+                    self.writers.remove(&node);
+                    self.driver.unreachable(node, now_ms())
+                }
+                Incoming::Closed(None) => Progress::default(),
+            };
+            self.apply(progress).await;
+        }
+        if self.driver.next_wake().is_some_and(|at| now_ms() >= at) {
+            let progress = self.driver.tick(now_ms());
+            self.apply(progress).await;
+        }
+    }
+
+    /// Does what the driver asked: sends its messages (a node that cannot
+    /// be reached is reported, once per call, and what that produces is
+    /// done too), asks a node for the current map on a recheck (its answer
+    /// reaches the driver as a reply), and keeps the responses in order.
+    async fn apply(&mut self, progress: Progress) {
+        let mut work = VecDeque::from([progress]);
+        let mut reported = Vec::new();
+        while let Some(p) = work.pop_front() {
+            self.responses.extend(p.done);
+            if p.recheck {
+                self.probe().await;
+            }
+            for (node, msg) in p.send {
+                if !self.deliver(node, &msg).await && !reported.contains(&node) {
+                    reported.push(node);
+                    work.push_back(self.driver.undeliverable(node, now_ms()));
+                }
+            }
+        }
+    }
+
+    /// Asks one connected node for the current partition map.
     async fn probe(&mut self) {
         let id = self.driver.id();
         let Some((&node, w)) = self.writers.iter_mut().next() else { return };
@@ -244,46 +260,26 @@ impl Client {
         }
     }
 
-    /// Sends a step's messages. A node that cannot be reached is reported
-    /// to the driver, which routes around it where that is safe; what that
-    /// produces is sent too.
-    async fn send(&mut self, sends: Vec<(NodeId, Message)>) -> Option<Result<Response, ClientError>> {
-        let mut queue = sends;
-        // Each unreachable node is reported once per call.
-        let mut reported = Vec::new();
-        while !queue.is_empty() {
-            let mut failed = Vec::new();
-            for (node, msg) in std::mem::take(&mut queue) {
-                if !self.writers.contains_key(&node) {
-                    if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
-                        if let Ok(w) = open(&addr, Some(node), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
-                            self.writers.insert(node, w);
-                        }
-                    }
-                }
-                self.out.clear();
-                put_frame(&msg, &mut self.out);
-                let ok = match self.writers.get_mut(&node) {
-                    Some(w) => w.write_all(&self.out).await.is_ok(),
-                    None => false,
-                };
-                if !ok {
-                    self.writers.remove(&node);
-                    failed.push(node);
-                }
-            }
-            for node in failed {
-                if !reported.contains(&node) {
-                    reported.push(node);
-                    let progress = self.driver.undeliverable(node, now_ms());
-                    if progress.done.is_some() {
-                        return progress.done;
-                    }
-                    queue.extend(progress.send);
+    /// Sends `msg` to `node`, connecting first if needed; false if it could
+    /// not be sent.
+    async fn deliver(&mut self, node: NodeId, msg: &Message) -> bool {
+        if !self.writers.contains_key(&node) {
+            if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
+                if let Ok(w) = open(&addr, Some(node), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
+                    self.writers.insert(node, w);
                 }
             }
         }
-        None
+        self.out.clear();
+        put_frame(msg, &mut self.out);
+        let ok = match self.writers.get_mut(&node) {
+            Some(w) => w.write_all(&self.out).await.is_ok(),
+            None => false,
+        };
+        if !ok {
+            self.writers.remove(&node);
+        }
+        ok
     }
 
     /// GET: the value, if any.

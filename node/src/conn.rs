@@ -1,14 +1,19 @@
-//! One Redis client connection: read what the client sent, answer every
-//! complete command in the buffer, flush once (pipelining), repeat.
+//! One Redis client connection: read what the client sent, queue every
+//! complete command in the buffer on the session, answer them all in order,
+//! flush once (pipelining), repeat.
 //!
 //! The connection is a ChainReaction client proxy with one session: its
 //! `Driver` keeps the causal metadata a native client would keep itself, so
-//! an unmodified Redis client gets causal+ consistency per connection.
+//! an unmodified Redis client gets causal+ consistency per connection. The
+//! driver decides which of the queued requests may run together, deadlines,
+//! retries and when to look at the site again (`core/src/driver/mod.rs`);
+//! this file only moves messages: to peers, to this node's own state
+//! machine (handled in place, no hop) and back.
 
-use crate::cmd::{self, Outcome};
+use crate::cmd::{self, Batch, Outcome, Responses};
 use crate::server::{now_ms, Node};
 use bytes::BytesMut;
-use causeway_core::driver::{ClientError, Consistency, Driver, Request, Response};
+use causeway_core::driver::{ClientError, Driver, Progress, Request, Response};
 use causeway_core::message::{ClientId, Message};
 use causeway_resp::{Frame, Protocol, RequestDecoder};
 use std::collections::VecDeque;
@@ -21,9 +26,21 @@ use tokio::sync::mpsc;
 /// Replies are written out once this much is buffered, even mid-pipeline,
 /// so one client cannot make the node buffer without bound.
 const MAX_PENDING_OUTPUT: usize = 1 << 20;
-/// How often a waiting request checks for a new configuration or an
-/// unreachable peer.
-const RECHECK: Duration = Duration::from_millis(100);
+/// At most this many commands of a pipeline are queued on the session at
+/// once; the rest are read after these are answered.
+const MAX_QUEUED: usize = 1024;
+
+type Answer = fn(&Node, Responses) -> Frame;
+
+/// A reply owed to the client, in command order.
+enum Owed {
+    Frame(Frame),
+    /// A data command's reply, once the responses to its `requests` are in.
+    Answer {
+        requests: usize,
+        answer: Answer,
+    },
+}
 
 /// A connection's state, as commands see it.
 pub struct Conn {
@@ -32,9 +49,12 @@ pub struct Conn {
     pub proto: Protocol,
     pub authed: bool,
     pub name: Option<String>,
-    /// The level of the command being run, if `CW.WITH` gave one.
-    pub level: Option<Consistency>,
     replies: mpsc::UnboundedReceiver<Message>,
+    /// The driver's responses, in request order, not yet in a reply.
+    responses: VecDeque<Result<Response, ClientError>>,
+    owed: VecDeque<Owed>,
+    /// Encoded replies not yet written.
+    output: BytesMut,
 }
 
 impl Conn {
@@ -42,65 +62,141 @@ impl Conn {
         self.driver.id()
     }
 
-    /// Runs one request through the session's driver: sends what it says
-    /// (messages for this node are handled in place), feeds it the replies,
-    /// until it answers or gives up.
+    /// Runs one request to completion, for commands that need a response
+    /// before they answer (INFO). Only after `settle`.
     pub async fn run(&mut self, request: Request) -> Result<Response, ClientError> {
-        let id = self.id();
-        // The session follows the node's configuration.
-        self.driver.reconfigured(self.node.topology(), now_ms());
-        // Replies to an earlier, abandoned request may still be queued.
-        while self.replies.try_recv().is_ok() {}
-        let level = self.level.unwrap_or(self.driver.consistency());
-        let mut progress = self.driver.start_at(request, level, now_ms());
-        let mut inbox: VecDeque<Message> = VecDeque::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.node.config.request_timeout_ms);
+        debug_assert!(self.owed.is_empty(), "run() after settle()");
+        let level = self.driver.consistency();
+        let now = now_ms();
+        let progress = self.driver.start_at(request, level, now);
+        self.apply(progress, now);
         loop {
-            // Send what the driver asked for; tell it about nodes that could
-            // not be reached, and send what that produces, until it settles.
-            loop {
-                if let Some(done) = progress.done.take() {
-                    return done;
-                }
-                let (mine, undelivered) = self.node.route_sends(std::mem::take(&mut progress.send), id);
-                inbox.extend(mine);
-                for n in undelivered {
-                    let more = self.driver.undeliverable(n, now_ms());
-                    progress.send.extend(more.send);
-                    progress.done = progress.done.or(more.done);
-                }
-                if let Some(msg) = inbox.pop_front() {
-                    let more = self.driver.on_message(msg, now_ms());
-                    progress.send.extend(more.send);
-                    progress.done = progress.done.or(more.done);
-                } else if progress.send.is_empty() && progress.done.is_none() {
-                    break;
-                }
+            if let Some(response) = self.responses.pop_front() {
+                return response;
             }
-            let wake = deadline.min(tokio::time::Instant::now() + RECHECK);
-            match tokio::time::timeout_at(wake, self.replies.recv()).await {
-                Ok(Some(msg)) => progress = self.driver.on_message(msg, now_ms()),
-                Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
-                Err(_) if tokio::time::Instant::now() >= deadline => {
-                    // Past the deadline: the driver gives up (its clock agrees).
-                    let progress = self.driver.tick(now_ms() + self.node.config.request_timeout_ms);
-                    return progress.done.unwrap_or(Err(ClientError::Timeout));
-                }
-                Err(_) => {
-                    // Still waiting: route around what changed meanwhile (a
-                    // new configuration, a peer that went away), and let the
-                    // driver retry what is due.
-                    progress = self.driver.reconfigured(self.node.topology(), now_ms());
-                    for peer in self.node.down_peers() {
-                        progress.send.extend(self.driver.unreachable(peer, now_ms()).send);
-                    }
-                    let more = self.driver.tick(now_ms());
-                    progress.send.extend(more.send);
-                    progress.done = more.done;
-                }
-            }
+            self.wait().await;
         }
     }
+
+    /// Waits until every queued command is answered; their replies are then
+    /// in the output buffer, and the session is as they left it.
+    pub async fn settle(&mut self) {
+        self.encode_ready();
+        while !self.owed.is_empty() {
+            self.wait().await;
+            self.encode_ready();
+        }
+    }
+
+    /// Queues a data command's requests on the session.
+    fn queue(&mut self, batch: Batch) {
+        let level = batch.level.unwrap_or(self.driver.consistency());
+        self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer });
+        let now = now_ms();
+        for request in batch.requests {
+            let progress = self.driver.start_at(request, level, now);
+            self.apply(progress, now);
+        }
+    }
+
+    /// Encodes the replies at the front whose responses are all in.
+    fn encode_ready(&mut self) {
+        loop {
+            let frame = match self.owed.front() {
+                Some(Owed::Frame(_)) => match self.owed.pop_front() {
+                    Some(Owed::Frame(frame)) => frame,
+                    _ => unreachable!("matched above"),
+                },
+                Some(&Owed::Answer { requests, answer }) if self.responses.len() >= requests => {
+                    self.owed.pop_front();
+                    answer(&self.node, self.responses.drain(..requests))
+                }
+                _ => return,
+            };
+            frame.encode(self.proto, &mut self.output);
+        }
+    }
+
+    /// The session follows the node's configuration (a cheap local look).
+    fn follow_site(&mut self) {
+        let now = now_ms();
+        let progress = self.driver.reconfigured(self.node.topology(), now);
+        self.apply(progress, now);
+    }
+
+    /// Does what the driver asked: sends its messages (those for this node
+    /// are handled here and now, and their answers fed back at once),
+    /// reports nodes that cannot be reached, looks at the site when asked
+    /// to, and keeps the responses, in the order the driver gave them.
+    /// Everything in place takes no time worth reading the clock for again.
+    fn apply(&mut self, mut p: Progress, now: u64) {
+        let id = self.id();
+        loop {
+            self.responses.extend(p.done.drain(..));
+            let mut next = Progress::default();
+            if p.recheck {
+                merge(&mut next, self.driver.reconfigured(self.node.topology(), now));
+                for peer in self.node.down_peers() {
+                    merge(&mut next, self.driver.unreachable(peer, now));
+                }
+            }
+            if !p.send.is_empty() {
+                let (mine, undelivered) = self.node.route_sends(std::mem::take(&mut p.send), id);
+                for n in undelivered {
+                    merge(&mut next, self.driver.undeliverable(n, now));
+                }
+                for msg in mine {
+                    merge(&mut next, self.driver.on_message(msg, now));
+                }
+            }
+            if next.send.is_empty() && next.done.is_empty() && !next.recheck {
+                return;
+            }
+            p = next;
+        }
+    }
+
+    /// Waits for a reply or for the driver's next wake-up, and hands either
+    /// to the driver.
+    async fn wait(&mut self) {
+        let Some(wake_ms) = self.driver.next_wake() else { return };
+        let sleep = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        match tokio::time::timeout(sleep, self.replies.recv()).await {
+            Ok(Some(msg)) => {
+                let now = now_ms();
+                let progress = self.driver.on_message(msg, now);
+                self.apply(progress, now);
+                // Take what else arrived meanwhile without another wait.
+                while let Ok(msg) = self.replies.try_recv() {
+                    let progress = self.driver.on_message(msg, now);
+                    self.apply(progress, now);
+                }
+            }
+            Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
+            Err(_) => {}
+        }
+        let now = now_ms();
+        if self.driver.next_wake().is_some_and(|at| now >= at) {
+            let progress = self.driver.tick(now);
+            self.apply(progress, now);
+        }
+    }
+}
+
+/// Adds `p` to `into`, keeping the order of the responses (the driver's
+/// calls were made in that order).
+fn merge(into: &mut Progress, p: Progress) {
+    if into.send.is_empty() {
+        into.send = p.send;
+    } else {
+        into.send.extend(p.send);
+    }
+    if into.done.is_empty() {
+        into.done = p.done;
+    } else {
+        into.done.extend(p.done);
+    }
+    into.recheck |= p.recheck;
 }
 
 /// Serves one Redis client until it quits or disconnects.
@@ -110,46 +206,65 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
     node.register(id, tx.clone());
     let driver = Driver::new(id, node.topology(), Some(node.me), node.config.request_timeout_ms);
     let authed = node.config.requirepass.is_none();
-    let mut conn = Conn { node: node.clone(), driver, proto: Protocol::Resp2, authed, name: None, level: None, replies };
+    let mut conn = Conn {
+        node: node.clone(),
+        driver,
+        proto: Protocol::Resp2,
+        authed,
+        name: None,
+        replies,
+        responses: VecDeque::new(),
+        owed: VecDeque::new(),
+        output: BytesMut::with_capacity(16 * 1024),
+    };
     let limits = node.limits.clone();
     let mut input = BytesMut::with_capacity(16 * 1024);
-    let mut output = BytesMut::with_capacity(16 * 1024);
     let mut decoder = RequestDecoder::new();
     'serve: loop {
+        conn.follow_site();
         loop {
             match decoder.decode(&mut input, &limits) {
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
                     node.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     match cmd::execute(&mut conn, args).await {
-                        Outcome::Reply(frame) => frame.encode(conn.proto, &mut output),
+                        Outcome::Queue(batch) => conn.queue(batch),
+                        Outcome::Reply(frame) => conn.owed.push_back(Owed::Frame(frame)),
                         Outcome::Close(frame) => {
-                            frame.encode(conn.proto, &mut output);
-                            let _ = stream.write_all(&output).await;
+                            // QUIT runs after every earlier command is answered.
+                            frame.encode(conn.proto, &mut conn.output);
+                            let _ = stream.write_all(&conn.output).await;
                             break 'serve;
                         }
                     }
-                    if output.len() >= MAX_PENDING_OUTPUT {
-                        if stream.write_all(&output).await.is_err() {
+                    conn.encode_ready();
+                    if conn.owed.len() >= MAX_QUEUED {
+                        conn.settle().await;
+                    }
+                    if conn.output.len() >= MAX_PENDING_OUTPUT {
+                        if stream.write_all(&conn.output).await.is_err() {
                             break 'serve;
                         }
-                        output.clear();
+                        conn.output.clear();
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    // Like Redis: report the protocol error and close.
-                    e.to_frame().encode(conn.proto, &mut output);
-                    let _ = stream.write_all(&output).await;
+                    // Like Redis: answer what came before, report the
+                    // protocol error and close.
+                    conn.settle().await;
+                    e.to_frame().encode(conn.proto, &mut conn.output);
+                    let _ = stream.write_all(&conn.output).await;
                     break 'serve;
                 }
             }
         }
-        if !output.is_empty() {
-            if stream.write_all(&output).await.is_err() {
+        conn.settle().await;
+        if !conn.output.is_empty() {
+            if stream.write_all(&conn.output).await.is_err() {
                 break;
             }
-            output.clear();
+            conn.output.clear();
         }
         // A slow peer slows the clients that feed it.
         node.wait_for_peers().await;

@@ -311,7 +311,8 @@ impl Sim {
         c.request = Some(request.clone());
         let progress = c.driver.start(request, self.now_ms);
         self.client_sends(client, progress.send);
-        progress.done.map(|result| self.complete(client, result))
+        // One request at a time per simulated client: at most one answer.
+        progress.done.into_iter().next().map(|result| self.complete(client, result))
     }
 
     fn client_sends(&mut self, client: usize, send: Vec<(NodeId, Message)>) {
@@ -408,7 +409,7 @@ impl Sim {
                 }
                 let progress = c.driver.on_message(env.msg, self.now_ms);
                 self.client_sends(i, progress.send);
-                if let Some(result) = progress.done {
+                for result in progress.done {
                     done.push(self.complete(i, result));
                 }
             }
@@ -432,7 +433,7 @@ impl Sim {
             for i in 0..self.clients.len() {
                 let progress = self.clients[i].driver.reconfigured(self.topology.clone(), now);
                 self.client_sends(i, progress.send);
-                if let Some(result) = progress.done {
+                for result in progress.done {
                     done.push(self.complete(i, result));
                 }
             }
@@ -451,7 +452,7 @@ impl Sim {
         for i in 0..self.clients.len() {
             let progress = self.clients[i].driver.tick(now);
             self.client_sends(i, progress.send);
-            if let Some(result) = progress.done {
+            for result in progress.done {
                 done.push(self.complete(i, result));
             }
         }

@@ -1,6 +1,6 @@
 //! Causeway's own commands, under the `CW.` prefix.
 
-use super::{syntax_error, upper, Outcome};
+use super::{syntax_error, upper, Batch, Handler, Outcome};
 use crate::conn::Conn;
 use bytes::Bytes;
 use causeway_core::driver::Consistency;
@@ -28,20 +28,15 @@ pub async fn consistency(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 /// CW.WITH level command [args ...]: runs one data command (GET, SET, DEL,
 /// EXISTS, MGET) at `level`, leaving the connection's level as it was; the
 /// session's causal metadata carries over.
-pub async fn with(conn: &mut Conn, mut args: Vec<Bytes>) -> Outcome {
-    let level = match String::from_utf8_lossy(&args[1]).parse::<Consistency>() {
-        Ok(c) => c,
-        Err(e) => return Frame::error(format!("ERR {e}")).into(),
+pub fn with(args: &[Bytes]) -> Result<Batch, Frame> {
+    let level = String::from_utf8_lossy(&args[1]).parse::<Consistency>().map_err(|e| Frame::error(format!("ERR {e}")))?;
+    let inner = &args[2..];
+    let Some(cmd) = super::lookup(&inner[0]).filter(|c| ["get", "set", "del", "exists", "mget"].contains(&c.name)) else {
+        return Err(Frame::error(format!("ERR CW.WITH runs GET, SET, DEL, EXISTS or MGET, not '{}'", String::from_utf8_lossy(&inner[0]))));
     };
-    let inner: Vec<Bytes> = args.drain(2..).collect();
-    if !["GET", "SET", "DEL", "EXISTS", "MGET"].contains(&upper(&inner[0]).as_str()) {
-        return Frame::error(format!("ERR CW.WITH runs GET, SET, DEL, EXISTS or MGET, not '{}'", String::from_utf8_lossy(&inner[0])))
-            .into();
-    }
-    conn.level = Some(level);
-    let outcome = Box::pin(super::execute(conn, inner)).await;
-    conn.level = None;
-    outcome
+    let Handler::Queue(parse) = cmd.handler else { unreachable!("data commands are queued") };
+    super::check_arity(cmd, inner)?;
+    Ok(Batch { level: Some(level), ..parse(inner)? })
 }
 
 /// CW.KEYRANGE: the partition map, as the p2p store's `keyrange`: one entry

@@ -3,13 +3,22 @@
 //! connection and server commands in `server`, Causeway's own `CW.*`
 //! commands in `causeway`. Adding a command is one function and one line in
 //! `COMMANDS`.
+//!
+//! Data commands (`Handler::Queue`) do not wait for the replicas: they turn
+//! their arguments into requests for the connection's session and say how
+//! to answer from the responses, so a pipelined batch is queued on the
+//! session at once (`conn.rs`). Every other command (`Handler::Now`) runs
+//! once the commands before it have been answered, so it sees the session
+//! as they left it (CW.SESSION EXPORT, HELLO, ...).
 
 mod causeway;
 mod keys;
 mod server;
 
 use crate::conn::Conn;
+use crate::server::Node;
 use bytes::Bytes;
+use causeway_core::driver::{ClientError, Consistency, Request, Response};
 use causeway_resp::Frame;
 use std::future::Future;
 use std::pin::Pin;
@@ -19,6 +28,26 @@ pub enum Outcome {
     Reply(Frame),
     /// Send this, then close the connection (QUIT).
     Close(Frame),
+    /// Run these requests on the session, then answer.
+    Queue(Batch),
+}
+
+/// The responses to a data command's requests, in order.
+pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, ClientError>>;
+
+/// A data command's requests, in order, and how to answer from their
+/// responses.
+pub struct Batch {
+    pub requests: Vec<Request>,
+    /// The level of these requests alone (CW.WITH), else the session's.
+    pub level: Option<Consistency>,
+    pub answer: fn(&Node, Responses) -> Frame,
+}
+
+impl Batch {
+    fn new(requests: Vec<Request>, answer: fn(&Node, Responses) -> Frame) -> Result<Batch, Frame> {
+        Ok(Batch { requests, level: None, answer })
+    }
 }
 
 impl From<Frame> for Outcome {
@@ -27,7 +56,14 @@ impl From<Frame> for Outcome {
     }
 }
 
-type Handler = for<'a> fn(&'a mut Conn, Vec<Bytes>) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+type Now = for<'a> fn(&'a mut Conn, Vec<Bytes>) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+pub enum Handler {
+    /// Runs once every earlier command of the connection is answered.
+    Now(Now),
+    /// A data command: its requests (or an error reply, for bad arguments).
+    Queue(fn(&[Bytes]) -> Result<Batch, Frame>),
+}
 
 /// A command: its name, arity as Redis states it (negative: at least that
 /// many, counting the name), whether it may run before AUTH, and its handler.
@@ -40,20 +76,26 @@ pub struct Command {
 
 macro_rules! command {
     ($name:literal, $arity:expr, $before_auth:expr, $f:path) => {
-        Command { name: $name, arity: $arity, before_auth: $before_auth, handler: |c, a| Box::pin($f(c, a)) }
+        Command { name: $name, arity: $arity, before_auth: $before_auth, handler: Handler::Now(|c, a| Box::pin($f(c, a))) }
+    };
+}
+
+macro_rules! data {
+    ($name:literal, $arity:expr, $f:path) => {
+        Command { name: $name, arity: $arity, before_auth: false, handler: Handler::Queue($f) }
     };
 }
 
 /// Every command this node understands.
 pub static COMMANDS: &[Command] = &[
-    command!("get", 2, false, keys::get),
-    command!("set", -3, false, keys::set),
-    command!("del", -2, false, keys::del),
-    command!("exists", -2, false, keys::exists),
-    command!("mget", -2, false, keys::mget),
-    command!("dbsize", 1, false, keys::dbsize),
-    command!("flushall", -1, false, keys::flushall),
-    command!("flushdb", -1, false, keys::flushall),
+    data!("get", 2, keys::get),
+    data!("set", -3, keys::set),
+    data!("del", -2, keys::del),
+    data!("exists", -2, keys::exists),
+    data!("mget", -2, keys::mget),
+    data!("dbsize", 1, keys::dbsize),
+    data!("flushall", -1, keys::flushall),
+    data!("flushdb", -1, keys::flushall),
     command!("ping", -1, false, server::ping),
     command!("echo", 2, false, server::echo),
     command!("hello", -1, true, server::hello),
@@ -65,7 +107,7 @@ pub static COMMANDS: &[Command] = &[
     command!("config", -2, false, server::config),
     command!("quit", -1, true, server::quit),
     command!("cw.consistency", -1, false, causeway::consistency),
-    command!("cw.with", -3, false, causeway::with),
+    data!("cw.with", -3, causeway::with),
     command!("cw.keyrange", 1, false, causeway::keyrange),
     command!("cw.chain", 2, false, causeway::chain),
     command!("cw.session", -2, false, causeway::session),
@@ -78,7 +120,7 @@ fn lookup(name: &[u8]) -> Option<&'static Command> {
     COMMANDS.iter().find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
-/// Runs one command.
+/// Runs one command: a data command is only parsed into its requests.
 pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let Some(cmd) = lookup(&args[0]) else {
         return unknown(&args).into();
@@ -86,11 +128,27 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     if !conn.authed && !cmd.before_auth {
         return Frame::error("NOAUTH Authentication required.").into();
     }
+    if let Err(e) = check_arity(cmd, &args) {
+        return e.into();
+    }
+    match cmd.handler {
+        Handler::Queue(parse) => match parse(&args) {
+            Ok(batch) => Outcome::Queue(batch),
+            Err(e) => e.into(),
+        },
+        Handler::Now(run) => {
+            conn.settle().await;
+            run(conn, args).await
+        }
+    }
+}
+
+fn check_arity(cmd: &Command, args: &[Bytes]) -> Result<(), Frame> {
     let n = args.len() as i64;
     if (cmd.arity > 0 && n != cmd.arity) || (cmd.arity < 0 && n < -cmd.arity) {
-        return wrong_arity(cmd.name).into();
+        return Err(wrong_arity(cmd.name));
     }
-    (cmd.handler)(conn, args).await
+    Ok(())
 }
 
 fn unknown(args: &[Bytes]) -> Frame {

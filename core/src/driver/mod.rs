@@ -1,0 +1,670 @@
+//! The client side of ChainReaction: one session's requests, as a state
+//! machine without I/O. Every shell runs it the same way: the node's Redis
+//! front end one per connection (the node acting as the paper's client
+//! proxy, `node/src/conn.rs`), the native client library one per client
+//! (`client/src/lib.rs`), the simulator many. The shell `start`s requests,
+//! feeds in replies (`on_message`), what it learns about the site
+//! (`reconfigured`, `unreachable`, `undeliverable`) and the time (`tick`,
+//! when `next_wake` says); each call returns a `Progress`: messages to send
+//! and the responses now complete, always in the order the requests were
+//! made. Deadlines, retries, resends and when to look for a newer partition
+//! map are decided here, with one set of constants, so the shells only do
+//! I/O.
+//!
+//! # Pipelining: which requests of a session overlap
+//!
+//! A session may have many requests queued (a pipelined Redis client, a
+//! batch), and their responses always come back in order. Whether they
+//! also *run* at the same time is a question of the session guarantees,
+//! which must hold exactly as if the requests ran one after another:
+//!
+//! * Only reads at the eventual level overlap, with each other. They read
+//!   and write no session metadata and promise nothing about what they see,
+//!   so running them together is indistinguishable from some sequential
+//!   run.
+//! * A causal read must not overlap an earlier read. ChainReaction keeps
+//!   reads of different keys consistent by making a version visible only
+//!   once everything it depends on is stable (§3.2.1, §3.3.1: "the version
+//!   staleness to be only one level deep"). That argument needs the later
+//!   read to be *served* after the earlier one: if session S reads `a`
+//!   (version v, which depends on version u of `b`) and then `b`, sent
+//!   together the read of `b` can reach a replica before u does, while the
+//!   read of `a` is served later, after u became stable and v was written:
+//!   S sees v and then a `b` older than u, which breaks causality. The same holds for
+//!   one key (monotonic reads: two replicas of one chain). Linearizable
+//!   reads overlapping each other break real-time order for the same
+//!   reason.
+//! * A write must not overlap anything. Before it, its dependencies
+//!   (§3.3.1, the session's accessed objects) must be known, which needs
+//!   every earlier read's answer; after it, a read must see it
+//!   (read-your-writes) and the next write must wait for it to be stable;
+//!   and its `after` timestamp orders it after everything the session saw.
+//!   Even at the eventual level two writes of a session must not overlap:
+//!   a replica remembers one last write per session to recognise a resend
+//!   (`chain.rs`, `last_writes`), so with two in flight a resend of the
+//!   first could be applied twice; and two writes of one key could swap.
+//! * MGET, DBSIZE, FLUSHALL and topology fetches run alone, as writes do.
+//!
+//! So with today's protocol a causal or linearizable session runs one
+//! request at a time. Overlapping its writes needs the protocol to carry
+//! the dependencies to the head (so the head, not the proxy, waits for them
+//! to be stable) and one remembered write per request rather than per
+//! session; that is future work. What a pipelined connection gains now is
+//! no per-request overhead: every request of the batch is queued at once,
+//! the next starts inside the same call that completes the previous one
+//! (no wake-up in between), and the shell flushes all the answers once.
+
+mod op;
+
+use crate::message::{ClientId, Condition, Keyspace, Message};
+use crate::ring::{NodeId, Topology};
+use crate::session::Session;
+use ahash::AHashMap;
+use bytes::Bytes;
+use op::{Ctx, Op, Step};
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// How many times in a row one request is redirected (topology refreshes)
+/// at once; after that it waits `RETRY_MS` between refreshes (a node not
+/// serving yet, or a configuration still settling), until it times out.
+const MAX_REDIRECTS: u8 = 3;
+/// How long a node found unreachable is avoided (unless the configuration
+/// changes first).
+const SUSPECT_MS: u64 = 1_000;
+/// How long a write whose head was unreachable waits before it fetches the
+/// partition map again.
+const RETRY_MS: u64 = 200;
+/// A write unanswered this long is sent again (with its id, so it is
+/// applied once): its answer, or the write itself, may have been lost on a
+/// connection that broke (a peer restarted).
+const RESEND_MS: u64 = 1_000;
+/// A request waiting this long may be waiting on a node that died or a
+/// configuration that changed: the shell is asked (`Progress::recheck`) to
+/// look for a newer partition map and unreachable nodes, and again every
+/// `RECHECK_MS` while requests wait.
+pub const RECHECK_MS: u64 = 100;
+
+/// The guarantee a session asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// ChainReaction causal+: reads anywhere the metadata allows, writes
+    /// acknowledged at k.
+    #[default]
+    Causal,
+    /// Writes acknowledged by the head, reads from any replica, no session
+    /// metadata.
+    Eventual,
+    /// Writes acknowledged by the tail, reads at the tail (classic chain
+    /// replication).
+    Linearizable,
+}
+
+impl FromStr for Consistency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "causal" => Ok(Consistency::Causal),
+            "eventual" => Ok(Consistency::Eventual),
+            "linearizable" => Ok(Consistency::Linearizable),
+            _ => Err(format!("unknown consistency '{s}' (expected causal, eventual or linearizable)")),
+        }
+    }
+}
+
+impl fmt::Display for Consistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Consistency::Causal => "causal",
+            Consistency::Eventual => "eventual",
+            Consistency::Linearizable => "linearizable",
+        })
+    }
+}
+
+/// What a client asks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Get(Bytes),
+    /// `value: None` deletes.
+    Put {
+        key: Bytes,
+        value: Option<Bytes>,
+        ttl_ms: Option<u64>,
+        condition: Condition,
+    },
+    /// A get-transaction: a causally consistent snapshot of several keys.
+    MultiGet(Vec<Bytes>),
+    /// Live keys in the whole site.
+    Count,
+    /// Drop every key on every node.
+    Flush,
+    /// Fetch the current topology.
+    Topology,
+}
+
+/// What a client gets back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Response {
+    /// `chain_index`: the chain position that served the read.
+    Read {
+        value: Option<Bytes>,
+        chain_index: u8,
+    },
+    /// Whether the write happened (false: the NX/XX condition did not hold).
+    Written(bool),
+    Values(Vec<Option<Bytes>>),
+    Count(Keyspace),
+    Flushed,
+    Topology(Arc<Topology>),
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientError {
+    /// No answer in time (a node is down or overloaded).
+    Timeout,
+    /// Too few replicas of the key's partition are alive to accept writes.
+    Unavailable { alive: u8, needed: u8 },
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Timeout => f.write_str("timed out waiting for the replicas"),
+            ClientError::Unavailable { alive, needed } => {
+                write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
+            }
+        }
+    }
+}
+
+/// What the shell should do after a step.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Messages to send.
+    pub send: Vec<(NodeId, Message)>,
+    /// Responses now complete, in the order their requests were started.
+    pub done: Vec<Result<Response, ClientError>>,
+    /// Look for a newer partition map (and feed it to `reconfigured`) and
+    /// for unreachable nodes (`unreachable`): a request has waited
+    /// `RECHECK_MS`.
+    pub recheck: bool,
+}
+
+/// A request of the session, in the order it was made.
+#[derive(Debug)]
+enum Slot {
+    /// Not started: an earlier request it may not overlap is unfinished.
+    Waiting(Request, Consistency),
+    /// Boxed: slots move (queue, start, finish) and an `Op` is large.
+    Running(Box<Op>),
+    /// Finished, held until every earlier request has finished too.
+    Done(Result<Response, ClientError>),
+}
+
+/// Whether a request may run while other requests of its session run (see
+/// the module doc: only eventual reads, with each other).
+fn overlaps(request: &Request, level: Consistency) -> bool {
+    level == Consistency::Eventual && matches!(request, Request::Get(_) | Request::MultiGet(_))
+}
+
+/// One session: its metadata and its requests, in order.
+#[derive(Debug)]
+pub struct Driver {
+    cx: Ctx,
+    consistency: Consistency,
+    timeout_ms: u64,
+    queue: VecDeque<Slot>,
+    /// When the last `Progress::recheck` was asked for.
+    rechecked_ms: u64,
+}
+
+impl Driver {
+    pub fn new(id: ClientId, topology: Arc<Topology>, local: Option<NodeId>, timeout_ms: u64) -> Self {
+        let cx =
+            Ctx { id, topology, local, session: Session::default(), next_seq: 0, rng: id ^ 0x9E37_79B9_7F4A_7C15, down: AHashMap::new() };
+        Driver { cx, consistency: Consistency::Causal, timeout_ms, queue: VecDeque::new(), rechecked_ms: 0 }
+    }
+
+    pub fn id(&self) -> ClientId {
+        self.cx.id
+    }
+
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.cx.topology
+    }
+
+    pub fn set_topology(&mut self, topology: Arc<Topology>) {
+        self.cx.topology = topology;
+    }
+
+    pub fn consistency(&self) -> Consistency {
+        self.consistency
+    }
+
+    pub fn set_consistency(&mut self, c: Consistency) {
+        self.consistency = c;
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.cx.session
+    }
+
+    pub fn set_session(&mut self, s: Session) {
+        self.cx.session = s;
+    }
+
+    /// How long a request may take, from when it starts running, before
+    /// `tick` gives up on it.
+    pub fn set_timeout(&mut self, timeout_ms: u64) {
+        self.timeout_ms = timeout_ms;
+    }
+
+    /// Whether some request has not been answered yet.
+    pub fn is_busy(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Queues `request` at the session's consistency level.
+    pub fn start(&mut self, request: Request, now_ms: u64) -> Progress {
+        self.start_at(request, self.consistency, now_ms)
+    }
+
+    /// Queues `request` at `consistency`, for this request only; it runs as
+    /// soon as the requests before it allow (module doc). The session
+    /// metadata carries over between levels: a linearizable request first
+    /// waits for what the session saw unstable, as a causal write does, so
+    /// mixing levels in one session keeps its causal past.
+    pub fn start_at(&mut self, request: Request, consistency: Consistency, now_ms: u64) -> Progress {
+        if self.queue.is_empty() {
+            self.cx.down.retain(|_, until| *until > now_ms);
+        }
+        self.queue.push_back(Slot::Waiting(request, consistency));
+        let mut p = Progress::default();
+        self.advance(now_ms, &mut p);
+        p
+    }
+
+    /// A reply from a node. Replies to abandoned attempts are ignored; a
+    /// partition map nobody waits for (the shell asked for it after
+    /// `Progress::recheck`) is taken as news of the configuration.
+    pub fn on_message(&mut self, msg: Message, now_ms: u64) -> Progress {
+        let mut p = Progress::default();
+        let Some(id) = msg.op().filter(|id| id.client == self.cx.id) else { return p };
+        let Some(i) = self.queue.iter().position(|s| matches!(s, Slot::Running(op) if op.awaits(id.seq, &msg))) else {
+            return match msg {
+                Message::TopologyIs { topology, .. } => self.reconfigured(Arc::new(topology), now_ms),
+                _ => p,
+            };
+        };
+        let Slot::Running(op) = &mut self.queue[i] else { unreachable!("found above") };
+        let step = op.on_message(&mut self.cx, msg, id.seq, now_ms);
+        settle(&mut self.queue[i], step, &mut p);
+        self.advance(now_ms, &mut p);
+        p
+    }
+
+    /// Gives up on requests that have run longer than the timeout, retries
+    /// and resends what is due (see `Op::tick`), and asks for a recheck
+    /// when a request has waited `RECHECK_MS`.
+    pub fn tick(&mut self, now_ms: u64) -> Progress {
+        let mut p = Progress::default();
+        let timeout_ms = self.timeout_ms;
+        for slot in self.queue.iter_mut() {
+            if let Slot::Running(op) = slot {
+                let step = op.tick(&mut self.cx, timeout_ms, now_ms);
+                settle(slot, step, &mut p);
+            }
+        }
+        if self.recheck_due().is_some_and(|at| now_ms >= at) {
+            self.rechecked_ms = now_ms;
+            p.recheck = true;
+        }
+        self.advance(now_ms, &mut p);
+        p
+    }
+
+    /// When `tick` next has something to do (a deadline, a retry, a resend,
+    /// a recheck), or `None` while nothing runs.
+    pub fn next_wake(&self) -> Option<u64> {
+        let due = self.running().map(|op| op.next_due(self.timeout_ms)).min()?;
+        Some(self.recheck_due().map_or(due, |at| due.min(at)))
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Op> {
+        self.queue.iter().filter_map(|s| match s {
+            Slot::Running(op) => Some(&**op),
+            _ => None,
+        })
+    }
+
+    /// When the running requests next call for a recheck.
+    fn recheck_due(&self) -> Option<u64> {
+        let oldest = self.running().map(|op| op.started_ms).min()?;
+        Some((oldest + RECHECK_MS).max(self.rechecked_ms + RECHECK_MS))
+    }
+
+    /// The shell could not send a step's messages to `node` (no
+    /// connection): see `Op::undeliverable`.
+    pub fn undeliverable(&mut self, node: NodeId, now_ms: u64) -> Progress {
+        let known = self.cx.down.insert(node, now_ms + SUSPECT_MS).is_some();
+        self.each_running(now_ms, |op, cx| op.undeliverable(cx, node, known, now_ms))
+    }
+
+    /// The shell found `node` unreachable (its connection closed): see
+    /// `Op::unreachable`.
+    pub fn unreachable(&mut self, node: NodeId, now_ms: u64) -> Progress {
+        self.cx.down.insert(node, now_ms + SUSPECT_MS);
+        self.each_running(now_ms, |op, cx| op.unreachable(cx, node, now_ms))
+    }
+
+    /// The site moved to `topology` while requests may be running: work
+    /// that is safe to repeat starts over on the new chains, writes are
+    /// resent with their ids (`Op::reconfigured`).
+    pub fn reconfigured(&mut self, topology: Arc<Topology>, now_ms: u64) -> Progress {
+        if topology.epoch <= self.cx.topology.epoch {
+            return Progress::default();
+        }
+        self.cx.topology = topology;
+        self.cx.down.clear();
+        self.each_running(now_ms, |op, cx| op.reconfigured(cx, now_ms))
+    }
+
+    fn each_running(&mut self, now_ms: u64, mut f: impl FnMut(&mut Op, &mut Ctx) -> Step) -> Progress {
+        let mut p = Progress::default();
+        for slot in self.queue.iter_mut() {
+            if let Slot::Running(op) = slot {
+                let step = f(op, &mut self.cx);
+                settle(slot, step, &mut p);
+            }
+        }
+        self.advance(now_ms, &mut p);
+        p
+    }
+
+    /// Starts every waiting request the ones before it allow, and hands
+    /// out the finished responses at the front, in order.
+    fn advance(&mut self, now_ms: u64, p: &mut Progress) {
+        let mut unfinished_before = false;
+        for slot in self.queue.iter_mut() {
+            if let Slot::Waiting(request, level) = slot {
+                if unfinished_before && !overlaps(request, *level) {
+                    break;
+                }
+                // Moved out, not cloned; the placeholder is replaced below.
+                let Slot::Waiting(request, level) = std::mem::replace(slot, Slot::Done(Err(ClientError::Timeout))) else {
+                    unreachable!("matched above")
+                };
+                let (op, step) = Op::start(&mut self.cx, request, level, now_ms);
+                *slot = Slot::Running(op);
+                settle(slot, step, p);
+            }
+            match slot {
+                Slot::Done(_) => {}
+                Slot::Running(op) if overlaps(&op.request, op.consistency) => unfinished_before = true,
+                // Nothing after an unfinished request that allows no
+                // overlap may start.
+                _ => break,
+            }
+        }
+        while let Some(Slot::Done(_)) = self.queue.front() {
+            let Some(Slot::Done(result)) = self.queue.pop_front() else { unreachable!("checked above") };
+            p.done.push(result);
+        }
+    }
+}
+
+/// Applies one request's step to its slot: what it sends goes out, and a
+/// finished request keeps its response until the ones before it are done.
+fn settle(slot: &mut Slot, step: Step, p: &mut Progress) {
+    let Step { send, done } = step;
+    p.send.extend(send);
+    if let Some(result) = done {
+        *slot = Slot::Done(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hlc::Timestamp;
+    use crate::message::{Item, OpId, ACK_AT_TAIL};
+    use crate::ring::{NodeInfo, Shape};
+    use crate::version::Version;
+
+    fn site() -> Arc<Topology> {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        Arc::new(Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2 }, nodes).unwrap())
+    }
+
+    #[test]
+    fn a_read_waiting_on_an_unreachable_node_goes_elsewhere() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        let p = d.start(Request::Get(Bytes::from("k")), 0);
+        let first = p.send[0].0;
+        let p = d.unreachable(first, 10);
+        assert_eq!(p.send.len(), 1);
+        assert_ne!(p.send[0].0, first, "the read moved to another replica");
+        // The old reply is ignored; the new one completes the read.
+        let Message::Get { op, .. } = p.send[0].1.clone() else { panic!("expected a Get") };
+        let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true };
+        let done = d.on_message(Message::Value { op, item, chain_index: 2 }, 20).done;
+        assert_eq!(done, vec![Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2 })]);
+    }
+
+    #[test]
+    fn a_write_keeps_waiting_when_its_head_is_unreachable() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let p = d.start(put, 0);
+        let head = p.send[0].0;
+        assert!(d.unreachable(head, 10).send.is_empty(), "a write is not resent: it may have been applied");
+        assert!(d.is_busy());
+    }
+
+    #[test]
+    fn a_write_that_never_left_is_retried_on_a_fresh_map() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let head = d.start(put, 0).send[0].0;
+        assert!(d.undeliverable(head, 10).send.is_empty());
+        assert!(d.tick(100).send.is_empty(), "it waits a little first");
+        let p = d.tick(10 + RETRY_MS);
+        let [(asked, Message::GetTopology { op })] = &p.send[..] else { panic!("expected a topology refresh, got {:?}", p.send) };
+        assert_ne!(*asked, head);
+        // The site moved on: the chain has a new head.
+        let mut t = (**d.topology()).clone().without(head);
+        t.epoch = 2;
+        let new_head = t.chain(t.partition_of(b"k")).head();
+        let p = d.on_message(Message::TopologyIs { op: *op, topology: t }, 300);
+        assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head));
+    }
+
+    #[test]
+    fn a_request_can_run_at_its_own_level() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
+        let chain = t.chain(t.partition_of(b"k")).clone();
+        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let p = d.start_at(put, Consistency::Linearizable, 0);
+        let [(_, Message::Put { op, ack_at, .. })] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
+        assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
+        let version = Version::local(0, Timestamp { physical_ms: 1, logical: 0 });
+        let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true };
+        assert_eq!(d.on_message(acked, 1).done, vec![Ok(Response::Written(true))]);
+        // The session's level is unchanged; a linearizable read goes to the tail.
+        assert_eq!(d.consistency(), Consistency::Causal);
+        let p = d.start_at(Request::Get(Bytes::from("k")), Consistency::Linearizable, 2);
+        assert!(matches!(&p.send[..], [(n, Message::Get { .. })] if *n == chain.tail()), "got {:?}", p.send);
+    }
+
+    #[test]
+    fn a_linearizable_write_first_waits_for_what_the_session_saw_unstable() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), None, 5_000);
+        // A causal read of a version not yet at the tail.
+        let p = d.start(Request::Get(Bytes::from("a")), 0);
+        let [(at, Message::Get { op, .. })] = &p.send[..] else { panic!("expected a get") };
+        let version = Version::local(0, Timestamp { physical_ms: 1, logical: 0 });
+        let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false };
+        let at = t.chain(t.partition_of(b"a")).index_of(*at).unwrap() as u8;
+        assert_eq!(d.on_message(Message::Value { op: *op, item, chain_index: at }, 1).done.len(), 1);
+        let put = Request::Put { key: Bytes::from("b"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let p = d.start_at(put, Consistency::Linearizable, 2);
+        assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 4, .. })]), "got {:?}", p.send);
+    }
+
+    fn set(key: &str, value: &str) -> Request {
+        Request::Put {
+            key: Bytes::from(key.to_string()),
+            value: Some(Bytes::from(value.to_string())),
+            ttl_ms: None,
+            condition: Condition::Always,
+        }
+    }
+
+    fn get(key: &str) -> Request {
+        Request::Get(Bytes::from(key.to_string()))
+    }
+
+    fn op_of(msg: &Message) -> OpId {
+        msg.op().expect("a request message")
+    }
+
+    fn value(op: OpId, v: &str, version: Option<Version>, seq: u64, chain_index: u8) -> Message {
+        let item = Item { value: Some(Bytes::from(v.to_string())), version, seq, stable: false };
+        Message::Value { op, item, chain_index }
+    }
+
+    #[test]
+    fn a_causal_pipeline_runs_in_order_and_reads_its_own_writes() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
+        let chain = t.chain(t.partition_of(b"k")).clone();
+        // SET k v1; GET k; SET k v2; GET k, all queued at once.
+        let p = d.start(set("k", "v1"), 0);
+        assert!(matches!(&p.send[..], [(_, Message::Put { .. })]), "got {:?}", p.send);
+        let first = op_of(&p.send[0].1);
+        for r in [get("k"), set("k", "v2"), get("k")] {
+            assert!(d.start(r, 0).send.is_empty(), "nothing overtakes the write");
+        }
+        // The write is acknowledged at position 1: the read starts in the
+        // same step and may only go to positions 0..=1 (read-your-writes).
+        let v1 = Version::local(0, Timestamp::new(1, 0));
+        let p = d.on_message(Message::PutDone { op: first, version: Some(v1.clone()), seq: 1, chain_index: 1, stable: false }, 1);
+        assert_eq!(p.done, vec![Ok(Response::Written(true))]);
+        let [(at, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the read, got {:?}", p.send) };
+        assert!(chain.index_of(*at).unwrap() <= 1);
+        assert_eq!(min.as_ref(), Some(&v1));
+        // The read answers; the second write first waits for the first to
+        // be stable (dependency stabilization), then writes.
+        let p = d.on_message(value(*op, "v1", Some(v1.clone()), 1, 1), 2);
+        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1 })]);
+        let [(_, Message::WaitStable { op, seq: 1, .. })] = &p.send[..] else { panic!("expected the stability wait, got {:?}", p.send) };
+        let p = d.on_message(Message::Stable { op: *op }, 3);
+        let [(_, Message::Put { op, .. })] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
+        let v2 = Version::local(0, Timestamp::new(4, 0));
+        let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false }, 4);
+        assert_eq!(p.done, vec![Ok(Response::Written(true))]);
+        let [(_, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the last read, got {:?}", p.send) };
+        assert_eq!(min.as_ref(), Some(&v2), "the last read must see the second write");
+        let p = d.on_message(value(*op, "v2", Some(v2), 2, 1), 5);
+        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1 })]);
+        assert!(!d.is_busy());
+    }
+
+    #[test]
+    fn causal_reads_of_different_keys_do_not_overlap() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        assert_eq!(d.start(get("a"), 0).send.len(), 1);
+        assert!(d.start(get("b"), 0).send.is_empty(), "the second read waits for the first to be served");
+    }
+
+    #[test]
+    fn eventual_reads_overlap_and_answer_in_order() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        d.set_consistency(Consistency::Eventual);
+        let ops: Vec<OpId> = ["a", "b", "c"].iter().map(|k| op_of(&d.start(get(k), 0).send[0].1)).collect();
+        // Answers arrive last first: held until the first is answered.
+        assert!(d.on_message(value(ops[2], "c", None, 0, 0), 1).done.is_empty());
+        assert!(d.on_message(value(ops[1], "b", None, 0, 0), 1).done.is_empty());
+        let done = d.on_message(value(ops[0], "a", None, 0, 0), 1).done;
+        let values: Vec<_> = done
+            .into_iter()
+            .map(|r| match r {
+                Ok(Response::Read { value, .. }) => value.unwrap(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(values, vec![Bytes::from("a"), Bytes::from("b"), Bytes::from("c")]);
+    }
+
+    #[test]
+    fn a_write_is_a_barrier_even_at_the_eventual_level() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        d.set_consistency(Consistency::Eventual);
+        let read = op_of(&d.start(get("a"), 0).send[0].1);
+        assert!(d.start(set("b", "x"), 0).send.is_empty(), "the write waits for the read");
+        assert!(d.start(get("c"), 0).send.is_empty(), "and the read after it for the write");
+        let p = d.on_message(value(read, "a", None, 0, 0), 1);
+        let [(_, Message::Put { op, .. })] = &p.send[..] else { panic!("expected the write, got {:?}", p.send) };
+        let version = Version::local(0, Timestamp::new(2, 0));
+        let p = d.on_message(Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 0, stable: false }, 2);
+        assert!(matches!(&p.send[..], [(_, Message::Get { .. })]), "got {:?}", p.send);
+    }
+
+    #[test]
+    fn a_waiting_request_asks_for_a_recheck_every_interval_and_times_out() {
+        let mut d = Driver::new(7, site(), None, 1_000);
+        assert_eq!(d.next_wake(), None);
+        d.start(get("a"), 0);
+        d.start(get("b"), 0);
+        assert_eq!(d.next_wake(), Some(RECHECK_MS));
+        assert!(!d.tick(RECHECK_MS - 1).recheck);
+        assert!(d.tick(RECHECK_MS).recheck);
+        assert!(!d.tick(RECHECK_MS + 50).recheck);
+        assert_eq!(d.next_wake(), Some(2 * RECHECK_MS));
+        // The first read times out; the second starts then, with its own
+        // deadline.
+        let p = d.tick(1_000);
+        assert_eq!(p.done, vec![Err(ClientError::Timeout)]);
+        assert!(matches!(&p.send[..], [(_, Message::Get { .. })]));
+        assert!(d.tick(1_999).done.is_empty());
+        assert_eq!(d.tick(2_000).done, vec![Err(ClientError::Timeout)]);
+    }
+
+    #[test]
+    fn a_newer_map_nobody_asked_for_moves_the_requests() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), None, 5_000);
+        let head = d.start(set("k", "v"), 0).send[0].0;
+        let mut moved = (*t).clone().without(head);
+        moved.epoch = 2;
+        let new_head = moved.chain(moved.partition_of(b"k")).head();
+        // The answer to a recheck the shell sent on its own.
+        let p = d.on_message(Message::TopologyIs { op: OpId { client: 7, seq: u64::MAX }, topology: moved }, 150);
+        assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head), "resent to the new head, got {:?}", p.send);
+        assert_eq!(d.topology().epoch, 2);
+    }
+
+    #[test]
+    fn an_unreachable_node_moves_only_the_reads_waiting_on_it() {
+        let mut d = Driver::new(7, site(), None, 5_000);
+        d.set_consistency(Consistency::Eventual);
+        let sent: Vec<(NodeId, OpId)> =
+            (0..12).map(|i| d.start(get(&format!("k{i}")), 0).send.into_iter().map(|(n, m)| (n, op_of(&m))).next().unwrap()).collect();
+        let down = sent[0].0;
+        let waiting = sent.iter().filter(|(n, _)| *n == down).count();
+        let p = d.unreachable(down, 10);
+        assert_eq!(p.send.len(), waiting, "each read that went to {down} is sent again");
+        assert!(p.send.iter().all(|(n, _)| *n != down));
+        // Another read's answer still counts, held until the first (moved)
+        // one is answered.
+        let (_, other) = sent.iter().find(|(n, _)| *n != down).unwrap();
+        assert!(d.on_message(value(*other, "x", None, 0, 0), 11).done.is_empty());
+        assert!(d.is_busy());
+    }
+}

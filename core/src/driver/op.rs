@@ -1,0 +1,616 @@
+//! One request of a session as a state machine: what it sends, which
+//! replies it waits for, when it is done. The `Driver` (mod.rs) decides when
+//! a request may start and hands it the session state it shares with the
+//! session's other requests (`Ctx`).
+//!
+//! Per request:
+//! * GET: pick a replica the session may read (`Session::read_limit`),
+//!   preferring the local node when it is one, send `Get` with the version
+//!   the session already saw; if that replica is behind, retry at the head.
+//! * SET / DEL: dependency stabilization first (a `WaitStable` to the tail of
+//!   every accessed, unstable version), then `Put` to the head, answered at
+//!   chain position k-1 (ChainReaction §3.3.1).
+//! * MGET: a get-transaction at snapshot time `at` = max(now, the session's
+//!   latest timestamp), one `SnapshotRead` per head; see
+//!   `ChainReplica::snapshot_read` for why this never fractures.
+//! * a `NotResponsible` answer refreshes the topology and starts over.
+
+use super::{ClientError, Consistency, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
+use crate::hlc::Timestamp;
+use crate::message::{ClientId, Item, Keyspace, Message, OpId, Refusal, ACK_AT_TAIL};
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::session::{Dep, Session};
+use crate::version::Version;
+use ahash::AHashMap;
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What a session's requests share: who it is, its map of the site, its
+/// causal metadata, and the nodes it avoids.
+#[derive(Debug)]
+pub(super) struct Ctx {
+    pub id: ClientId,
+    pub topology: Arc<Topology>,
+    /// The node this session runs on, preferred for reads when legal.
+    pub local: Option<NodeId>,
+    pub session: Session,
+    pub next_seq: u64,
+    pub rng: u64,
+    /// Nodes that look unreachable, until when (ms): avoided when another
+    /// replica may serve.
+    pub down: AHashMap<NodeId, u64>,
+}
+
+impl Ctx {
+    fn random(&mut self, n: usize) -> usize {
+        // xorshift64*: deterministic per client, good enough to spread reads.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    }
+
+    /// The local node if it may serve, else a random legal one.
+    pub fn pick(&mut self, legal: &[NodeId]) -> NodeId {
+        let up: Vec<NodeId> = legal.iter().copied().filter(|n| !self.down.contains_key(n)).collect();
+        let legal = if up.is_empty() { legal } else { &up[..] };
+        match self.local {
+            Some(me) if legal.contains(&me) => me,
+            _ => legal[self.random(legal.len())],
+        }
+    }
+
+    /// Who to ask whether an update is stable: our own node (no hop) if it
+    /// is in the chain, else the tail (it knows first), avoiding nodes that
+    /// look down.
+    fn stability_witness(&self, chain: &[NodeId]) -> NodeId {
+        let up = |n: &NodeId| !self.down.contains_key(n);
+        match self.local {
+            Some(me) if chain.contains(&me) && up(&me) => me,
+            _ => chain.iter().rev().copied().find(up).unwrap_or(*chain.last().expect("chains are not empty")),
+        }
+    }
+
+    /// The versions of `keys` this session saw and does not know stable.
+    fn seen_unstable(&self, keys: &[Bytes]) -> Vec<(Bytes, Dep)> {
+        let seen = keys.iter().filter_map(|k| self.session.seen(k).map(|s| (k.clone(), s)));
+        seen.map(|(k, s)| (k, Dep { version: s.version.clone(), seq: s.seq })).collect()
+    }
+}
+
+/// What one request wants after a step.
+#[derive(Debug, Default)]
+pub(super) struct Step {
+    pub send: Vec<(NodeId, Message)>,
+    pub done: Option<Result<Response, ClientError>>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Waiting for replicas to confirm these dependencies are stable, then
+    /// writing (dependency stabilization) or reading at the tail (a
+    /// linearizable read of a key the session saw unstable).
+    Stabilizing {
+        deps: AHashMap<u64, (Bytes, Version)>,
+        then_read: bool,
+    },
+    Writing,
+    Reading,
+    Snapshot {
+        items: Vec<Option<Item>>,
+        parts: AHashMap<u64, Vec<usize>>,
+    },
+    /// A linearizable MGET's round of tail reads (see `collect`): replies
+    /// by op seq to key position, and the previous round's items.
+    Collect {
+        items: Vec<Option<Item>>,
+        parts: AHashMap<u64, usize>,
+        previous: Option<Vec<Item>>,
+    },
+    Counting {
+        remaining: usize,
+        total: Keyspace,
+    },
+    Flushing {
+        remaining: usize,
+    },
+    Refreshing,
+    /// A write that never left (its head was unreachable), or a
+    /// linearizable read its joining tail refused: fetch the map again at
+    /// `at_ms` and retry, until the request times out.
+    Retrying {
+        at_ms: u64,
+    },
+}
+
+/// The keys one head serves in a get-transaction, and their positions in
+/// the request.
+type KeysAt = (Vec<(PartitionId, Bytes)>, Vec<usize>);
+
+/// One started request.
+#[derive(Debug)]
+pub(super) struct Op {
+    pub request: Request,
+    /// This request's level: the session's, or one given for it alone.
+    pub consistency: Consistency,
+    pub started_ms: u64,
+    redirects: u8,
+    phase: Phase,
+    /// Op sequence numbers whose replies we still expect.
+    outstanding: Vec<u64>,
+    /// Where each message went, by op seq (a few per request).
+    targets: Vec<(u64, NodeId)>,
+    /// A write's id (the op seq of its first `Put`): every resend carries
+    /// it, and its acknowledgement is accepted whichever attempt it answers.
+    write: Option<u64>,
+    /// How many times `tick` has resent the write.
+    resends: u64,
+}
+
+impl Op {
+    /// Starts `request`.
+    pub fn start(cx: &mut Ctx, request: Request, consistency: Consistency, now_ms: u64) -> (Box<Op>, Step) {
+        let mut op = Box::new(Op {
+            request,
+            consistency,
+            started_ms: now_ms,
+            redirects: 0,
+            phase: Phase::Writing,
+            outstanding: Vec::new(),
+            targets: Vec::new(),
+            write: None,
+            resends: 0,
+        });
+        let step = op.begin(cx, now_ms);
+        let step = op.sent(step);
+        (op, step)
+    }
+
+    /// Whether `msg` (an answer to op `seq`) is for this request.
+    pub fn awaits(&self, seq: u64, msg: &Message) -> bool {
+        // The write's acknowledgement answers its first attempt even after
+        // a resend. A "not written" answer (NX/XX) counts only from the
+        // attempt in flight: an earlier attempt's may be stale.
+        self.outstanding.contains(&seq) || (matches!(msg, Message::PutDone { version: Some(_), .. }) && self.write == Some(seq))
+    }
+
+    /// When `tick` next has something to do for this request.
+    pub fn next_due(&self, timeout_ms: u64) -> u64 {
+        let deadline = self.started_ms + timeout_ms;
+        match self.phase {
+            Phase::Retrying { at_ms } => deadline.min(at_ms),
+            Phase::Writing => deadline.min(self.started_ms + (self.resends + 1) * RESEND_MS),
+            _ => deadline,
+        }
+    }
+
+    /// Gives up once the request has taken longer than `timeout_ms`,
+    /// retries a write whose head was unreachable once its wait is over,
+    /// and resends a write left unanswered for `RESEND_MS`.
+    pub fn tick(&mut self, cx: &mut Ctx, timeout_ms: u64, now_ms: u64) -> Step {
+        let waited = now_ms.saturating_sub(self.started_ms);
+        match self.phase {
+            _ if waited >= timeout_ms => Step { send: Vec::new(), done: Some(Err(ClientError::Timeout)) },
+            Phase::Retrying { at_ms } if now_ms >= at_ms => {
+                let mut p = Step::default();
+                self.refresh(cx, &mut p);
+                self.sent(p)
+            }
+            Phase::Writing if waited / RESEND_MS > self.resends => {
+                self.resends += 1;
+                self.restart(cx, now_ms)
+            }
+            _ => Step::default(),
+        }
+    }
+
+    /// Whether a reply is awaited from `node`.
+    fn waits_on(&self, node: NodeId) -> bool {
+        self.targets.iter().any(|&(seq, to)| to == node && self.outstanding.contains(&seq))
+    }
+
+    /// This step's messages to `node` could not be sent (`known`: the node
+    /// was already suspected). They never left, so even a write can be
+    /// redone: a write waits `RETRY_MS`, refreshes the partition map and
+    /// goes to whichever node heads the chain then; other work restarts
+    /// elsewhere now.
+    pub fn undeliverable(&mut self, cx: &mut Ctx, node: NodeId, known: bool, now_ms: u64) -> Step {
+        if !self.waits_on(node) {
+            return Step::default();
+        }
+        // Work that may go elsewhere does so at once (the new choice avoids
+        // this node); a write, or work with nowhere else to go (it picked a
+        // node already known down), waits and retries on a fresh map.
+        if matches!(self.phase, Phase::Writing) || known {
+            self.retry_later(now_ms);
+            return Step::default();
+        }
+        self.restart(cx, now_ms)
+    }
+
+    /// `node` looks unreachable (its connection closed). Reads, stability
+    /// checks and other idempotent work waiting on it start over elsewhere;
+    /// a write waits (it may have been applied) until the configuration
+    /// changes or the request times out.
+    pub fn unreachable(&mut self, cx: &mut Ctx, node: NodeId, now_ms: u64) -> Step {
+        if !self.waits_on(node) || matches!(self.phase, Phase::Writing | Phase::Flushing { .. } | Phase::Retrying { .. }) {
+            return Step::default();
+        }
+        self.restart(cx, now_ms)
+    }
+
+    /// The site moved to a new configuration (already in `cx`).
+    pub fn reconfigured(&mut self, cx: &mut Ctx, now_ms: u64) -> Step {
+        match self.phase {
+            // A write is resent with its id: a new head that already has it
+            // (the old head forwarded it before failing) answers instead of
+            // applying it again (ChainReaction §3.3.3: the proxy
+            // retransmits to the new head). A write that reached no
+            // survivor is applied now. A flush or a pending retry waits.
+            Phase::Flushing { .. } | Phase::Retrying { .. } => Step::default(),
+            _ => self.restart(cx, now_ms),
+        }
+    }
+
+    fn next_op(&mut self, cx: &mut Ctx) -> OpId {
+        cx.next_seq += 1;
+        self.outstanding.push(cx.next_seq);
+        OpId { client: cx.id, seq: cx.next_seq }
+    }
+
+    fn begin(&mut self, cx: &mut Ctx, now_ms: u64) -> Step {
+        let mut p = Step::default();
+        match self.request.clone() {
+            Request::Get(key) => self.read(cx, &key, false, &mut p),
+            Request::Put { .. } => {
+                let deps: Vec<(Bytes, Dep)> = match self.consistency {
+                    Consistency::Causal | Consistency::Linearizable => {
+                        cx.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                if !self.stabilize(cx, deps, false, &mut p) {
+                    self.write(cx, &mut p);
+                }
+            }
+            Request::MultiGet(keys) if self.consistency == Consistency::Linearizable => self.collect(cx, &keys, None, &mut p),
+            Request::MultiGet(keys) => self.snapshot(cx, &keys, now_ms, &mut p),
+            Request::Count => {
+                let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
+                // At the heads, which hold every write (the session's own
+                // included).
+                for (partition, chain) in cx.topology.chains.iter().enumerate() {
+                    by_node.entry(chain.head()).or_default().push(partition as PartitionId);
+                }
+                self.phase = Phase::Counting { remaining: by_node.len(), total: Keyspace::default() };
+                for (node, partitions) in by_node {
+                    let op = self.next_op(cx);
+                    p.send.push((node, Message::Count { op, epoch: cx.topology.epoch, partitions }));
+                }
+            }
+            Request::Flush => {
+                let nodes: Vec<NodeId> = cx.topology.nodes.iter().map(|n| n.id).collect();
+                self.phase = Phase::Flushing { remaining: nodes.len() };
+                for node in nodes {
+                    let op = self.next_op(cx);
+                    p.send.push((node, Message::Flush { op }));
+                }
+            }
+            Request::Topology => self.refresh(cx, &mut p),
+        }
+        p
+    }
+
+    fn write(&mut self, cx: &mut Ctx, p: &mut Step) {
+        let Request::Put { key, value, ttl_ms, condition } = self.request.clone() else { unreachable!("write() runs for puts") };
+        let partition = cx.topology.partition_of(&key);
+        let chain = cx.topology.chain(partition);
+        let ack_at = match self.consistency {
+            Consistency::Causal => cx.topology.shape.k.min(chain.len()) - 1,
+            Consistency::Eventual => 0,
+            Consistency::Linearizable => ACK_AT_TAIL as usize,
+        } as u8;
+        let head = chain.head();
+        let after = cx.session.max_ts();
+        let op = self.next_op(cx);
+        let write = *self.write.get_or_insert(op.seq);
+        let epoch = cx.topology.epoch;
+        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write }));
+        self.phase = Phase::Writing;
+    }
+
+    fn read(&mut self, cx: &mut Ctx, key: &Bytes, at_head: bool, p: &mut Step) {
+        let partition = cx.topology.partition_of(key);
+        let chain = cx.topology.chain(partition).clone();
+        let (target, min) = if at_head {
+            (chain.head(), None)
+        } else {
+            match self.consistency {
+                Consistency::Linearizable => {
+                    // The session wrote or read a version the tail may not
+                    // have yet: wait for it to get there first.
+                    if self.stabilize(cx, cx.seen_unstable(std::slice::from_ref(key)), true, p) {
+                        return;
+                    }
+                    (chain.tail(), None)
+                }
+                Consistency::Eventual => (cx.pick(&chain.nodes), None),
+                Consistency::Causal => {
+                    let legal = match cx.session.read_limit(key) {
+                        Some(limit) => &chain.nodes[..=(limit as usize).min(chain.len() - 1)],
+                        None => &chain.nodes[..],
+                    };
+                    (cx.pick(legal), cx.session.min_version(key).cloned())
+                }
+            }
+        };
+        let op = self.next_op(cx);
+        let leased = self.consistency == Consistency::Linearizable;
+        p.send.push((target, Message::Get { op, epoch: cx.topology.epoch, partition, key: key.clone(), min, leased }));
+        self.phase = Phase::Reading;
+    }
+
+    /// Records where this step's messages went, so that a node found
+    /// unreachable can be routed around.
+    fn sent(&mut self, p: Step) -> Step {
+        for (node, msg) in &p.send {
+            if let Some(id) = msg.op() {
+                self.targets.push((id.seq, *node));
+            }
+        }
+        p
+    }
+
+    /// Drops what the request waits for and retries it on a fresh map
+    /// after `RETRY_MS`.
+    fn retry_later(&mut self, now_ms: u64) {
+        self.outstanding.clear();
+        self.targets.clear();
+        self.phase = Phase::Retrying { at_ms: now_ms + RETRY_MS };
+    }
+
+    fn restart(&mut self, cx: &mut Ctx, now_ms: u64) -> Step {
+        self.outstanding.clear();
+        self.targets.clear();
+        let p = self.begin(cx, now_ms);
+        self.sent(p)
+    }
+
+    fn snapshot(&mut self, cx: &mut Ctx, keys: &[Bytes], now_ms: u64, p: &mut Step) {
+        let at = cx.session.max_ts().max(Timestamp::new(now_ms, 0));
+        let mut by_head: BTreeMap<NodeId, KeysAt> = BTreeMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let partition = cx.topology.partition_of(key);
+            let entry = by_head.entry(cx.topology.chain(partition).head()).or_default();
+            entry.0.push((partition, key.clone()));
+            entry.1.push(i);
+        }
+        let mut parts = AHashMap::new();
+        for (head, (keys, positions)) in by_head {
+            let op = self.next_op(cx);
+            p.send.push((head, Message::SnapshotRead { op, epoch: cx.topology.epoch, at, keys }));
+            parts.insert(op.seq, positions);
+        }
+        self.phase = Phase::Snapshot { items: vec![None; keys.len()], parts };
+        if keys.is_empty() {
+            p.done = Some(Ok(Response::Values(Vec::new())));
+        }
+    }
+
+    /// Asks replicas to confirm `deps` reached their tails, then (`Stable`)
+    /// reads (`then_read`) or writes. False if there is nothing to wait for.
+    fn stabilize(&mut self, cx: &mut Ctx, deps: Vec<(Bytes, Dep)>, then_read: bool, p: &mut Step) -> bool {
+        if deps.is_empty() {
+            return false;
+        }
+        let mut waiting = AHashMap::new();
+        for (key, dep) in deps {
+            let partition = cx.topology.partition_of(&key);
+            // Any replica learns stability; our own node (no hop) if it is
+            // one, else the tail (which knows first).
+            let at = cx.stability_witness(&cx.topology.chain(partition).nodes);
+            let op = self.next_op(cx);
+            p.send.push((at, Message::WaitStable { op, epoch: cx.topology.epoch, partition, seq: dep.seq }));
+            waiting.insert(op.seq, (key, dep.version));
+        }
+        self.phase = Phase::Stabilizing { deps: waiting, then_read };
+        true
+    }
+
+    /// A linearizable MGET: every key read at its tail, in rounds ("double
+    /// collect"). When no version changed between two consecutive rounds,
+    /// each value was the current one for the whole time between them, so
+    /// the read takes effect there; otherwise the last round is compared
+    /// with a new one, until the request times out. A session that saw some
+    /// of the keys unstable first waits for those versions to reach the
+    /// tail, as a linearizable GET does.
+    fn collect(&mut self, cx: &mut Ctx, keys: &[Bytes], previous: Option<Vec<Item>>, p: &mut Step) {
+        if keys.is_empty() {
+            p.done = Some(Ok(Response::Values(Vec::new())));
+            return;
+        }
+        if previous.is_none() && self.stabilize(cx, cx.seen_unstable(keys), true, p) {
+            return;
+        }
+        let mut parts = AHashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let partition = cx.topology.partition_of(key);
+            let op = self.next_op(cx);
+            let get = Message::Get { op, epoch: cx.topology.epoch, partition, key: key.clone(), min: None, leased: true };
+            p.send.push((cx.topology.chain(partition).tail(), get));
+            parts.insert(op.seq, i);
+        }
+        self.phase = Phase::Collect { items: vec![None; keys.len()], parts, previous };
+    }
+
+    fn refresh(&mut self, cx: &mut Ctx, p: &mut Step) {
+        let nodes: Vec<NodeId> = cx.topology.nodes.iter().map(|n| n.id).collect();
+        let node = cx.pick(&nodes);
+        let op = self.next_op(cx);
+        p.send.push((node, Message::GetTopology { op }));
+        self.phase = Phase::Refreshing;
+    }
+
+    /// A reply for this request (`awaits` said so).
+    pub fn on_message(&mut self, cx: &mut Ctx, msg: Message, seq: u64, now_ms: u64) -> Step {
+        if let Some(pos) = self.outstanding.iter().position(|&s| s == seq) {
+            self.outstanding.swap_remove(pos);
+        }
+        let p = self.handle(cx, msg, seq, now_ms);
+        self.sent(p)
+    }
+
+    fn handle(&mut self, cx: &mut Ctx, msg: Message, seq: u64, now_ms: u64) -> Step {
+        let mut p = Step::default();
+        match msg {
+            Message::Refused { reason: Refusal::NotResponsible { .. }, .. } | Message::Refused { reason: Refusal::SnapshotTooOld, .. } => {
+                self.redirects += 1;
+                self.outstanding.clear();
+                if self.redirects > MAX_REDIRECTS {
+                    self.retry_later(now_ms);
+                } else if matches!(msg, Message::Refused { reason: Refusal::SnapshotTooOld, .. }) {
+                    return self.begin(cx, now_ms);
+                } else {
+                    self.refresh(cx, &mut p);
+                }
+            }
+            Message::Refused { reason: Refusal::Unavailable { alive, needed }, .. } => {
+                p.done = Some(Err(ClientError::Unavailable { alive, needed }));
+            }
+            Message::Refused { reason: Refusal::Behind | Refusal::NoLease, .. } => {
+                if self.consistency == Consistency::Linearizable {
+                    // The tail is still joining (fetching the partition's
+                    // state), or holds no lease (it may have been removed).
+                    // The head would answer with versions the tail may not
+                    // have acknowledged yet: wait, then ask the tail of a
+                    // fresh map.
+                    self.retry_later(now_ms);
+                    return p;
+                }
+                let Request::Get(key) = self.request.clone() else {
+                    return p;
+                };
+                // The replica's chain index is stale: go to the head, which
+                // has every version (ChainReaction §3.3.3). If even the head
+                // lacks it, the data is gone (FLUSHALL) and the head's answer
+                // is the truth.
+                self.read(cx, &key, true, &mut p);
+            }
+            Message::TopologyIs { topology, .. } => {
+                // Never back to an older map (a lagging node may answer).
+                if topology.epoch > cx.topology.epoch {
+                    cx.topology = Arc::new(topology);
+                }
+                if matches!(self.request, Request::Topology) {
+                    p.done = Some(Ok(Response::Topology(cx.topology.clone())));
+                } else {
+                    return self.begin(cx, now_ms);
+                }
+            }
+            Message::Stable { .. } => {
+                let Phase::Stabilizing { deps, then_read } = &mut self.phase else {
+                    return p;
+                };
+                let then_read = *then_read;
+                if let Some((key, version)) = deps.remove(&seq) {
+                    cx.session.forget(&key, &version);
+                }
+                if deps.is_empty() {
+                    match self.request.clone() {
+                        Request::Get(key) if then_read => self.read(cx, &key, false, &mut p),
+                        Request::MultiGet(keys) if then_read => self.collect(cx, &keys, None, &mut p),
+                        _ => self.write(cx, &mut p),
+                    }
+                }
+            }
+            Message::PutDone { version, seq, chain_index, stable, .. } => {
+                let Request::Put { key, .. } = &self.request else {
+                    return p;
+                };
+                if let Some(version) = &version {
+                    if self.consistency != Consistency::Eventual {
+                        cx.session.observe_write(key, version, seq, chain_index, stable);
+                    }
+                }
+                p.done = Some(Ok(Response::Written(version.is_some())));
+            }
+            Message::Value { item, .. } if matches!(self.phase, Phase::Collect { .. }) => {
+                let Phase::Collect { items, parts, previous } = &mut self.phase else { unreachable!("matched above") };
+                let Some(pos) = parts.remove(&seq) else {
+                    return p;
+                };
+                items[pos] = Some(item);
+                if parts.is_empty() {
+                    let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
+                    let unchanged = previous.as_ref().is_some_and(|prev| prev.iter().zip(&items).all(|(a, b)| a.version == b.version));
+                    let Request::MultiGet(keys) = self.request.clone() else {
+                        return p;
+                    };
+                    if !unchanged {
+                        self.collect(cx, &keys, Some(items), &mut p);
+                        return p;
+                    }
+                    for (key, item) in keys.iter().zip(&items) {
+                        cx.session.observe_read(key, item, 0);
+                    }
+                    p.done = Some(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
+                }
+            }
+            Message::Value { item, chain_index, .. } => {
+                let Request::Get(key) = &self.request else {
+                    return p;
+                };
+                if self.consistency != Consistency::Eventual {
+                    cx.session.observe_read(key, &item, chain_index);
+                }
+                p.done = Some(Ok(Response::Read { value: item.value, chain_index }));
+            }
+            Message::Snapshot { items: got, .. } => {
+                let Phase::Snapshot { items, parts } = &mut self.phase else {
+                    return p;
+                };
+                let Some(positions) = parts.remove(&seq) else {
+                    return p;
+                };
+                for (pos, item) in positions.into_iter().zip(got) {
+                    items[pos] = Some(item);
+                }
+                if parts.is_empty() {
+                    let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
+                    let Request::MultiGet(keys) = &self.request else {
+                        return p;
+                    };
+                    if self.consistency != Consistency::Eventual {
+                        for (key, item) in keys.iter().zip(&items) {
+                            cx.session.observe_read(key, item, 0);
+                        }
+                    }
+                    p.done = Some(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
+                }
+            }
+            Message::Counted { keyspace, .. } => {
+                let Phase::Counting { remaining, total } = &mut self.phase else {
+                    return p;
+                };
+                *remaining -= 1;
+                *total += keyspace;
+                if *remaining == 0 {
+                    p.done = Some(Ok(Response::Count(*total)));
+                }
+            }
+            Message::Flushed { .. } => {
+                let Phase::Flushing { remaining } = &mut self.phase else {
+                    return p;
+                };
+                *remaining -= 1;
+                if *remaining == 0 {
+                    cx.session.clear();
+                    p.done = Some(Ok(Response::Flushed));
+                }
+            }
+            _ => {}
+        }
+        p
+    }
+}

@@ -829,13 +829,19 @@ mod tests {
         mine.into_iter().map(|e| e.msg).collect()
     }
 
-    #[test]
-    fn a_write_resent_to_a_new_head_that_has_it_is_answered_not_applied_twice() {
+    /// One partition on a chain of three (R=3, k=2): the topology, the
+    /// chain's nodes head first, and their replicas.
+    fn chain_of_three() -> (Topology, [NodeId; 3], [ChainReplica; 3]) {
         let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
         let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
-        let [a, b, c] = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
-        let (mut head, mut middle, mut tail) =
-            (ChainReplica::new(&t, 0, a, 0).unwrap(), ChainReplica::new(&t, 0, b, 0).unwrap(), ChainReplica::new(&t, 0, c, 0).unwrap());
+        let ids = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
+        let replicas = ids.map(|n| ChainReplica::new(&t, 0, n, 0).unwrap());
+        (t, ids, replicas)
+    }
+
+    #[test]
+    fn a_write_resent_to_a_new_head_that_has_it_is_answered_not_applied_twice() {
+        let (t, [a, b, c], [mut head, mut middle, mut tail]) = chain_of_three();
         let mut out = Outbox::new();
         head.put(put(1, 1), 10, &mut out);
         let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the head forwards") };
@@ -881,11 +887,7 @@ mod tests {
 
     #[test]
     fn a_tail_moved_to_the_head_catches_up_before_it_serves() {
-        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
-        let [a, b, c] = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
-        let (mut head, mut middle, mut tail) =
-            (ChainReplica::new(&t, 0, a, 0).unwrap(), ChainReplica::new(&t, 0, b, 0).unwrap(), ChainReplica::new(&t, 0, c, 0).unwrap());
+        let (t, [a, b, c], [mut head, mut middle, mut tail]) = chain_of_three();
         let mut out = Outbox::new();
         // Two writes reach the middle (acknowledged at k=2), not the tail.
         head.put(put(1, 1), 10, &mut out);
@@ -924,10 +926,7 @@ mod tests {
 
     #[test]
     fn a_recovered_replica_placed_ahead_of_a_longer_log_takes_its_successors_state() {
-        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
-        let [a, b, c] = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
-        let mut head = ChainReplica::new(&t, 0, a, 0).unwrap();
+        let (t, [a, b, c], [mut head, _, _]) = chain_of_three();
         let mut out = Outbox::new();
         head.put(put(1, 1), 10, &mut out);
         let first = logged(&mut head);
@@ -973,10 +972,7 @@ mod tests {
     /// a real gap.
     #[test]
     fn replay_orders_the_log_and_reports_a_gap() {
-        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
-        let head = t.chain(0).head();
-        let mut r = ChainReplica::new(&t, 0, head, 0).unwrap();
+        let (t, [head, ..], [mut r, _, _]) = chain_of_three();
         let mut out = Outbox::new();
         for i in 0..5 {
             r.put(put(i, i), 10 + i, &mut out);

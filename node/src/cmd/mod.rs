@@ -1,21 +1,37 @@
-//! Redis commands. `execute` checks authentication and arity and hands the
-//! arguments to the command's function: data commands in `keys`,
-//! connection and server commands in `server`, Causeway's own `CW.*`
-//! commands in `causeway`. Adding a command is one function and one line in
-//! `COMMANDS`.
+//! Redis commands, one file each: its wire format, what it replies and
+//! what it says to bad input in the file's doc, then its parse and run
+//! steps. Causeway's own `CW.*` commands are under `cw/`. `execute` checks
+//! authentication and arity and hands the arguments to the command. Adding
+//! a command is one file and one line in `COMMANDS`.
 //!
-//! Data commands (`Handler::Queue`) do not wait for the replicas: they turn
-//! their arguments into requests for the connection's session and say how
-//! to answer from the responses, so a pipelined batch is queued on the
-//! session at once (`conn.rs`). Every other command (`Handler::Now`) runs
-//! once the commands before it have been answered, so it sees the session
-//! as they left it (CW.SESSION EXPORT, HELLO, ...).
+//! Data commands (`Handler::Queue`) do not wait for the replicas: their
+//! `parse` turns the arguments into requests for the connection's session
+//! and says how to answer from the responses, so a pipelined batch is
+//! queued on the session at once (`conn.rs`), and parsing needs no socket
+//! or node. Every other command (`Handler::Now`) runs once the commands
+//! before it have been answered, so it sees the session as they left it
+//! (CW.SESSION EXPORT, HELLO, ...).
 
-mod causeway;
-mod keys;
-mod server;
+mod auth;
+mod client;
+mod command;
+mod config;
+mod cw;
+mod dbsize;
+mod del;
+mod echo;
+mod exists;
+mod flushall;
+mod get;
+mod hello;
+mod info;
+mod mget;
+mod ping;
+mod quit;
+mod select;
+mod set;
 
-use crate::conn::Conn;
+use crate::conn::{client_error, Conn};
 use crate::server::Node;
 use bytes::Bytes;
 use causeway_core::driver::{ClientError, Consistency, Request, Response};
@@ -88,32 +104,32 @@ macro_rules! data {
 
 /// Every command this node understands.
 pub static COMMANDS: &[Command] = &[
-    data!("get", 2, keys::get),
-    data!("set", -3, keys::set),
-    data!("del", -2, keys::del),
-    data!("exists", -2, keys::exists),
-    data!("mget", -2, keys::mget),
-    data!("dbsize", 1, keys::dbsize),
-    data!("flushall", -1, keys::flushall),
-    data!("flushdb", -1, keys::flushall),
-    command!("ping", -1, false, server::ping),
-    command!("echo", 2, false, server::echo),
-    command!("hello", -1, true, server::hello),
-    command!("auth", -2, true, server::auth),
-    command!("select", 2, false, server::select),
-    command!("info", -1, false, server::info),
-    command!("command", -1, false, server::command),
-    command!("client", -2, false, server::client),
-    command!("config", -2, false, server::config),
-    command!("quit", -1, true, server::quit),
-    command!("cw.consistency", -1, false, causeway::consistency),
-    data!("cw.with", -3, causeway::with),
-    command!("cw.keyrange", 1, false, causeway::keyrange),
-    command!("cw.chain", 2, false, causeway::chain),
-    command!("cw.session", -2, false, causeway::session),
-    command!("cw.status", 1, false, causeway::status),
-    command!("cw.digest", 1, false, causeway::digest),
-    command!("cw.cluster", -2, false, causeway::cluster),
+    data!("get", 2, get::parse),
+    data!("set", -3, set::parse),
+    data!("del", -2, del::parse),
+    data!("exists", -2, exists::parse),
+    data!("mget", -2, mget::parse),
+    data!("dbsize", 1, dbsize::parse),
+    data!("flushall", -1, flushall::parse),
+    data!("flushdb", -1, flushall::parse),
+    command!("ping", -1, false, ping::run),
+    command!("echo", 2, false, echo::run),
+    command!("hello", -1, true, hello::run),
+    command!("auth", -2, true, auth::run),
+    command!("select", 2, false, select::run),
+    command!("info", -1, false, info::run),
+    command!("command", -1, false, command::run),
+    command!("client", -2, false, client::run),
+    command!("config", -2, false, config::run),
+    command!("quit", -1, true, quit::run),
+    command!("cw.consistency", -1, false, cw::consistency::run),
+    data!("cw.with", -3, cw::with::parse),
+    command!("cw.keyrange", 1, false, cw::keyrange::run),
+    command!("cw.chain", 2, false, cw::chain::run),
+    command!("cw.session", -2, false, cw::session::run),
+    command!("cw.status", 1, false, cw::status::run),
+    command!("cw.digest", 1, false, cw::digest::run),
+    command!("cw.cluster", -2, false, cw::cluster::run),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Command> {
@@ -167,4 +183,28 @@ pub fn syntax_error() -> Frame {
 /// An argument as text, for option names.
 fn upper(arg: &[u8]) -> String {
     String::from_utf8_lossy(arg).to_ascii_uppercase()
+}
+
+/// Keys and values are kept in their own allocation: arguments are slices
+/// of the connection's read buffer, and keeping one would keep the buffer.
+fn own(b: &Bytes) -> Bytes {
+    Bytes::copy_from_slice(b)
+}
+
+/// The one response of a single-request data command.
+fn only(mut responses: Responses) -> Result<Response, ClientError> {
+    responses.next().expect("one request, one response")
+}
+
+/// How many responses `hit`, or the first error (DEL, EXISTS).
+fn count(responses: Responses, hit: fn(&Response) -> bool) -> Frame {
+    let mut n = 0;
+    for response in responses {
+        match response {
+            Ok(r) if hit(&r) => n += 1,
+            Ok(_) => {}
+            Err(e) => return client_error(e),
+        }
+    }
+    Frame::Integer(n)
 }

@@ -1,0 +1,12 @@
+//! Causeway's own commands, under the `CW.` prefix: consistency levels,
+//! sessions carried across connections, and the cluster's layout and state
+//! for clients, tests and operators.
+
+pub mod chain;
+pub mod cluster;
+pub mod consistency;
+pub mod digest;
+pub mod keyrange;
+pub mod session;
+pub mod status;
+pub mod with;

@@ -1,0 +1,50 @@
+//! CW.SESSION EXPORT | RESUME token | RESET | INFO
+//!
+//! Carries a session's causal metadata to another connection or node:
+//! EXPORT replies with a hex token, RESUME takes one (`ERR invalid session
+//! token: ...` if it is not one), RESET starts afresh, INFO shows how much
+//! the session tracks. Another subcommand or argument count:
+//! `ERR syntax error`.
+
+use crate::cmd::{syntax_error, upper, Outcome};
+use crate::conn::Conn;
+use bytes::Bytes;
+use causeway_core::session::Session;
+use causeway_resp::Frame;
+
+pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    match (upper(&args[1]).as_str(), args.len()) {
+        ("EXPORT", 2) => Frame::Bulk(Bytes::from(hex(&conn.driver.session().export()))),
+        ("RESUME", 3) => match unhex(&args[2])
+            .ok_or("invalid session token: not hex".to_string())
+            .and_then(|b| Session::import(&b, crate::server::now_ms()))
+        {
+            Ok(s) => {
+                conn.driver.set_session(s);
+                Frame::ok()
+            }
+            Err(e) => Frame::error(format!("ERR {e}")),
+        },
+        ("RESET", 2) => {
+            conn.driver.set_session(Session::default());
+            Frame::ok()
+        }
+        ("INFO", 2) => {
+            let s = conn.driver.session();
+            Frame::Bulk(Bytes::from(format!("tracked_keys:{}\r\nmax_ts:{}\r\n", s.tracked_keys(), s.max_ts())))
+        }
+        _ => syntax_error(),
+    }
+    .into()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &[u8]) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    s.chunks(2).map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok()).collect()
+}

@@ -1,0 +1,129 @@
+//! INFO [section ...]
+//!
+//! The sections Redis tools read (server, clients, memory, cpu, stats,
+//! persistence, replication, keyspace) plus Causeway's own fields in
+//! replication, as one bulk string of `# Section` headers and `field:value`
+//! lines. No argument, `default`, `all` or `everything`: every section;
+//! otherwise the named ones, in any case. Unknown names are skipped, as
+//! Redis does, so INFO never answers with an error.
+
+use super::Outcome;
+use crate::conn::Conn;
+use crate::server::now_ms;
+use bytes::Bytes;
+use causeway_core::driver::{Request, Response};
+use causeway_resp::Frame;
+use std::sync::atomic::Ordering;
+
+/// The sections INFO knows, in the order it prints them.
+const SECTIONS: [&str; 8] = ["server", "clients", "memory", "cpu", "stats", "persistence", "replication", "keyspace"];
+
+pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let mut text = String::new();
+    for section in sections(&args) {
+        if !text.is_empty() {
+            text.push_str("\r\n");
+        }
+        let mut title = section.to_string();
+        title[..1].make_ascii_uppercase();
+        text.push_str(&format!("# {title}\r\n"));
+        for (k, v) in section_fields(conn, section).await {
+            text.push_str(&format!("{k}:{v}\r\n"));
+        }
+    }
+    Frame::Bulk(Bytes::from(text)).into()
+}
+
+/// The sections INFO's arguments ask for, in printing order.
+fn sections(args: &[Bytes]) -> Vec<&'static str> {
+    let asked: Vec<String> = args[1..].iter().map(|a| String::from_utf8_lossy(a).to_lowercase()).collect();
+    let all = asked.is_empty() || asked.iter().any(|a| matches!(a.as_str(), "all" | "everything" | "default"));
+    SECTIONS.into_iter().filter(|s| all || asked.iter().any(|a| a == s)).collect()
+}
+
+async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, String)> {
+    let node = conn.node.clone();
+    let stat = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
+    match section {
+        "server" => vec![
+            ("redis_version", "7.0.0".into()),
+            ("causeway_version", env!("CARGO_PKG_VERSION").into()),
+            ("process_id", std::process::id().to_string()),
+            ("node_id", node.me.to_string()),
+            ("tcp_port", node.config.listen.rsplit(':').next().unwrap_or("").into()),
+            ("uptime_in_seconds", node.started.elapsed().as_secs().to_string()),
+        ],
+        "clients" => vec![("connected_clients", stat(&node.stats.connections))],
+        "memory" => {
+            // No allocator statistics yet: used_memory is the resident set.
+            let rss = proc_self::rss_bytes().unwrap_or(0);
+            vec![("used_memory", rss.to_string()), ("used_memory_rss", rss.to_string()), ("maxmemory", "0".into())]
+        }
+        "cpu" => {
+            let (user, sys) = proc_self::cpu_seconds().unwrap_or_default();
+            vec![("used_cpu_sys", format!("{sys:.6}")), ("used_cpu_user", format!("{user:.6}"))]
+        }
+        "stats" => vec![
+            ("total_connections_received", stat(&node.stats.total_connections)),
+            ("total_commands_processed", stat(&node.stats.commands)),
+            ("instantaneous_ops_per_sec", stat(&node.stats.ops_per_sec)),
+            ("keyspace_hits", stat(&node.stats.keyspace_hits)),
+            ("keyspace_misses", stat(&node.stats.keyspace_misses)),
+        ],
+        "persistence" => match node.wal() {
+            Some(wal) => vec![
+                ("aof_enabled", "1".into()),
+                ("aof_fsync", wal.policy().into()),
+                ("aof_current_size", wal.size().to_string()),
+                ("aof_last_fsync_ms_ago", now_ms().saturating_sub(wal.last_sync_ms()).to_string()),
+            ],
+            None => vec![("aof_enabled", "0".into())],
+        },
+        "replication" => {
+            let topology = node.topology();
+            let causeway_core::ring::Roles { head, middle, tail } = topology.roles(node.me);
+            vec![
+                ("role", "master".into()),
+                ("serving", if node.is_admitted() { "yes" } else { "no" }.into()),
+                ("lease", if node.has_lease() { "held" } else { "none" }.into()),
+                ("epoch", topology.epoch.to_string()),
+                ("partitions", topology.shape.partitions.to_string()),
+                ("replicas", topology.shape.replicas.to_string()),
+                ("k", topology.shape.k.to_string()),
+                ("head_of", head.to_string()),
+                ("middle_of", middle.to_string()),
+                ("tail_of", tail.to_string()),
+                ("consistency", conn.driver.consistency().to_string()),
+                ("peer_backlog_bytes", node.peer_backlog().to_string()),
+                ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
+            ]
+        }
+        "keyspace" => match conn.run(Request::Count).await {
+            // The whole site's keys, counted at the heads (like DBSIZE).
+            Ok(Response::Count(k)) if k.keys > 0 => vec![("db0", format!("keys={},expires={},avg_ttl=0", k.keys, k.expires))],
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// What Linux says about this process (INFO memory and cpu).
+mod proc_self {
+    /// The resident set, in bytes.
+    pub fn rss_bytes() -> Option<u64> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * 4096)
+    }
+
+    /// CPU time used, user and system, in seconds (Linux counts in ticks of
+    /// 1/100 s).
+    pub fn cpu_seconds() -> Option<(f64, f64)> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces), which ends
+        // at the last ')'.
+        let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks = |i: usize| rest.get(i)?.parse::<f64>().ok().map(|t| t / 100.0);
+        Some((ticks(11)?, ticks(12)?))
+    }
+}

@@ -15,3 +15,22 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     let requests = args[1..].iter().map(|key| Request::Put { key: own(key), value: None, ttl_ms: None, condition: Condition::IfPresent });
     Batch::new(requests.collect(), |_, responses| count(responses, |r| matches!(r, Response::Written(true))))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{requests, wrong_arity};
+    use bytes::Bytes;
+    use causeway_core::driver::Request;
+    use causeway_core::message::Condition;
+
+    #[test]
+    fn each_key_is_a_delete_if_present() {
+        let delete = |k: &'static str| Request::Put { key: Bytes::from(k), value: None, ttl_ms: None, condition: Condition::IfPresent };
+        assert_eq!(requests(&["DEL", "a", "b", "a"]), Ok(vec![delete("a"), delete("b"), delete("a")]));
+    }
+
+    #[test]
+    fn at_least_one_key() {
+        assert_eq!(requests(&["DEL"]), Err(wrong_arity("del")));
+    }
+}

@@ -13,3 +13,17 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     let requests = args[1..].iter().map(|key| Request::Get(own(key)));
     Batch::new(requests.collect(), |_, responses| count(responses, |r| matches!(r, Response::Read { value: Some(_), .. })))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{requests, wrong_arity};
+    use bytes::Bytes;
+    use causeway_core::driver::Request;
+
+    #[test]
+    fn each_key_is_a_read_repeats_included() {
+        let get = |k: &'static str| Request::Get(Bytes::from(k));
+        assert_eq!(requests(&["EXISTS", "a", "a"]), Ok(vec![get("a"), get("a")]));
+        assert_eq!(requests(&["EXISTS"]), Err(wrong_arity("exists")));
+    }
+}

@@ -20,3 +20,18 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
         Err(e) => client_error(e),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{requests, syntax_error};
+    use causeway_core::driver::Request;
+
+    #[test]
+    fn async_and_sync_are_the_only_options() {
+        for words in [&["FLUSHALL"][..], &["FLUSHALL", "async"], &["FLUSHDB", "SYNC"]] {
+            assert_eq!(requests(words), Ok(vec![Request::Flush]), "{words:?}");
+        }
+        assert_eq!(requests(&["FLUSHALL", "LAZY"]), Err(syntax_error()));
+        assert_eq!(requests(&["FLUSHALL", "ASYNC", "SYNC"]), Err(syntax_error()));
+    }
+}

@@ -25,3 +25,21 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
         Err(e) => client_error(e),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{requests, wrong_arity};
+    use bytes::Bytes;
+    use causeway_core::driver::Request;
+
+    #[test]
+    fn one_key_is_one_read() {
+        assert_eq!(requests(&["GET", "k"]), Ok(vec![Request::Get(Bytes::from("k"))]));
+    }
+
+    #[test]
+    fn exactly_one_key() {
+        assert_eq!(requests(&["GET"]), Err(wrong_arity("get")));
+        assert_eq!(requests(&["get", "a", "b"]), Err(wrong_arity("get")));
+    }
+}

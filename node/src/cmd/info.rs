@@ -127,3 +127,28 @@ mod proc_self {
         Some((ticks(11)?, ticks(12)?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{sections, SECTIONS};
+    use crate::cmd::args;
+
+    #[test]
+    fn no_section_or_all_or_default_or_everything_is_every_section() {
+        for words in [&["INFO"][..], &["INFO", "all"], &["info", "DEFAULT"], &["INFO", "stats", "Everything"]] {
+            assert_eq!(sections(&args(words)), SECTIONS, "{words:?}");
+        }
+    }
+
+    #[test]
+    fn named_sections_in_any_case_print_in_info_order() {
+        assert_eq!(sections(&args(&["INFO", "Keyspace", "server", "STATS"])), ["server", "stats", "keyspace"]);
+        assert_eq!(sections(&args(&["INFO", "replication", "replication"])), ["replication"]);
+    }
+
+    #[test]
+    fn unknown_sections_are_skipped_not_errors() {
+        assert_eq!(sections(&args(&["INFO", "nosuch", "cpu"])), ["cpu"]);
+        assert!(sections(&args(&["INFO", "nosuch"])).is_empty());
+    }
+}

@@ -19,3 +19,21 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
         Err(e) => client_error(e),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{requests, wrong_arity};
+    use bytes::Bytes;
+    use causeway_core::driver::Request;
+
+    #[test]
+    fn all_keys_are_one_get_transaction() {
+        let keys = ["a", "b", "a"].map(Bytes::from).to_vec();
+        assert_eq!(requests(&["MGET", "a", "b", "a"]), Ok(vec![Request::MultiGet(keys)]));
+    }
+
+    #[test]
+    fn at_least_one_key() {
+        assert_eq!(requests(&["MGET"]), Err(wrong_arity("mget")));
+    }
+}

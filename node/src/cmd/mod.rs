@@ -208,3 +208,26 @@ fn count(responses: Responses, hit: fn(&Response) -> bool) -> Frame {
     }
     Frame::Integer(n)
 }
+
+/// Words as a command's arguments, for tests.
+#[cfg(test)]
+fn args(words: &[&str]) -> Vec<Bytes> {
+    words.iter().map(|w| Bytes::copy_from_slice(w.as_bytes())).collect()
+}
+
+/// The requests of a data command's batch (see `queue`), for tests.
+#[cfg(test)]
+fn requests(words: &[&str]) -> Result<Vec<Request>, Frame> {
+    queue(words).map(|batch| batch.requests)
+}
+
+/// A data command's parse step as `execute` runs it (arity first), without
+/// a connection or node: its batch, or the error it replies. For tests.
+#[cfg(test)]
+fn queue(words: &[&str]) -> Result<Batch, Frame> {
+    let args = args(words);
+    let cmd = lookup(&args[0]).expect("a known command");
+    let Handler::Queue(parse) = cmd.handler else { panic!("{} is not a data command", cmd.name) };
+    check_arity(cmd, &args)?;
+    parse(&args)
+}

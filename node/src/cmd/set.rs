@@ -53,3 +53,78 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
         Err(e) => client_error(e),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{requests, syntax_error, wrong_arity};
+    use bytes::Bytes;
+    use causeway_core::driver::Request;
+    use causeway_core::message::Condition;
+    use causeway_resp::Frame;
+
+    fn put(ttl_ms: Option<u64>, condition: Condition) -> Result<Vec<Request>, Frame> {
+        Ok(vec![Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms, condition }])
+    }
+
+    #[test]
+    fn plain_set_always_writes_without_ttl() {
+        assert_eq!(requests(&["SET", "k", "v"]), put(None, Condition::Always));
+    }
+
+    #[test]
+    fn key_and_value_are_required() {
+        assert_eq!(requests(&["SET"]), Err(wrong_arity("set")));
+        assert_eq!(requests(&["SET", "k"]), Err(wrong_arity("set")));
+    }
+
+    #[test]
+    fn nx_and_xx_set_the_condition_in_any_case_and_may_repeat() {
+        assert_eq!(requests(&["SET", "k", "v", "NX"]), put(None, Condition::IfAbsent));
+        assert_eq!(requests(&["SET", "k", "v", "xx"]), put(None, Condition::IfPresent));
+        assert_eq!(requests(&["SET", "k", "v", "nx", "NX"]), put(None, Condition::IfAbsent));
+    }
+
+    #[test]
+    fn nx_with_xx_is_a_syntax_error() {
+        assert_eq!(requests(&["SET", "k", "v", "NX", "XX"]), Err(syntax_error()));
+        assert_eq!(requests(&["SET", "k", "v", "XX", "NX"]), Err(syntax_error()));
+    }
+
+    #[test]
+    fn ex_is_seconds_and_px_milliseconds() {
+        assert_eq!(requests(&["SET", "k", "v", "EX", "10"]), put(Some(10_000), Condition::Always));
+        assert_eq!(requests(&["SET", "k", "v", "px", "1500", "XX"]), put(Some(1500), Condition::IfPresent));
+        // The same unit may repeat: the last one counts, as in Redis.
+        assert_eq!(requests(&["SET", "k", "v", "EX", "1", "EX", "2"]), put(Some(2000), Condition::Always));
+    }
+
+    #[test]
+    fn ex_with_px_or_without_a_number_is_a_syntax_error() {
+        assert_eq!(requests(&["SET", "k", "v", "EX", "1", "PX", "1"]), Err(syntax_error()));
+        assert_eq!(requests(&["SET", "k", "v", "EX"]), Err(syntax_error()));
+    }
+
+    #[test]
+    fn a_time_that_is_not_an_integer_is_refused() {
+        let not_integer = Err(Frame::error("ERR value is not an integer or out of range"));
+        assert_eq!(requests(&["SET", "k", "v", "EX", "ten"]), not_integer);
+        assert_eq!(requests(&["SET", "k", "v", "PX", "1.5"]), not_integer);
+    }
+
+    #[test]
+    fn a_time_that_is_not_positive_or_overflows_is_an_invalid_expire_time() {
+        let invalid = Err(Frame::error("ERR invalid expire time in 'set' command"));
+        assert_eq!(requests(&["SET", "k", "v", "EX", "0"]), invalid);
+        assert_eq!(requests(&["SET", "k", "v", "PX", "-5"]), invalid);
+        assert_eq!(requests(&["SET", "k", "v", "EX", &i64::MAX.to_string()]), invalid);
+        assert_eq!(requests(&["SET", "k", "v", "PX", &i64::MAX.to_string()]), invalid);
+    }
+
+    #[test]
+    fn unsupported_options_are_syntax_errors() {
+        // KEEPTTL, GET, EXAT and PXAT are not implemented: refused, never ignored.
+        for option in ["KEEPTTL", "GET", "EXAT", "PXAT", "bogus"] {
+            assert_eq!(requests(&["SET", "k", "v", option]), Err(syntax_error()), "{option}");
+        }
+    }
+}

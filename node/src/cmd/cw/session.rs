@@ -48,3 +48,22 @@ fn unhex(s: &[u8]) -> Option<Vec<u8>> {
     }
     s.chunks(2).map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{hex, unhex};
+
+    #[test]
+    fn a_token_is_lowercase_hex_and_reads_back() {
+        let bytes = [0x00, 0x7f, 0xab, 0xff];
+        assert_eq!(hex(&bytes), "007fabff");
+        assert_eq!(unhex(b"007fabff").as_deref(), Some(&bytes[..]));
+        assert_eq!(unhex(b"007FABFF").as_deref(), Some(&bytes[..]));
+    }
+
+    #[test]
+    fn odd_length_or_non_hex_is_not_a_token() {
+        assert_eq!(unhex(b"abc"), None);
+        assert_eq!(unhex(b"zz"), None);
+    }
+}

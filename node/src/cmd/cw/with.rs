@@ -23,3 +23,44 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     check_arity(cmd, inner)?;
     Ok(Batch { level: Some(level), ..parse(inner)? })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cmd::{queue, requests, syntax_error, wrong_arity};
+    use bytes::Bytes;
+    use causeway_core::driver::{Consistency, Request};
+    use causeway_resp::Frame;
+
+    #[test]
+    fn runs_the_inner_command_at_the_level() {
+        let batch = queue(&["CW.WITH", "Eventual", "GET", "k"]).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(batch.level, Some(Consistency::Eventual));
+        assert_eq!(batch.requests, vec![Request::Get(Bytes::from("k"))]);
+    }
+
+    #[test]
+    fn needs_a_level_and_a_command() {
+        assert_eq!(requests(&["CW.WITH", "causal"]), Err(wrong_arity("cw.with")));
+    }
+
+    #[test]
+    fn an_unknown_level_is_refused() {
+        let error = "ERR unknown consistency 'strong' (expected causal, eventual or linearizable)";
+        assert_eq!(requests(&["CW.WITH", "strong", "GET", "k"]), Err(Frame::error(error)));
+    }
+
+    #[test]
+    fn only_data_commands_run_inside() {
+        let error = "ERR CW.WITH runs GET, SET, DEL, EXISTS or MGET, not 'ping'";
+        assert_eq!(requests(&["CW.WITH", "causal", "ping"]), Err(Frame::error(error)));
+        // DBSIZE is a data command too, but not one CW.WITH runs.
+        let error = "ERR CW.WITH runs GET, SET, DEL, EXISTS or MGET, not 'DBSIZE'";
+        assert_eq!(requests(&["CW.WITH", "causal", "DBSIZE"]), Err(Frame::error(error)));
+    }
+
+    #[test]
+    fn the_inner_commands_errors_come_back_unchanged() {
+        assert_eq!(requests(&["CW.WITH", "linearizable", "GET"]), Err(wrong_arity("get")));
+        assert_eq!(requests(&["CW.WITH", "linearizable", "SET", "k", "v", "NX", "XX"]), Err(syntax_error()));
+    }
+}

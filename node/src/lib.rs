@@ -4,7 +4,7 @@
 //!   loop, the ticker, and message routing.
 //! * `peer`: binary connections to peers and from native clients.
 //! * `conn`: one Redis connection, a ChainReaction client proxy.
-//! * `cmd`: the Redis commands.
+//! * `cmd`: the Redis commands, one file each (`CW.*` under `cmd/cw/`).
 //! * `wal`: the write-ahead log and recovery.
 //! * `config`: flags and TOML.
 

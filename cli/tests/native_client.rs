@@ -4,7 +4,8 @@
 mod common;
 
 use causeway_client::{Client, Error};
-use causeway_core::driver::{ClientError, Consistency};
+use causeway_core::driver::Consistency;
+use causeway_core::error::Error as CoreError;
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::session::Session;
 use common::{eventually, Cluster};
@@ -252,7 +253,7 @@ async fn native_client_recovers_after_a_timeout_with_a_short_timeout() {
     let t = site_topology(&c);
     let doomed = key_where(&t, "to:", |ch| ch[0] == dead);
     match client.put(doomed.as_bytes(), b"x").await {
-        Err(Error::Request(ClientError::Timeout)) => {}
+        Err(Error::Request(CoreError::Timeout)) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }
     // A key whose head and acknowledging node (position 1) are alive.

@@ -18,7 +18,8 @@
 
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
-use causeway_core::driver::{ClientError, Consistency, Driver, Progress, Request, Response};
+use causeway_core::driver::{Consistency, Driver, Progress, Request, Response};
+use causeway_core::error::Error as CoreError;
 use causeway_core::message::{ClientId, Condition, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::session::Session;
@@ -38,7 +39,7 @@ pub enum Error {
     /// Could not reach a node.
     Connect(String),
     /// The site did not complete the request.
-    Request(ClientError),
+    Request(CoreError),
     /// A node answered something this client does not understand.
     Protocol(String),
 }
@@ -55,8 +56,8 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-impl From<ClientError> for Error {
-    fn from(e: ClientError) -> Self {
+impl From<CoreError> for Error {
+    fn from(e: CoreError) -> Self {
         Error::Request(e)
     }
 }
@@ -88,7 +89,7 @@ pub struct Client {
     replies: mpsc::UnboundedReceiver<Incoming>,
     tx: mpsc::UnboundedSender<Incoming>,
     /// The driver's responses, in request order.
-    responses: VecDeque<Result<Response, ClientError>>,
+    responses: VecDeque<Result<Response, CoreError>>,
     /// Requests started whose responses were not taken: a call dropped
     /// before it finished (a timeout around it) leaves its request running,
     /// and the next call skips its response.
@@ -372,7 +373,7 @@ async fn open(
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let welcome = tokio::time::timeout(Duration::from_secs(2), async {
         loop {
-            if let Some(w) = take_frame::<Welcome>(&mut buf).map_err(Error::Protocol)? {
+            if let Some(w) = take_frame::<Welcome>(&mut buf).map_err(|e| Error::Protocol(e.to_string()))? {
                 return Ok(w);
             }
             match rd.read_buf(&mut buf).await {

@@ -24,6 +24,7 @@
 
 pub mod chain;
 pub mod driver;
+pub mod error;
 pub mod hlc;
 pub mod message;
 pub mod node;

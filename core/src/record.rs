@@ -11,6 +11,7 @@
 //! whether it was catching up (`Behind`) when the node stopped.
 
 use crate::chain::PartitionState;
+use crate::error::Error;
 use crate::message::Update;
 use crate::ring::PartitionId;
 use serde::{Deserialize, Serialize};
@@ -55,11 +56,11 @@ impl LogRecord {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<LogRecord, String> {
+    pub fn decode(bytes: &[u8]) -> Result<LogRecord, Error> {
         match bytes.split_first() {
             Some((&FORMAT, rest)) => crate::wire::decode(rest),
-            Some((v, _)) => Err(format!("log record format {v}, this build reads format {FORMAT}")),
-            None => Err("empty log record".into()),
+            Some((v, _)) => Err(Error::InvalidData(format!("log record format {v}, this build reads format {FORMAT}"))),
+            None => Err(Error::InvalidData("empty log record".into())),
         }
     }
 }

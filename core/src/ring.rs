@@ -11,6 +11,7 @@
 //! epoch it was routed with so a node can answer "not responsible" to callers
 //! with an old map (the p2p store's `server-not-responsible` + `keyrange`).
 
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use xxhash_rust::xxh3::xxh3_64;
@@ -81,15 +82,18 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn validate(&self, nodes: usize) -> Result<(), String> {
+    pub fn validate(&self, nodes: usize) -> Result<()> {
         if self.partitions == 0 {
-            return Err("partitions must be at least 1".into());
+            return Err(Error::InvalidInput("partitions must be at least 1".into()));
         }
         if self.replicas == 0 || self.replicas > nodes {
-            return Err(format!("replicas must be between 1 and the number of nodes ({nodes}), got {}", self.replicas));
+            return Err(Error::InvalidInput(format!(
+                "replicas must be between 1 and the number of nodes ({nodes}), got {}",
+                self.replicas
+            )));
         }
         if self.k == 0 || self.k > self.replicas {
-            return Err(format!("k must be between 1 and replicas ({}), got {}", self.replicas, self.k));
+            return Err(Error::InvalidInput(format!("k must be between 1 and replicas ({}), got {}", self.replicas, self.k)));
         }
         Ok(())
     }
@@ -115,12 +119,12 @@ pub struct Topology {
 
 impl Topology {
     /// Places `shape.partitions` partitions on a ring of `nodes`.
-    pub fn new(epoch: u64, shape: Shape, nodes: Vec<NodeInfo>) -> Result<Self, String> {
+    pub fn new(epoch: u64, shape: Shape, nodes: Vec<NodeInfo>) -> Result<Self> {
         shape.validate(nodes.len())?;
         let mut ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err("node ids must be distinct".into());
+            return Err(Error::InvalidInput("node ids must be distinct".into()));
         }
         let chains = (0..shape.partitions).map(|p| Chain { nodes: ring_order(&ids, p).take(shape.replicas).collect() }).collect();
         Ok(Topology { epoch, shape, nodes, chains, admitted: BTreeMap::new(), returning: Vec::new() })

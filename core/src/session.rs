@@ -16,6 +16,7 @@
 //! A session can be exported as a token and resumed elsewhere (another
 //! connection, another node): `CW.SESSION`.
 
+use crate::error::Error;
 use crate::hlc::Timestamp;
 use crate::message::Item;
 use crate::version::Version;
@@ -139,10 +140,13 @@ impl Session {
 
     /// Resumes a session from `export`'s token, refusing tokens with
     /// timestamps implausibly far ahead of `now_ms`.
-    pub fn import(token: &[u8], now_ms: u64) -> Result<Session, String> {
-        let s: Session = crate::wire::decode(token).map_err(|e| format!("invalid session token: {e}"))?;
+    pub fn import(token: &[u8], now_ms: u64) -> Result<Session, Error> {
+        let s: Session = crate::wire::decode(token).map_err(|e| Error::InvalidInput(format!("invalid session token: {e}")))?;
         if s.max_ts.physical_ms > now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS) {
-            return Err(format!("invalid session token: its clock ({} ms) is ahead of this node's ({now_ms} ms)", s.max_ts.physical_ms));
+            return Err(Error::InvalidInput(format!(
+                "invalid session token: its clock ({} ms) is ahead of this node's ({now_ms} ms)",
+                s.max_ts.physical_ms
+            )));
         }
         Ok(s)
     }

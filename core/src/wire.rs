@@ -3,6 +3,7 @@
 //! integers), with a size limit so a corrupt or hostile length prefix cannot
 //! make a node allocate without bound.
 
+use crate::error::Error;
 use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -25,9 +26,9 @@ pub fn encode_into<T: Serialize>(value: &T, out: &mut impl std::io::Write) {
     options().serialize_into(out, value).expect("in-memory values always encode")
 }
 
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     use bincode::Options;
-    options().deserialize(bytes).map_err(|e| e.to_string())
+    options().deserialize(bytes).map_err(|e| Error::InvalidData(e.to_string()))
 }
 
 /// Appends one length-prefixed frame (u32 little-endian length, then the
@@ -41,13 +42,13 @@ pub fn put_frame<T: Serialize>(value: &T, out: &mut BytesMut) {
 }
 
 /// Takes one complete frame from the front of `buf`, if there is one.
-pub fn take_frame<T: DeserializeOwned>(buf: &mut BytesMut) -> Result<Option<T>, String> {
+pub fn take_frame<T: DeserializeOwned>(buf: &mut BytesMut) -> Result<Option<T>, Error> {
     if buf.len() < 4 {
         return Ok(None);
     }
     let len = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize;
     if len as u64 > MAX_FRAME {
-        return Err(format!("frame of {len} bytes is over the limit"));
+        return Err(Error::InvalidData(format!("frame of {len} bytes is over the limit")));
     }
     if buf.len() < 4 + len {
         // Room for what is coming, but not all of an announced length at

@@ -111,7 +111,7 @@ impl NodeConfig {
         if !self.nodes.iter().any(|n| n.id == self.id) {
             return Err(format!("node id {} is not in the node list", self.id));
         }
-        Topology::new(1, self.shape(), self.nodes.clone())
+        Ok(Topology::new(1, self.shape(), self.nodes.clone())?)
     }
 }
 

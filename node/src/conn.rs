@@ -13,7 +13,8 @@
 use crate::cmd::{self, Batch, Outcome, Responses};
 use crate::server::{now_ms, Node};
 use bytes::BytesMut;
-use causeway_core::driver::{ClientError, Driver, Progress, Request, Response};
+use causeway_core::driver::{Driver, Progress, Request, Response};
+use causeway_core::error::Error;
 use causeway_core::message::{ClientId, Message};
 use causeway_resp::{Frame, Protocol, RequestDecoder};
 use std::collections::VecDeque;
@@ -51,7 +52,7 @@ pub struct Conn {
     pub name: Option<String>,
     replies: mpsc::UnboundedReceiver<Message>,
     /// The driver's responses, in request order, not yet in a reply.
-    responses: VecDeque<Result<Response, ClientError>>,
+    responses: VecDeque<Result<Response, Error>>,
     owed: VecDeque<Owed>,
     /// Encoded replies not yet written.
     output: BytesMut,
@@ -64,7 +65,7 @@ impl Conn {
 
     /// Runs one request to completion, for commands that need a response
     /// before they answer (INFO). Only after `settle`.
-    pub async fn run(&mut self, request: Request) -> Result<Response, ClientError> {
+    pub async fn run(&mut self, request: Request) -> Result<Response, Error> {
         debug_assert!(self.owed.is_empty(), "run() after settle()");
         let level = self.driver.consistency();
         let now = now_ms();
@@ -277,6 +278,6 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
 }
 
 /// The Redis error for a request the replicas did not complete.
-pub fn client_error(e: ClientError) -> Frame {
+pub fn client_error(e: Error) -> Frame {
     Frame::error(format!("ERR {e}"))
 }

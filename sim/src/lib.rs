@@ -18,7 +18,8 @@ pub mod check;
 pub mod lincheck;
 pub mod workload;
 
-use causeway_core::driver::{ClientError, Driver, Request, Response};
+use causeway_core::driver::{Driver, Request, Response};
+use causeway_core::error::Error;
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
 use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
@@ -98,7 +99,7 @@ pub enum Fsync {
 pub struct Completed {
     pub client: usize,
     pub request: Request,
-    pub result: Result<Response, ClientError>,
+    pub result: Result<Response, Error>,
     /// The (key, item) pairs of the replies that produced the result (reads
     /// and get-transactions).
     pub items: Vec<(bytes::Bytes, Item)>,
@@ -416,7 +417,7 @@ impl Sim {
         }
     }
 
-    fn complete(&mut self, client: usize, result: Result<Response, ClientError>) -> Completed {
+    fn complete(&mut self, client: usize, result: Result<Response, Error>) -> Completed {
         let c = &mut self.clients[client];
         let request = c.request.take().expect("a request was in flight");
         let items = if result.is_ok() { std::mem::take(&mut c.items) } else { Vec::new() };

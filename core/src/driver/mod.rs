@@ -56,6 +56,7 @@
 
 mod op;
 
+use crate::error::Error;
 use crate::message::{ClientId, Condition, Keyspace, Message};
 use crate::ring::{NodeId, Topology};
 use crate::session::Session;
@@ -103,13 +104,13 @@ pub enum Consistency {
 }
 
 impl FromStr for Consistency {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
         match s.to_ascii_lowercase().as_str() {
             "causal" => Ok(Consistency::Causal),
             "eventual" => Ok(Consistency::Eventual),
             "linearizable" => Ok(Consistency::Linearizable),
-            _ => Err(format!("unknown consistency '{s}' (expected causal, eventual or linearizable)")),
+            _ => Err(Error::InvalidInput(format!("unknown consistency '{s}' (expected causal, eventual or linearizable)"))),
         }
     }
 }
@@ -161,33 +162,13 @@ pub enum Response {
     Topology(Arc<Topology>),
 }
 
-/// Why a request failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClientError {
-    /// No answer in time (a node is down or overloaded).
-    Timeout,
-    /// Too few replicas of the key's partition are alive to accept writes.
-    Unavailable { alive: u8, needed: u8 },
-}
-
-impl fmt::Display for ClientError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ClientError::Timeout => f.write_str("timed out waiting for the replicas"),
-            ClientError::Unavailable { alive, needed } => {
-                write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
-            }
-        }
-    }
-}
-
 /// What the shell should do after a step.
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Messages to send.
     pub send: Vec<(NodeId, Message)>,
     /// Responses now complete, in the order their requests were started.
-    pub done: Vec<Result<Response, ClientError>>,
+    pub done: Vec<Result<Response, Error>>,
     /// Look for a newer partition map (and feed it to `reconfigured`) and
     /// for unreachable nodes (`unreachable`): a request has waited
     /// `RECHECK_MS`.
@@ -202,7 +183,7 @@ enum Slot {
     /// Boxed: slots move (queue, start, finish) and an `Op` is large.
     Running(Box<Op>),
     /// Finished, held until every earlier request has finished too.
-    Done(Result<Response, ClientError>),
+    Done(Result<Response, Error>),
 }
 
 /// Whether a request may run while other requests of its session run (see
@@ -395,7 +376,7 @@ impl Driver {
                     break;
                 }
                 // Moved out, not cloned; the placeholder is replaced below.
-                let Slot::Waiting(request, level) = std::mem::replace(slot, Slot::Done(Err(ClientError::Timeout))) else {
+                let Slot::Waiting(request, level) = std::mem::replace(slot, Slot::Done(Err(Error::Timeout))) else {
                     unreachable!("matched above")
                 };
                 let (op, step) = Op::start(&mut self.cx, request, level, now_ms);
@@ -630,10 +611,10 @@ mod tests {
         // The first read times out; the second starts then, with its own
         // deadline.
         let p = d.tick(1_000);
-        assert_eq!(p.done, vec![Err(ClientError::Timeout)]);
+        assert_eq!(p.done, vec![Err(Error::Timeout)]);
         assert!(matches!(&p.send[..], [(_, Message::Get { .. })]));
         assert!(d.tick(1_999).done.is_empty());
-        assert_eq!(d.tick(2_000).done, vec![Err(ClientError::Timeout)]);
+        assert_eq!(d.tick(2_000).done, vec![Err(Error::Timeout)]);
     }
 
     #[test]

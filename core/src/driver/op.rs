@@ -15,7 +15,8 @@
 //!   `ChainReplica::snapshot_read` for why this never fractures.
 //! * a `NotResponsible` answer refreshes the topology and starts over.
 
-use super::{ClientError, Consistency, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
+use super::{Consistency, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
+use crate::error::Error;
 use crate::hlc::Timestamp;
 use crate::message::{ClientId, Item, Keyspace, Message, OpId, Refusal, ACK_AT_TAIL};
 use crate::ring::{NodeId, PartitionId, Topology};
@@ -83,7 +84,7 @@ impl Ctx {
 #[derive(Debug, Default)]
 pub(super) struct Step {
     pub send: Vec<(NodeId, Message)>,
-    pub done: Option<Result<Response, ClientError>>,
+    pub done: Option<Result<Response, Error>>,
 }
 
 #[derive(Debug)]
@@ -191,7 +192,7 @@ impl Op {
     pub fn tick(&mut self, cx: &mut Ctx, timeout_ms: u64, now_ms: u64) -> Step {
         let waited = now_ms.saturating_sub(self.started_ms);
         match self.phase {
-            _ if waited >= timeout_ms => Step { send: Vec::new(), done: Some(Err(ClientError::Timeout)) },
+            _ if waited >= timeout_ms => Step { send: Vec::new(), done: Some(Err(Error::Timeout)) },
             Phase::Retrying { at_ms } if now_ms >= at_ms => {
                 let mut p = Step::default();
                 self.refresh(cx, &mut p);
@@ -476,7 +477,7 @@ impl Op {
                 }
             }
             Message::Refused { reason: Refusal::Unavailable { alive, needed }, .. } => {
-                p.done = Some(Err(ClientError::Unavailable { alive, needed }));
+                p.done = Some(Err(Error::Unavailable { alive, needed }));
             }
             Message::Refused { reason: Refusal::Behind | Refusal::NoLease, .. } => {
                 if self.consistency == Consistency::Linearizable {

@@ -34,7 +34,8 @@ mod set;
 use crate::conn::{client_error, Conn};
 use crate::server::Node;
 use bytes::Bytes;
-use causeway_core::driver::{ClientError, Consistency, Request, Response};
+use causeway_core::driver::{Consistency, Request, Response};
+use causeway_core::error::Error;
 use causeway_resp::Frame;
 use std::future::Future;
 use std::pin::Pin;
@@ -49,7 +50,7 @@ pub enum Outcome {
 }
 
 /// The responses to a data command's requests, in order.
-pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, ClientError>>;
+pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, Error>>;
 
 /// A data command's requests, in order, and how to answer from their
 /// responses.
@@ -192,7 +193,7 @@ fn own(b: &Bytes) -> Bytes {
 }
 
 /// The one response of a single-request data command.
-fn only(mut responses: Responses) -> Result<Response, ClientError> {
+fn only(mut responses: Responses) -> Result<Response, Error> {
     responses.next().expect("one request, one response")
 }
 

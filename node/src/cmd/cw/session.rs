@@ -16,7 +16,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     match (upper(&args[1]).as_str(), args.len()) {
         ("EXPORT", 2) => Frame::Bulk(Bytes::from(hex(&conn.driver.session().export()))),
         ("RESUME", 3) => match unhex(&args[2])
-            .ok_or("invalid session token: not hex".to_string())
+            .ok_or(causeway_core::error::Error::InvalidInput("invalid session token: not hex".into()))
             .and_then(|b| Session::import(&b, crate::server::now_ms()))
         {
             Ok(s) => {

@@ -65,7 +65,7 @@ impl StoredSnapshot {
     }
 
     fn topology(&self) -> Result<Topology, String> {
-        wire::decode(&self.data)
+        Ok(wire::decode(&self.data)?)
     }
 }
 

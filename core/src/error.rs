@@ -1,0 +1,47 @@
+//! One error type for what Causeway's core reports, in user terms (toyDB's
+//! `error.rs` is the model).
+//!
+//! Two kinds, and callers treat them differently:
+//! * deterministic: `InvalidInput` (a request, flag or token that cannot be
+//!   used) and `InvalidData` (bytes that do not decode: a corrupt frame or
+//!   log record, or another format). The same input fails the same way:
+//!   retrying does not help, fixing the input does;
+//! * transient: `Timeout` and `Unavailable`. The site may answer later
+//!   (after repair): retrying is the remedy.
+
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// No answer in time (a node is down or overloaded).
+    Timeout,
+    /// Too few replicas of the key's partition are alive to accept writes.
+    Unavailable { alive: u8, needed: u8 },
+    /// A request, setting or token that cannot be used, and why.
+    InvalidInput(String),
+    /// Bytes that do not decode, and why.
+    InvalidData(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Timeout => f.write_str("timed out waiting for the replicas"),
+            Error::Unavailable { alive, needed } => {
+                write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
+            }
+            Error::InvalidInput(why) | Error::InvalidData(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The shells (CLI, node start-up) report errors as text.
+impl From<Error> for String {
+    fn from(e: Error) -> String {
+        e.to_string()
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -23,6 +23,7 @@ use crate::resp_client::RespConn;
 use crate::site::{Shape, Site};
 use causeway_resp::Frame;
 use causeway_sim::lincheck::{Op, OpKind};
+use causeway_sim::Rng;
 use clap::Args;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,19 +50,6 @@ pub struct TortureArgs {
     /// spread over the nodes.
     #[arg(long, default_value_t = 8)]
     clients: usize,
-}
-
-/// splitmix64: a seed gives the same fault schedule.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) % n.max(1)
-    }
 }
 
 /// Keys per client.
@@ -144,7 +132,7 @@ async fn campaign(site: &mut Site, args: &TortureArgs, seed: u64) -> Result<Stri
     }));
     let writers: Vec<_> = (0..args.clients)
         .map(|w| {
-            let rng = Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9));
+            let rng = Rng::new(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9));
             tokio::spawn(client(
                 site.addr(w as u16 % args.nodes),
                 w,
@@ -157,7 +145,8 @@ async fn campaign(site: &mut Site, args: &TortureArgs, seed: u64) -> Result<Stri
         })
         .collect();
     // Faults, one at a time, until the deadline.
-    let mut rng = Rng(seed);
+    // A seed gives the same fault schedule.
+    let mut rng = Rng::new(seed);
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     while Instant::now() < deadline {

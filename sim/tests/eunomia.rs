@@ -24,6 +24,7 @@ use causeway_core::stabilizer::{
     IdBatch, IdVector, IdsAck, Position, ReplicaId, Reporter, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId,
 };
 use causeway_core::version::{SiteId, VersionVector};
+use causeway_sim::Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 
@@ -39,27 +40,6 @@ const RUN_MS: u64 = 7_000;
 const WAN_MS: [[u64; SITES]; SITES] = [[0, 40, 40], [40, 0, 80], [40, 80, 0]];
 /// Each site's wall clock is off by this much.
 const SKEW_MS: [i64; SITES] = [0, 30, -20];
-
-/// splitmix64: small, seeded, good enough to shuffle a schedule.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 enum Event {
     Replica { site: usize, replica: ReplicaId, msg: StabilizerMsg },
@@ -151,7 +131,7 @@ impl Sim {
             .collect();
         let mut sim = Sim {
             seed,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             now: 0,
             seq: 0,
             net: BTreeMap::new(),
@@ -176,7 +156,7 @@ impl Sim {
     /// The delay of a message between sites, or `None` if it is lost.
     fn wan(&mut self, from: usize, to: usize) -> Option<u64> {
         let cut = self.cut_until[from][to] > self.now;
-        let lost = self.rng.chance(2);
+        let lost = self.rng.below(100) < 2;
         let delay = WAN_MS[from][to] + self.rng.below(25);
         (!cut && !lost).then_some(delay)
     }
@@ -308,7 +288,7 @@ impl Sim {
             let mut batches: Vec<(ReplicaId, IdBatch)> = Vec::new();
             self.sites[site].reporters[p].tick(self.now, &mut batches);
             for (replica, batch) in batches {
-                if !self.rng.chance(2) {
+                if self.rng.below(100) >= 2 {
                     let delay = self.rng.below(3);
                     self.send(delay, Event::Replica { site, replica, msg: StabilizerMsg::Ids(batch) });
                 }
@@ -329,7 +309,7 @@ impl Sim {
         for o in out {
             match o {
                 StabilizerOut::IdsAck(ack) => {
-                    if !self.rng.chance(2) {
+                    if self.rng.below(100) >= 2 {
                         let delay = self.rng.below(3);
                         self.send(delay, Event::Reporter { site, ack });
                     }
@@ -398,7 +378,7 @@ impl Sim {
     fn leader_fault(&mut self, site: usize) {
         let live: Vec<ReplicaId> = (0..REPLICAS).filter(|&r| self.sites[site].replicas[r as usize].is_some()).collect();
         let old = self.sites[site].leader;
-        let crash = live.len() > 1 && self.rng.chance(50);
+        let crash = live.len() > 1 && (self.rng.below(100) < 50);
         if crash {
             self.sites[site].replicas[old as usize] = None;
         }

@@ -284,6 +284,11 @@ impl Node {
         (0..core.topology().shape.partitions).filter_map(|p| Some((p, core.digest(p)?))).collect()
     }
 
+    /// Replicas on this node catching up after moving up a chain.
+    pub fn catching_up_replicas(&self) -> usize {
+        self.core.lock().catching_up_replicas()
+    }
+
     /// Replicas on this node still waiting for a state transfer.
     pub fn joining_replicas(&self) -> usize {
         self.core.lock().joining_replicas()

@@ -65,10 +65,11 @@ fn status(node: &Node) -> String {
     let lengths: Vec<usize> = t.chains.iter().map(|c| c.len()).collect();
     let short = lengths.iter().filter(|&&l| l < t.shape.replicas).count();
     s.push_str(&format!(
-        "chain_length_min:{}\r\nchain_length_max:{}\r\nshort_chains:{short}\r\njoining_replicas_here:{}\r\n",
+        "chain_length_min:{}\r\nchain_length_max:{}\r\nshort_chains:{short}\r\njoining_replicas_here:{}\r\ncatching_up_replicas_here:{}\r\n",
         lengths.iter().min().unwrap_or(&0),
         lengths.iter().max().unwrap_or(&0),
-        node.joining_replicas()
+        node.joining_replicas(),
+        node.catching_up_replicas()
     ));
     for n in &t.nodes {
         let causeway_core::ring::Roles { head, middle, tail } = t.roles(n.id);

@@ -574,6 +574,17 @@ pub fn is_member(status: &std::collections::HashMap<String, String>, node: usize
     status.get(&format!("node{node}")).is_some_and(|l| !l.starts_with("member=no"))
 }
 
+/// The coordinator leader, if the site is settled as it reports: every
+/// node of `nodes` a member, heard at the current epoch with nothing left
+/// to fetch, and every chain at R.
+pub fn settled_leader(c: &Cluster, nodes: &[usize]) -> Option<usize> {
+    let leader: usize = (0..3).find_map(|i| cluster_status(c, i)?.get("coordinator_leader")?.parse().ok())?;
+    let s = cluster_status(c, leader)?;
+    let settled = format!("epoch={},joining=0,", s.get("epoch")?);
+    let all = nodes.iter().all(|&n| is_member(&s, n) && s[&format!("node{n}")].contains(&settled));
+    (all && s.get("short_chains")? == "0").then_some(leader)
+}
+
 /// Writes `n` keys `{prefix}{i}` through node 0 and returns what was
 /// acknowledged.
 pub fn write_keys(c: &Cluster, prefix: &str, n: usize) -> Vec<(String, String)> {

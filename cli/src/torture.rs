@@ -332,7 +332,7 @@ async fn wait_healed(site: &Site, nodes: u16, timeout: Duration) -> Result<(), S
     loop {
         if let Some(l) = leader(site, nodes).await {
             if let Some(s) = status(site, l).await {
-                let settled = format!("epoch={},joining=0,", s.get("epoch").map_or("", |e| e.as_str()));
+                let settled = format!("epoch={},joining=0,catching_up=0,", s.get("epoch").map_or("", |e| e.as_str()));
                 let whole = (0..nodes)
                     .all(|n| s.get(&format!("node{n}")).is_some_and(|line| !line.starts_with("member=no") && line.contains(&settled)));
                 if whole
@@ -358,7 +358,7 @@ async fn check_reads(site: &Site, nodes: u16, acked: &HashMap<String, String>) -
             let mut c = RespConn::connect(&site.addr(node)).await?;
             c.call(&[b"CW.CONSISTENCY", level.as_bytes()]).await?;
             for (k, v) in acked {
-                let got = c.call(&[b"GET", k.as_bytes()]).await?;
+                let got = c.call(&[b"GET", k.as_bytes()]).await.map_err(|e| format!("{level} GET {k} through node {node}: {e}"))?;
                 reads += 1;
                 if got != Frame::Bulk(v.clone().into()) {
                     return Err(format!("acknowledged write lost: {level} GET {k} through node {node} returned {got:?}, expected {v}"));

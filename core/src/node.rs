@@ -74,6 +74,10 @@ pub struct Beat {
     /// Partitions whose replica here is still fetching its state (holds
     /// nothing yet): state transfers in flight.
     pub joining: Vec<PartitionId>,
+    /// Partitions whose replica here moved up its chain and is still
+    /// catching up from its successor (it holds the data, maybe not all of
+    /// what the members it passed hold).
+    pub catching_up: Vec<PartitionId>,
     /// Not admitted yet: what it recovered from its log, for the
     /// coordinator to decide how it rejoins.
     pub recovered: Option<Recovered>,
@@ -373,6 +377,7 @@ impl Node {
             epoch: self.topology.epoch,
             sent_ms: mono_ms,
             joining: self.joining(),
+            catching_up: self.catching_up(),
             recovered,
         }
     }
@@ -395,7 +400,11 @@ impl Node {
 
     /// Replicas catching up from their successor after moving up a chain.
     pub fn catching_up_replicas(&self) -> usize {
-        self.parts.iter().flatten().filter(|r| r.is_catching_up()).count()
+        self.catching_up().len()
+    }
+
+    fn catching_up(&self) -> Vec<PartitionId> {
+        (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_catching_up())).collect()
     }
 
     /// The partitions whose replica here is still fetching its state.

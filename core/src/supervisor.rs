@@ -83,6 +83,9 @@ pub struct NodeReport {
     pub epoch: u64,
     /// Replicas still fetching their state: state transfers in flight.
     pub joining: u32,
+    /// Replicas that moved up their chain and are catching up from their
+    /// successor (they serve nothing meanwhile).
+    pub catching_up: u32,
     /// Failed and not back yet: how much longer it is held out (0 once it
     /// may return).
     pub held_out_ms: Option<u64>,
@@ -202,6 +205,13 @@ impl Supervisor {
             && self.last_seen.get(&node).is_some_and(|h| h.beat.epoch == current.epoch && h.beat.recovered.is_none())
     }
 
+    /// `holds_now`, and not catching up after a move up its chain: it holds
+    /// everything the members it passed held. Members leave or move only
+    /// once all the others are settled this way.
+    fn settled(&self, current: &Topology, node: NodeId, p: PartitionId, now_ms: u64) -> bool {
+        self.holds_now(current, node, p, now_ms) && self.last_seen.get(&node).is_some_and(|h| !h.beat.catching_up.contains(&p))
+    }
+
     /// Whether `node` was heard at or after `since_ms` (a heartbeat from
     /// before another node restarted says nothing of whether it survived
     /// the same outage).
@@ -243,6 +253,7 @@ impl Supervisor {
                 silent_ms: now_ms.saturating_sub(h.at_ms),
                 epoch: h.beat.epoch,
                 joining: h.beat.joining.len() as u32,
+                catching_up: h.beat.catching_up.len() as u32,
                 held_out_ms: current.returning.iter().any(|n| n.id == node).then(|| self.held_out_ms(node, now_ms)),
                 failures: self.strikes.get(&node).map_or(0, |s| s.count),
             })
@@ -273,8 +284,10 @@ impl Supervisor {
         s.last_ms = now_ms;
     }
 
-    /// An operator asks to remove `node` without losing replication.
+    /// An operator asks to remove `node` without losing replication (a
+    /// node still waiting to be added is just not added).
     pub fn drain(&mut self, node: NodeId) {
+        self.joining.retain(|n| n.id != node);
         self.draining.insert(node);
     }
 
@@ -361,16 +374,15 @@ impl Supervisor {
         if let Some(change) = self.readmit(current, now_ms) {
             return Some(change);
         }
-        // 3. Drained nodes leave like failed ones (the chains then grow back).
-        self.draining.retain(|&n| current.node(n).is_some());
-        if let Some(&n) = self.draining.iter().next() {
-            let mut t = current.without(n);
-            t.returning.retain(|r| r.id != n);
-            return Some(Change { topology: t, why: format!("node {n} drained") });
-        }
-        // 4. New nodes join, failed nodes return, once they are up.
+        // 3. New nodes join, failed nodes return, once they are up (first,
+        // so a node that replaces a drained one can take its place).
         if let Some(change) = self.admit_new(current, now_ms) {
             return Some(change);
+        }
+        // 4. Drained nodes leave, once their chains no longer need them.
+        self.draining.retain(|&n| current.node(n).is_some() || current.returning.iter().any(|r| r.id == n));
+        if let Some(&n) = self.draining.iter().next() {
+            return self.drain_step(current, n, now_ms);
         }
         // 5. Chains grow back to R, or move to their place on the ring.
         let placed = self.placed(current, current, now_ms);
@@ -389,7 +401,7 @@ impl Supervisor {
         let mut moved = 0;
         for p in 0..current.shape.partitions {
             let chain = &current.chain(p).nodes;
-            if !chain.iter().all(|&n| self.holds_now(current, n, p, now_ms)) {
+            if !chain.iter().all(|&n| self.settled(current, n, p, now_ms)) {
                 continue;
             }
             if let Some(order) = current.toward_ring_order(p) {
@@ -466,22 +478,68 @@ impl Supervisor {
 
     /// `t` (the current configuration, maybe with nodes added) with every
     /// chain moved towards its place on the ring (`Topology::rebalanced`),
-    /// safely: members it should gain join at the tail at once (they fetch
-    /// the state), but a member it should lose leaves only once every
-    /// member of its new chain holds the data, so a chain is never left
-    /// with nobody but replicas still fetching. Meanwhile it is one longer.
+    /// safely: members it should gain join at the tail at once if alive
+    /// (they fetch the state), but a member it should lose leaves only once every
+    /// member of its new chain holds the data (`settled`), so a chain is
+    /// never left with nobody but replicas still fetching. Meanwhile it is
+    /// one longer.
+    ///
+    /// A head that should leave first hands its role over: the first member
+    /// that stays moves up to the head and catches up from it (a head may
+    /// have writes its successor has not received yet; dropped at once, a
+    /// live head would lose them, and reads may have seen them); it leaves
+    /// in a later step, as a middle member, whose updates its predecessor
+    /// holds.
     fn placed(&self, t: &Topology, current: &Topology, now_ms: u64) -> Topology {
         let ideal = t.rebalanced();
         let mut next = ideal.clone();
         for (p, chain) in next.chains.iter_mut().enumerate() {
             let p = p as PartitionId;
             let before = &current.chain(p).nodes;
-            let ready = chain.nodes.iter().all(|&n| before.contains(&n) && self.holds_now(current, n, p, now_ms));
-            let mut nodes: Vec<NodeId> = before.iter().copied().filter(|n| chain.nodes.contains(n) || !ready).collect();
-            nodes.extend(chain.nodes.iter().copied().filter(|n| !before.contains(n)));
+            let ready = chain.nodes.iter().all(|&n| before.contains(&n) && self.settled(current, n, p, now_ms));
+            let stays = |n: &NodeId| chain.nodes.contains(n);
+            if let (true, Some(&head), Some(heir)) = (ready, before.first(), before.iter().position(stays)) {
+                if !stays(&head) {
+                    let mut nodes = before.clone();
+                    let heir = nodes.remove(heir);
+                    nodes.insert(0, heir);
+                    chain.nodes = nodes;
+                    continue;
+                }
+            }
+            let mut nodes: Vec<NodeId> = before.iter().copied().filter(|n| stays(n) || !ready).collect();
+            // A node not heard lately would be a tail that never fetches:
+            // it joins once alive, or leaves the ring when found dead.
+            let alive = |n: &NodeId| self.alive_beat(*n, now_ms).is_some_and(|b| t.admits(*n, b.incarnation));
+            nodes.extend(chain.nodes.iter().copied().filter(|n| !before.contains(n) && alive(n)));
             chain.nodes = nodes;
         }
         next
+    }
+
+    /// One step of draining `n`: its chains are extended past it (the new
+    /// members join at the tail and fetch the state) and it leaves each
+    /// chain only once every other member holds the data, so a chain never
+    /// loses its last holder, even when the drain comes while the chain is
+    /// still being formed. `None` while waiting for those transfers
+    /// (nothing else is decided meanwhile: the ring still counts `n`).
+    fn drain_step(&mut self, current: &Topology, n: NodeId, now_ms: u64) -> Option<Change> {
+        let mut without = current.clone();
+        without.nodes.retain(|x| x.id != n);
+        without.returning.retain(|r| r.id != n);
+        without.admitted.remove(&n);
+        let mut t = self.placed(&without, current, now_ms);
+        if !t.chains.iter().any(|c| c.nodes.contains(&n)) {
+            return Some(Change { topology: t, why: format!("node {n} drained") });
+        }
+        if t.chains == current.chains {
+            self.waiting = Some(format!("draining node {n}: waiting for its chains' other members to hold the data"));
+            return None;
+        }
+        t.nodes = current.nodes.clone();
+        t.admitted = current.admitted.clone();
+        let left = t.chains.iter().filter(|c| c.nodes.contains(&n)).count();
+        Some(Change { topology: t, why: format!("draining node {n}: {left} chains still have it (extended past it, or it handed over their head)") })
     }
 
     /// Operator-added nodes and failed nodes that are back, once alive.
@@ -529,7 +587,7 @@ mod tests {
     }
 
     fn beat(t: &Topology, n: NodeId, epoch: u64) -> Beat {
-        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, sent_ms: 0, joining: Vec::new(), recovered: None }
+        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, sent_ms: 0, joining: Vec::new(), catching_up: Vec::new(), recovered: None }
             .with_admission(t)
     }
 
@@ -567,6 +625,39 @@ mod tests {
         assert_eq!(s.next(&grown, 1_600), None);
     }
 
+    /// Runs the supervisor from `t` with every node of `nodes` beating,
+    /// holding and caught up after each change, until it has nothing left
+    /// to do; returns every configuration it went through.
+    fn settle(s: &mut Supervisor, t: &Topology, nodes: &[NodeId], at: u64) -> Vec<Topology> {
+        let mut steps = vec![t.clone()];
+        all_beat(s, t, nodes, at);
+        while let Some(change) = s.next(steps.last().unwrap(), at) {
+            all_beat(s, &change.topology, nodes, at);
+            steps.push(change.topology);
+        }
+        steps
+    }
+
+    /// What a drain must keep true at each step: a chain keeps every member
+    /// that stays, its head leaves only after handing the role over (it is
+    /// no longer the head one step before it leaves), and the node stays a
+    /// member while any chain has it.
+    fn assert_drained_safely(steps: &[Topology], n: NodeId) {
+        for pair in steps.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            for p in 0..a.shape.partitions {
+                let (before, after) = (&a.chain(p).nodes, &b.chain(p).nodes);
+                if before.first() == Some(&n) {
+                    assert!(after.contains(&n), "p{p}: the head {n} left without handing over: {before:?} -> {after:?}");
+                }
+            }
+            assert!(b.node(n).is_some() || b.chains.iter().all(|c| !c.nodes.contains(&n)));
+        }
+        let last = steps.last().unwrap();
+        assert!(last.node(n).is_none() && last.returning.is_empty(), "a drained node does not come back");
+        assert!(last.chains.iter().all(|c| c.len() == 3 && !c.nodes.contains(&n)));
+    }
+
     #[test]
     fn drain_and_add() {
         let t = site(3);
@@ -576,15 +667,78 @@ mod tests {
         let added = s.next(&t, 200).unwrap().topology;
         assert!(added.node(3).is_some() && added.chains.iter().any(|c| c.nodes.contains(&3)));
         assert!(added.admits(3, 103));
+        let added = settle(&mut s, &added, &[0, 1, 2, 3], 300).pop().unwrap();
+        assert!(added.chains.iter().all(|c| c.len() == 3));
         s.drain(0);
-        let drained = s.next(&added, 200).unwrap().topology;
-        assert!(drained.node(0).is_none() && drained.returning.is_empty(), "a drained node does not come back");
-        let healed = s.next(&drained, 200).unwrap().topology;
-        assert!(healed.chains.iter().all(|c| c.len() == 3 && !c.nodes.contains(&0)));
-        assert_eq!(s.lagging(2), vec![0, 1, 2, 3]);
-        let reports = s.reports(&healed, 1_500);
-        assert_eq!(reports[3].silent_ms, 1_400);
+        let extended = s.next(&added, 300).unwrap().topology;
+        assert!(extended.node(0).is_some(), "node 0 stays a member while its chains need it");
+        for (p, c) in extended.chains.iter().enumerate() {
+            let before = &added.chains[p].nodes;
+            match before.contains(&0) {
+                true => assert!(c.len() == 4 && c.nodes.starts_with(before), "extended at the tail: {c:?}"),
+                false => assert_eq!(&c.nodes, before),
+            }
+        }
+        assert_eq!(s.next(&extended, 300), None, "waiting for the new tails to hold the data");
+        let steps = settle(&mut s, &extended, &[0, 1, 2, 3], 400);
+        assert_drained_safely(&steps, 0);
+        let drained = steps.last().unwrap();
+        assert_eq!(s.lagging(drained.epoch + 1), vec![0, 1, 2, 3]);
+        let reports = s.reports(drained, 1_500);
+        assert_eq!(reports[3].silent_ms, 1_100);
         assert!(!reports[0].alive);
+    }
+
+    /// Found by `cli/tests/coordinator.rs` on a loaded machine: a node
+    /// drained right after the site was born left chains whose other
+    /// members were still fetching their (empty) state from it, so nobody
+    /// held those partitions and their transfers never ended.
+    #[test]
+    fn a_drain_waits_for_the_other_members_to_hold_the_data() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        let fetching = |n: NodeId| (0..16).filter(|&p| t.chain(p).index_of(n).is_some_and(|i| i > 0)).collect::<Vec<_>>();
+        for n in 0..4 {
+            s.heartbeat(Beat { joining: fetching(n), ..beat(&t, n, t.epoch) }, 100);
+        }
+        s.drain(0);
+        let extended = s.next(&t, 100).unwrap().topology;
+        for (p, c) in extended.chains.iter().enumerate() {
+            assert!(t.chains[p].nodes.iter().all(|n| c.nodes.contains(n)), "nobody leaves a chain still forming: {c:?}");
+        }
+        let mut steps = vec![t.clone()];
+        steps.extend(settle(&mut s, &extended, &[0, 1, 2, 3], 200));
+        assert_drained_safely(&steps, 0);
+    }
+
+    /// A member that moved up and is still catching up holds the data but
+    /// maybe not all of it: no member leaves its chain meanwhile.
+    #[test]
+    fn nobody_leaves_a_chain_while_a_member_catches_up() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        let heads: Vec<PartitionId> = (0..16).filter(|&p| t.chain(p).head() == 0).collect();
+        s.drain(0);
+        // Every heir of node 0's head roles stays catching up: the drain
+        // stalls after the hand-over.
+        let mut t2 = t.clone();
+        let mut at = 100;
+        loop {
+            let heirs: Vec<(NodeId, PartitionId)> =
+                heads.iter().map(|&p| (t2.chain(p).head(), p)).filter(|&(h, _)| h != 0).collect();
+            for n in 0..4 {
+                let catching_up = heirs.iter().filter(|&&(h, _)| h == n).map(|&(_, p)| p).collect();
+                s.heartbeat(Beat { catching_up, ..beat(&t2, n, t2.epoch) }, at);
+            }
+            match s.next(&t2, at) {
+                Some(change) => t2 = change.topology,
+                None => break,
+            }
+            at += 10;
+        }
+        for &p in &heads {
+            assert!(t2.chain(p).nodes.contains(&0), "p{p}: node 0 left while its heir was catching up: {:?}", t2.chain(p));
+        }
     }
 
     /// The stale-leader bug: a leader paused past the failure timeout

@@ -157,6 +157,8 @@ pub struct Sim {
     /// The coordinator, when the sim runs the real one.
     supervisor: Option<Supervisor>,
     coordinator_paused_until: u64,
+    /// Nodes an operator drained: they keep running, out of the site.
+    drained: Vec<NodeId>,
     /// The last tick boundary run.
     ticked_ms: u64,
     incarnations: u64,
@@ -202,6 +204,7 @@ impl Sim {
             order: 0,
             supervisor: None,
             coordinator_paused_until: 0,
+            drained: Vec::new(),
             ticked_ms: 1_000,
             incarnations: 1_000,
             delivered: 0,
@@ -558,6 +561,14 @@ impl Sim {
         id
     }
 
+    /// Asks the coordinator to drain `node` (`causeway cluster remove`): it
+    /// leaves every chain once the others hold the data, and keeps running
+    /// outside the site.
+    pub fn drain(&mut self, node: NodeId) {
+        self.supervisor.as_mut().expect("drains need the coordinator").drain(node);
+        self.drained.push(node);
+    }
+
     /// Pauses `node` (SIGSTOP) for `ms`: it handles nothing meanwhile and
     /// finds its messages waiting when it resumes.
     pub fn pause(&mut self, node: NodeId, ms: u64) {
@@ -597,12 +608,14 @@ impl Sim {
             && self.digests().iter().flatten().all(|d| d.applied == d.stable)
     }
 
-    /// Whether the coordinator has nothing left to do: every node is a
-    /// member, every chain is R long and in its ring order (roles balanced).
+    /// Whether the coordinator has nothing left to do: every node not
+    /// drained is a member, every chain is R long and in its ring order
+    /// (roles balanced).
     pub fn healed(&self) -> bool {
         let t = &self.topology;
+        let drained = |n: NodeId| self.drained.contains(&n);
         t.returning.is_empty()
-            && t.nodes.len() == self.nodes.len()
+            && (0..self.nodes.len() as NodeId).all(|n| t.node(n).is_some() != drained(n))
             && t.chains.iter().all(|c| c.len() == t.shape.replicas)
             && (0..t.shape.partitions).all(|p| t.toward_ring_order(p).is_none())
     }
@@ -613,7 +626,7 @@ impl Sim {
     pub fn quiet(&self) -> bool {
         let t = &self.topology;
         let crashed = |n: NodeId| self.nodes[n as usize].crashed;
-        (0..self.nodes.len() as NodeId).all(|n| crashed(n) || t.node(n).is_some())
+        (0..self.nodes.len() as NodeId).all(|n| crashed(n) || t.node(n).is_some() != self.drained.contains(&n))
             && t.chains.iter().all(|c| c.len() == t.shape.replicas && !c.nodes.iter().any(|&n| crashed(n)))
             && (0..t.shape.partitions).all(|p| t.toward_ring_order(p).is_none())
             && self.settled()
@@ -643,7 +656,20 @@ impl Sim {
 
     /// What the coordinator did, one line each.
     pub fn history(&self) -> String {
-        self.changes.iter().map(|(at, what)| format!("  {at} ms: {what}")).collect::<Vec<_>>().join("\n")
+        let t = &self.topology;
+        let mut lines: Vec<String> = self.changes.iter().map(|(at, what)| format!("  {at} ms: {what}")).collect();
+        let members: Vec<NodeId> = t.nodes.iter().map(|n| n.id).collect();
+        let returning: Vec<NodeId> = t.returning.iter().map(|n| n.id).collect();
+        lines.push(format!("  now, epoch {}: members {members:?}, returning {returning:?}, drained {:?}", t.epoch, self.drained));
+        if let Some(waiting) = self.supervisor.as_ref().and_then(|s| s.waiting()) {
+            lines.push(format!("  the coordinator is {waiting}"));
+        }
+        for (p, c) in t.chains.iter().enumerate() {
+            if c.len() != t.shape.replicas || t.toward_ring_order(p as causeway_core::ring::PartitionId).is_some() {
+                lines.push(format!("  p{p}: {:?} (not R long or not in ring order)", c.nodes));
+            }
+        }
+        lines.join("\n")
     }
 
     /// Every replica's digest, by partition then chain position.

@@ -1,7 +1,8 @@
 //! Fault campaigns: many seeds, each a random sequence of faults in a row
 //! under concurrent clients, with the real supervisor repairing: kill and
 //! restart from the log (quick, or after removal), restart with no data,
-//! pauses of nodes and of the coordinator, whole-site crashes. At the end
+//! pauses of nodes and of the coordinator, whole-site crashes, a node
+//! replaced (one added, one drained at once). At the end
 //! the site must have healed by itself and every check must hold on the
 //! whole history: no acknowledged write lost, replicas identical, and
 //! causal+ where the faults cannot lose a write a client has read.
@@ -38,6 +39,12 @@ enum Fault {
     WholeSite {
         down: u64,
     },
+    /// A new node added and `node` drained at once (an operator replacing
+    /// a machine), maybe while chains are still forming after the last
+    /// fault.
+    Replace {
+        node: NodeId,
+    },
 }
 
 /// A random fault every 300 to 900 ms, keeping at most one node down or
@@ -50,12 +57,14 @@ struct Campaign {
     /// When the fault in progress ends, and what ends it.
     pending: Vec<(u64, Fault)>,
     busy_until: u64,
+    /// The site's members (not drained), which faults pick from.
+    members: Vec<NodeId>,
     pub injected: Vec<(u64, Fault)>,
 }
 
 impl Campaign {
     fn new(seed: u64, wipes: bool) -> Self {
-        Campaign { rng: Rng::new(seed ^ 0xFA17), wipes, next_at: None, pending: Vec::new(), busy_until: 0, injected: Vec::new() }
+        Campaign { rng: Rng::new(seed ^ 0xFA17), wipes, next_at: None, pending: Vec::new(), busy_until: 0, members: (0..NODES).collect(), injected: Vec::new() }
     }
 
     fn step(&mut self, sim: &mut Sim, end: u64) {
@@ -68,8 +77,8 @@ impl Campaign {
             match fault {
                 Fault::Crash { node, .. } => sim.restart(node),
                 Fault::Wipe { node, .. } => sim.restart_without_data(node),
-                Fault::WholeSite { .. } => (0..NODES).for_each(|n| sim.restart(n)),
-                Fault::Pause { .. } | Fault::PauseCoordinator { .. } => {}
+                Fault::WholeSite { .. } => (0..sim.node_count() as NodeId).for_each(|n| sim.restart(n)),
+                Fault::Pause { .. } | Fault::PauseCoordinator { .. } | Fault::Replace { .. } => {}
             }
             false
         });
@@ -79,14 +88,15 @@ impl Campaign {
             return;
         }
         self.next_at = Some(now + 300 + self.rng.below(600));
-        let node = self.rng.below(NODES as u64) as NodeId;
+        let node = self.members[self.rng.below(self.members.len() as u64) as usize];
         let down = 50 + self.rng.below(3 * FAILURE_TIMEOUT_MS);
-        let kinds = if self.wipes { 6 } else { 5 };
+        let kinds = if self.wipes { 7 } else { 6 };
         let fault = match self.rng.below(kinds) {
             0 | 1 => Fault::Crash { node, down },
             2 => Fault::Pause { node, ms: down },
             3 => Fault::PauseCoordinator { ms: down },
             4 => Fault::WholeSite { down },
+            5 => Fault::Replace { node },
             _ => Fault::Wipe { node, down },
         };
         match fault {
@@ -97,8 +107,13 @@ impl Campaign {
             Fault::Pause { node, ms } => sim.pause(node, ms),
             Fault::PauseCoordinator { ms } => sim.pause_coordinator(ms),
             Fault::WholeSite { down } => {
-                (0..NODES).for_each(|n| sim.crash(n));
+                (0..sim.node_count() as NodeId).for_each(|n| sim.crash(n));
                 self.pending.push((now + down, fault));
+            }
+            Fault::Replace { node } => {
+                self.members.push(sim.join());
+                sim.drain(node);
+                self.members.retain(|&m| m != node);
             }
         }
         // The next fault waits until this one is over and the site had a

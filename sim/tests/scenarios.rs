@@ -22,6 +22,7 @@
 //! * `pause N ms=MS`, `pause_coordinator ms=MS`: SIGSTOP, of a node or of
 //!   the coordinator leader.
 //! * `join`: a new node started, and the operator adds it.
+//! * `drain N`: the operator removes node N (`causeway cluster remove`).
 //! * `run ms=MS`: lets time pass.
 //! * `stabilize`: runs until the site has nothing left to do by itself
 //!   (`Sim::quiet`).
@@ -98,6 +99,7 @@ enum Command {
         ms: u64,
     },
     Join,
+    Drain(NodeId),
     Run {
         #[arg(key)]
         ms: u64,
@@ -228,6 +230,10 @@ impl goldenscript::Runner for Scenario {
             Command::Join => {
                 let n = sim.join();
                 writeln!(out, "{} ms: n{n} started as #{}; the operator adds it", at(sim), sim.node(n).incarnation())?;
+            }
+            Command::Drain(n) => {
+                sim.drain(*n);
+                writeln!(out, "{} ms: the operator drains n{n}", at(sim))?;
             }
             Command::Run { ms } => {
                 let until = sim.now_ms + ms;

@@ -580,7 +580,7 @@ pub fn is_member(status: &std::collections::HashMap<String, String>, node: usize
 pub fn settled_leader(c: &Cluster, nodes: &[usize]) -> Option<usize> {
     let leader: usize = (0..3).find_map(|i| cluster_status(c, i)?.get("coordinator_leader")?.parse().ok())?;
     let s = cluster_status(c, leader)?;
-    let settled = format!("epoch={},joining=0,", s.get("epoch")?);
+    let settled = format!("epoch={},joining=0,catching_up=0,", s.get("epoch")?);
     let all = nodes.iter().all(|&n| is_member(&s, n) && s[&format!("node{n}")].contains(&settled));
     (all && s.get("short_chains")? == "0").then_some(leader)
 }

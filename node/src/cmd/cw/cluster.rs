@@ -43,7 +43,10 @@ fn not_coordinator() -> String {
 
 fn heard(r: &causeway_core::supervisor::NodeReport) -> String {
     let state = if r.alive { "up" } else { "silent" };
-    let mut s = format!(",state={state},heartbeat_ms_ago={},epoch={},joining={},failures={}", r.silent_ms, r.epoch, r.joining, r.failures);
+    let mut s = format!(
+        ",state={state},heartbeat_ms_ago={},epoch={},joining={},catching_up={},failures={}",
+        r.silent_ms, r.epoch, r.joining, r.catching_up, r.failures
+    );
     if let Some(ms) = r.held_out_ms {
         s.push_str(&format!(",returning_in_ms={ms}"));
     }

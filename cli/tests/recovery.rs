@@ -102,6 +102,12 @@ fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
     c.eventually(WAIT, "the frozen node to be removed", || (!is_member(&cluster_status(&c, leader)?, victim)).then_some(()));
     c.signal(victim, "CONT");
     let leader = healed("the woken node to be back");
+    // It kept its replicas while out: where its predecessor's recent
+    // updates reached back far enough, it got only what it missed.
+    let info: String = redis::cmd("INFO").arg("replication").query(&mut c.conn(victim)).unwrap();
+    let suffixes = info.lines().find_map(|l| l.strip_prefix("state_transfers_suffix:")).unwrap().trim().parse::<u64>().unwrap();
+    eprintln!("the woken node's transfers: {}", info.lines().filter(|l| l.starts_with("state_transfers")).collect::<Vec<_>>().join(", "));
+    assert!(suffixes > 0, "the woken node got every partition back as a whole state:\n{info}");
     // Then the coordinator leader frozen as long: when it wakes, what it
     // heard before is stale and it must not remove a healthy node.
     let epoch_before: u64 = cluster_status(&c, leader).unwrap()["epoch"].parse().unwrap();

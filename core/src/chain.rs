@@ -75,6 +75,37 @@ pub struct PutRequest {
 /// when it is resent after a failure (well past any request timeout).
 pub const WRITE_MEMORY_MS: u64 = 60_000;
 
+/// How many bytes of recent updates (keys and values) a replica keeps for
+/// a successor that returns after a short absence (`ChainReplica::fetch`):
+/// values are shared with the store, so this costs memory only for values
+/// overwritten since. Past it, a returning node gets the whole state.
+pub const RECENT_BYTES: usize = 256 * 1024;
+
+/// The history after `u`, given the history before it: a hash chain over
+/// each update's position, key, version and value.
+fn chain_history(before: u64, u: &Update) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(before);
+    h.update(&u.seq.to_le_bytes());
+    h.update(&(u.key.len() as u64).to_le_bytes());
+    h.update(&u.key);
+    h.update(&u.version.ts.physical_ms.to_le_bytes());
+    h.update(&u.version.ts.logical.to_le_bytes());
+    h.update(&[u.version.site as u8]);
+    match &u.value {
+        Some(v) => {
+            h.update(&[1]);
+            h.update(v);
+        }
+        None => h.update(&[0]),
+    }
+    h.update(&u.expires_at_ms.unwrap_or(0).to_le_bytes());
+    h.digest()
+}
+
+fn update_bytes(u: &Update) -> usize {
+    u.key.len() + u.value.as_ref().map_or(0, |v| v.len()) + 64
+}
+
 /// A replica's state as a state transfer or a checkpoint carries it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PartitionState {
@@ -85,6 +116,9 @@ pub struct PartitionState {
     /// Each session's last write, so that a resent write is still
     /// recognised by a replica that got its state this way.
     pub sessions: Vec<(ClientId, LastWrite)>,
+    /// The partition's update history up to `applied`, hashed
+    /// (`ChainReplica::history`).
+    pub history: u64,
 }
 
 /// A session's last write this replica applied.
@@ -127,6 +161,14 @@ pub struct ChainReplica {
     clock: Clock,
     /// Highest seq applied (all below it are applied too).
     applied: u64,
+    /// A hash of every update applied, in order (`chain_history`): two
+    /// replicas at the same `applied` with the same history hold the same
+    /// updates, so a returning replica needs only what came after.
+    history: u64,
+    /// The latest updates applied, each with the history before it, up to
+    /// `RECENT_BYTES`: what a returning successor may lack (`fetch`).
+    recent: VecDeque<(Update, u64)>,
+    recent_bytes: usize,
     /// Highest seq known to have reached the tail.
     stable: u64,
     /// Applied here, forwarded, not yet known stable: resent on silence.
@@ -175,6 +217,9 @@ impl ChainReplica {
             store: PartitionStore::default(),
             clock: Clock::default(),
             applied: 0,
+            history: 0,
+            recent: VecDeque::new(),
+            recent_bytes: 0,
             stable: 0,
             unstable: VecDeque::new(),
             early: BTreeMap::new(),
@@ -400,12 +445,13 @@ impl ChainReplica {
             stable: self.stable,
             entries: self.store.digest(),
             sessions: self.last_writes.iter().map(|(c, w)| (*c, w.clone())).collect(),
+            history: self.history,
         }
     }
 
     /// Recovery: installs a state transfer read back from this node's log.
     pub fn restore(&mut self, state: PartitionState, now_ms: u64) {
-        let PartitionState { applied, stable, entries, sessions } = state;
+        let PartitionState { applied, stable, entries, sessions, history } = state;
         for (_, s) in &entries {
             self.clock.observe(s.version.ts);
         }
@@ -415,6 +461,9 @@ impl ChainReplica {
             self.last_writes.insert(client, w);
         }
         self.applied = applied;
+        self.history = history;
+        self.recent.clear();
+        self.recent_bytes = 0;
         self.stable = if self.is_tail() { applied } else { stable.min(applied) };
         self.unstable.clear();
         self.early.clear();
@@ -423,6 +472,7 @@ impl ChainReplica {
 
     fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
         self.applied = u.seq;
+        self.remember(&u);
         self.to_log.push(u.clone());
         self.clock.observe(u.version.ts);
         let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
@@ -437,6 +487,18 @@ impl ChainReplica {
             self.wake_waiters(out);
         } else {
             forward.push(u);
+        }
+    }
+
+    /// Adds `u` to the history and to the recent updates.
+    fn remember(&mut self, u: &Update) {
+        let before = self.history;
+        self.history = chain_history(before, u);
+        self.recent_bytes += update_bytes(u);
+        self.recent.push_back((u.clone(), before));
+        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
+            let (old, _) = self.recent.pop_front().expect("not empty");
+            self.recent_bytes -= update_bytes(&old);
         }
     }
 
@@ -607,12 +669,34 @@ impl ChainReplica {
     /// A replica for a node that joins `partition`'s chain: it asks its
     /// predecessor for the partition's state and meanwhile keeps the updates
     /// that arrive (ChainReaction §3.3.3, node join).
-    pub fn joining(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId, now_ms: u64, out: &mut Outbox) -> Option<Self> {
+    ///
+    /// `retained` is what this node held of the partition when it last left
+    /// the chain (a node removed while paused or partitioned, now back): it
+    /// keeps it and asks only for what came after, which the predecessor
+    /// sends if its recent updates reach back that far and the histories
+    /// match (else the whole state, which replaces it).
+    pub fn joining(
+        topology: &Topology,
+        partition: PartitionId,
+        me: NodeId,
+        site: SiteId,
+        retained: Option<ChainReplica>,
+        now_ms: u64,
+        out: &mut Outbox,
+    ) -> Option<Self> {
         let mut r = ChainReplica::new(topology, partition, me, site)?;
         if r.index == 0 {
             // Nobody to copy from: the site is being born (or every replica
             // of the partition was lost).
             return ChainReplica::born(topology, partition, me, site);
+        }
+        if let Some(old) = retained {
+            r.store = old.store;
+            r.clock = old.clock;
+            r.applied = old.applied;
+            r.history = old.history;
+            r.stable = old.stable.min(old.applied);
+            r.last_writes = old.last_writes;
         }
         r.joining = true;
         r.last_progress_ms = now_ms;
@@ -623,7 +707,8 @@ impl ChainReplica {
     fn request_state(&self, out: &mut Outbox) {
         if let Some(prev) = self.predecessor() {
             let me = self.chain[self.index];
-            send(out, Dest::Node(prev), Message::Fetch { epoch: self.epoch, partition: self.partition, from: me });
+            let have = (self.applied > 0).then_some((self.applied, self.history));
+            send(out, Dest::Node(prev), Message::Fetch { epoch: self.epoch, partition: self.partition, from: me, have });
         }
     }
 
@@ -631,11 +716,62 @@ impl ChainReplica {
     /// version of every key (one level of divergence means nothing older is
     /// needed) and where the update order stands. Updates after it follow on
     /// the same link.
-    pub fn fetch(&self, epoch: u64, from: NodeId, out: &mut Outbox) {
+    ///
+    /// A successor that still holds the partition up to some position
+    /// (`have`: applied, history) gets only the updates after it, if this
+    /// replica's recent updates reach back there and its history at that
+    /// position is the same (the successor did not apply updates that were
+    /// later lost, like a head's unforwarded writes); else the whole state.
+    pub fn fetch(&self, epoch: u64, from: NodeId, have: Option<(u64, u64)>, out: &mut Outbox) {
         if epoch != self.epoch || self.joining || self.successor() != Some(from) {
             return;
         }
-        send(out, Dest::Node(from), Message::Transfer { epoch, partition: self.partition, state: self.state() });
+        let partition = self.partition;
+        let msg = match have.and_then(|(applied, history)| Some((self.updates_after(applied, history)?, history))) {
+            Some((updates, history_before)) => Message::Transfer { epoch, partition, state: None, updates, history_before },
+            // With the recent updates, so the new member can in turn serve
+            // a returning successor that was away since before this.
+            None => {
+                let history_before = self.recent.front().map_or(self.history, |(_, h)| *h);
+                let updates = self.recent.iter().map(|(u, _)| u.clone()).collect();
+                Message::Transfer { epoch, partition, state: Some(self.state()), updates, history_before }
+            }
+        };
+        send(out, Dest::Node(from), msg);
+    }
+
+    /// Takes `updates` (the sender's recent updates, ending at this
+    /// replica's position, starting after history `before`) as this
+    /// replica's recent updates, if they hash to its history.
+    fn seed_recent(&mut self, updates: Vec<Update>, before: u64) {
+        let mut history = before;
+        let recent: VecDeque<(Update, u64)> = updates
+            .into_iter()
+            .map(|u| {
+                let entry = (u, history);
+                history = chain_history(history, &entry.0);
+                entry
+            })
+            .collect();
+        if history == self.history && recent.back().is_none_or(|(u, _)| u.seq == self.applied) {
+            self.recent_bytes = recent.iter().map(|(u, _)| update_bytes(u)).sum();
+            self.recent = recent;
+        }
+    }
+
+    /// The updates after `applied`, if this replica has all of them and
+    /// its history at `applied` is `history`.
+    fn updates_after(&self, applied: u64, history: u64) -> Option<Vec<Update>> {
+        if applied == self.applied {
+            return (history == self.history).then(Vec::new);
+        }
+        let first = self.recent.front()?.0.seq;
+        if applied < first.saturating_sub(1) || applied > self.applied {
+            return None;
+        }
+        let from = (applied + 1 - first) as usize;
+        let (_, before) = &self.recent[from];
+        (*before == history).then(|| self.recent.iter().skip(from).map(|(u, _)| u.clone()).collect())
     }
 
     /// Asks the successor for what it holds beyond this replica; with no
@@ -711,21 +847,51 @@ impl ChainReplica {
         }
     }
 
-    /// Installs a state transfer, then applies the updates that arrived
-    /// meanwhile.
-    pub fn transfer(&mut self, epoch: u64, state: PartitionState, now_ms: u64, out: &mut Outbox) {
+    /// Installs a state transfer (or, with `state` None, keeps the state
+    /// this replica retained and applies the `updates` after it), then
+    /// applies the updates that arrived meanwhile.
+    /// Returns whether it was taken (not stale).
+    pub fn transfer(
+        &mut self,
+        epoch: u64,
+        state: Option<PartitionState>,
+        updates: Vec<Update>,
+        history_before: u64,
+        now_ms: u64,
+        out: &mut Outbox,
+    ) -> bool {
         if !self.joining || epoch != self.epoch {
-            return;
+            return false;
         }
-        self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
         // Taken before `restore`, which clears it.
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
-        self.restore(state, now_ms);
+        match state {
+            Some(state) => {
+                self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
+                self.restore(state, now_ms);
+                self.seed_recent(updates, history_before);
+            }
+            None => {
+                // The predecessor matched this history before answering.
+                debug_assert_eq!(history_before, self.history);
+                // The log holds nothing of this partition since the node
+                // left the chain (`Dropped`): the state it keeps goes in
+                // first, then the updates as they apply.
+                self.log.push(LogRecord::State { partition: self.partition, state: self.state() });
+                self.joining = false;
+                self.unstable.clear();
+                if self.is_tail() {
+                    self.stable = self.applied;
+                }
+                self.forward(updates, now_ms, out);
+            }
+        }
         self.forward(early, now_ms, out);
         if self.is_tail() {
             self.wake_waiters(out);
             self.ack_upwards(out);
         }
+        true
     }
 
     /// Installs a new configuration of the chain (ChainReaction §3.3.3):
@@ -801,6 +967,12 @@ impl ChainReplica {
     /// in flight still line up.
     pub fn flush_all(&mut self) {
         self.store.clear();
+        // Not ordered with the updates: replicas flush at different points
+        // of the history, so none of them can vouch for another's state by
+        // history any more (a returning replica gets the whole state).
+        self.history = xxhash_rust::xxh3::xxh3_64_with_seed(b"FLUSHALL", self.history);
+        self.recent.clear();
+        self.recent_bytes = 0;
     }
 }
 
@@ -936,7 +1108,7 @@ mod tests {
         // c recovers a log with only the first write, and a reorder that
         // was committed while the site was down puts it at the head.
         let mut recovered = ChainReplica::detached(0, c, 0, 2);
-        recovered.restore(PartitionState { applied: 0, stable: 0, entries: Vec::new(), sessions: Vec::new() }, 20);
+        recovered.restore(PartitionState { applied: 0, stable: 0, entries: Vec::new(), sessions: Vec::new(), history: 0 }, 20);
         assert_eq!(recovered.replay(first, 20), None);
         let mut moved = t.clone();
         moved.epoch = 2;

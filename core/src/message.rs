@@ -242,18 +242,26 @@ pub enum Message {
         applied: u64,
         state: Option<crate::chain::PartitionState>,
     },
-    /// A node that joined the chain asks its predecessor for the state.
+    /// A node that joined the chain asks its predecessor for the state;
+    /// `have` is (applied, history) of what it retained of the partition
+    /// from its last time in the chain, if anything.
     Fetch {
         epoch: u64,
         partition: PartitionId,
         from: NodeId,
+        have: Option<(u64, u64)>,
     },
-    /// The partition's state: every key's latest version, the update order
-    /// position it reflects, and each session's last write.
+    /// The partition's state (every key's latest version, the update order
+    /// position it reflects, and each session's last write) with the
+    /// sender's recent updates, which end where the state is; or, with
+    /// `state` None, the `updates` after what the fetching node retained.
+    /// Either way `updates` start after history `history_before`.
     Transfer {
         epoch: u64,
         partition: PartitionId,
-        state: crate::chain::PartitionState,
+        state: Option<crate::chain::PartitionState>,
+        updates: Vec<Update>,
+        history_before: u64,
     },
 
     // ---- coordinator <-> node ---------------------------------------------

@@ -126,6 +126,13 @@ pub struct Node {
     /// Whether this incarnation's replicas are whole (see `Recovered`).
     whole: bool,
     parts: Vec<Option<ChainReplica>>,
+    /// The replicas this process held when the configuration removed it
+    /// (after a pause or a partition): if it is placed in the same chains
+    /// again, each asks only for the updates it missed (`ChainReplica::
+    /// joining`). Memory only: the log says they were dropped.
+    retained: Vec<Option<ChainReplica>>,
+    /// State transfers received: (only the missing updates, the whole state).
+    transfers: (u64, u64),
     /// Records to make durable before this step's messages leave.
     log: Vec<LogRecord>,
     last_beat_ms: Option<u64>,
@@ -147,6 +154,8 @@ impl Node {
             admitted,
             whole: false,
             parts: (0..partitions).map(|_| None).collect(),
+            retained: (0..partitions).map(|_| None).collect(),
+            transfers: (0, 0),
             log: Vec::new(),
             last_beat_ms: None,
             lease: None,
@@ -309,11 +318,17 @@ impl Node {
             Message::Suffix { epoch, partition, updates, applied, state } => {
                 self.with(partition, |r| r.suffix(epoch, updates, applied, state, now_ms, out));
             }
-            Message::Fetch { epoch, partition, from } => {
-                self.with(partition, |r| r.fetch(epoch, from, out));
+            Message::Fetch { epoch, partition, from, have } => {
+                self.with(partition, |r| r.fetch(epoch, from, have, out));
             }
-            Message::Transfer { epoch, partition, state } => {
-                self.with(partition, |r| r.transfer(epoch, state, now_ms, out));
+            Message::Transfer { epoch, partition, state, updates, history_before } => {
+                let whole = state.is_some();
+                if self.with(partition, |r| r.transfer(epoch, state, updates, history_before, now_ms, out)) == Some(true) {
+                    match whole {
+                        true => self.transfers.1 += 1,
+                        false => self.transfers.0 += 1,
+                    }
+                }
             }
             Message::StableUpTo { epoch, partition, seq } => {
                 if !stale(epoch) {
@@ -398,6 +413,12 @@ impl Node {
         self.joining().len()
     }
 
+    /// State transfers this node received: (suffixes: only the updates a
+    /// returning replica missed, whole states).
+    pub fn transfers(&self) -> (u64, u64) {
+        self.transfers
+    }
+
     /// Replicas catching up from their successor after moving up a chain.
     pub fn catching_up_replicas(&self) -> usize {
         self.catching_up().len()
@@ -447,7 +468,10 @@ impl Node {
         self.topology = Arc::new(new);
         if self.topology.node(me).is_none() {
             for p in 0..self.parts.len() {
-                self.drop_replica(p as PartitionId);
+                if let Some(replica) = self.parts[p].take() {
+                    self.log.push(LogRecord::Dropped { partition: p as PartitionId });
+                    self.retained[p] = Some(replica);
+                }
             }
             self.whole = false;
         } else if self.admitted {
@@ -475,11 +499,12 @@ impl Node {
                         continue;
                     }
                 }
-                None => *slot = ChainReplica::joining(&topology, p, me, site, now_ms, out),
+                None => *slot = ChainReplica::joining(&topology, p, me, site, self.retained[p as usize].take(), now_ms, out),
             }
             if let Some(r) = &mut self.parts[p as usize] {
                 self.log.extend(r.take_log());
             }
         }
+        self.retained.iter_mut().for_each(|r| *r = None);
     }
 }

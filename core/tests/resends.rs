@@ -66,7 +66,7 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
     rb.reconfigure(&t2k, b, 10, &mut out);
     ra.reconfigure(&t3, a, 20, &mut out);
     rb.reconfigure(&t3, b, 20, &mut out);
-    let mut rd = ChainReplica::joining(&t3, 0, d, 0, 20, &mut out).unwrap();
+    let mut rd = ChainReplica::joining(&t3, 0, d, 0, None, 20, &mut out).unwrap();
     let fetch = take(&mut out, Dest::Node(b));
     out.clear();
     // The client's write arrives at the head, goes to b, and on to d
@@ -80,9 +80,9 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
     let mut to_client = take(&mut out, Dest::Client(9));
     // Now b answers the Fetch: its state already holds the write.
     assert!(matches!(fetch[..], [Message::Fetch { .. }]));
-    rb.fetch(3, d, &mut out);
-    let Some(Message::Transfer { epoch, state, .. }) = take(&mut out, Dest::Node(d)).pop() else { panic!() };
-    rd.transfer(epoch, state, 24, &mut out);
+    rb.fetch(3, d, None, &mut out);
+    let Some(Message::Transfer { epoch, state, updates, history_before, .. }) = take(&mut out, Dest::Node(d)).pop() else { panic!() };
+    rd.transfer(epoch, state, updates, history_before, 24, &mut out);
     // Stability flows back up; run everything to quiescence, with ticks.
     for now in (25..2_000).step_by(10) {
         to_client.extend(take(&mut out, Dest::Client(9)));
@@ -192,10 +192,10 @@ fn a_head_that_joined_by_state_transfer_applies_a_resend_twice() {
     out.clear();
     let t2 = topo(2, 2, 1, &[a, d]);
     ra.reconfigure(&t2, a, 20, &mut out);
-    let mut rd = ChainReplica::joining(&t2, 0, d, 0, 20, &mut out).unwrap();
-    ra.fetch(2, d, &mut out);
-    let Some(Message::Transfer { epoch, state, .. }) = take(&mut out, Dest::Node(d)).pop() else { panic!() };
-    rd.transfer(epoch, state, 21, &mut out);
+    let mut rd = ChainReplica::joining(&t2, 0, d, 0, None, 20, &mut out).unwrap();
+    ra.fetch(2, d, None, &mut out);
+    let Some(Message::Transfer { epoch, state, updates, history_before, .. }) = take(&mut out, Dest::Node(d)).pop() else { panic!() };
+    rd.transfer(epoch, state, updates, history_before, 21, &mut out);
     // a fails: d heads the chain; the client (still waiting) resends.
     let t3 = topo(3, 2, 1, &[d, e]);
     rd.reconfigure(&t3, d, 30, &mut out);

@@ -284,6 +284,12 @@ impl Node {
         (0..core.topology().shape.partitions).filter_map(|p| Some((p, core.digest(p)?))).collect()
     }
 
+    /// State transfers this node received: (only the updates a returning
+    /// replica missed, whole states).
+    pub fn transfers(&self) -> (u64, u64) {
+        self.core.lock().transfers()
+    }
+
     /// Replicas on this node catching up after moving up a chain.
     pub fn catching_up_replicas(&self) -> usize {
         self.core.lock().catching_up_replicas()

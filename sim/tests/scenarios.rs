@@ -359,7 +359,11 @@ impl Scenario {
                 },
             };
             let paused = if sim.is_paused(n) { ", paused" } else { "" };
-            writeln!(out, "n{n} #{} at epoch {}: {role}{paused}", node.incarnation(), node.topology().epoch)?;
+            let transfers = match node.transfers() {
+                (0, 0) => String::new(),
+                (suffixes, whole) => format!(", received {suffixes} suffix(es) and {whole} whole state(s)"),
+            };
+            writeln!(out, "n{n} #{} at epoch {}: {role}{paused}{transfers}", node.incarnation(), node.topology().epoch)?;
         }
         for p in 0..t.shape.partitions {
             let chain: Vec<String> = t.chain(p).nodes.iter().map(|n| format!("n{n}")).collect();

@@ -40,12 +40,16 @@ fn corpus() -> Vec<Vec<u8>> {
             write: 7,
         },
         Message::Get { op, epoch: 4, partition: 1, key: Bytes::from("key"), min: None, leased: true },
-        Message::Forward { epoch: 4, partition: 2, updates: vec![update.clone(), update], lazy: false },
+        Message::Forward { epoch: 4, partition: 2, updates: vec![update.clone(), update.clone()], lazy: false },
         Message::Transfer {
             epoch: 4,
             partition: 2,
-            state: PartitionState { applied: 3, stable: 2, entries: Vec::new(), sessions: Vec::new() },
+            state: Some(PartitionState { applied: 3, stable: 2, entries: Vec::new(), sessions: Vec::new(), history: 17 }),
+            updates: Vec::new(),
+            history_before: 17,
         },
+        Message::Transfer { epoch: 4, partition: 2, state: None, updates: vec![update], history_before: 17 },
+        Message::Fetch { epoch: 4, partition: 2, from: 1, have: Some((3, 17)) },
         Message::Reconfigure { topology },
         Message::StableUpTo { epoch: 4, partition: 0, seq: 9 },
     ];

@@ -82,6 +82,7 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
         "replication" => {
             let topology = node.topology();
             let causeway_core::ring::Roles { head, middle, tail } = topology.roles(node.me);
+            let (suffixes, whole) = node.transfers();
             vec![
                 ("role", "master".into()),
                 ("serving", if node.is_admitted() { "yes" } else { "no" }.into()),
@@ -96,6 +97,8 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
                 ("consistency", conn.driver.consistency().to_string()),
                 ("peer_backlog_bytes", node.peer_backlog().to_string()),
                 ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
+                ("state_transfers_suffix", suffixes.to_string()),
+                ("state_transfers_whole", whole.to_string()),
             ]
         }
         "keyspace" => match conn.run(Request::Count).await {

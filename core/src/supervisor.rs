@@ -539,7 +539,10 @@ impl Supervisor {
         t.nodes = current.nodes.clone();
         t.admitted = current.admitted.clone();
         let left = t.chains.iter().filter(|c| c.nodes.contains(&n)).count();
-        Some(Change { topology: t, why: format!("draining node {n}: {left} chains still have it (extended past it, or it handed over their head)") })
+        Some(Change {
+            topology: t,
+            why: format!("draining node {n}: {left} chains still have it (extended past it, or it handed over their head)"),
+        })
     }
 
     /// Operator-added nodes and failed nodes that are back, once alive.
@@ -587,8 +590,17 @@ mod tests {
     }
 
     fn beat(t: &Topology, n: NodeId, epoch: u64) -> Beat {
-        Beat { from: n, addr: format!("n{n}"), incarnation: 100 + n as u64, epoch, sent_ms: 0, joining: Vec::new(), catching_up: Vec::new(), recovered: None }
-            .with_admission(t)
+        Beat {
+            from: n,
+            addr: format!("n{n}"),
+            incarnation: 100 + n as u64,
+            epoch,
+            sent_ms: 0,
+            joining: Vec::new(),
+            catching_up: Vec::new(),
+            recovered: None,
+        }
+        .with_admission(t)
     }
 
     trait WithAdmission {
@@ -724,8 +736,7 @@ mod tests {
         let mut t2 = t.clone();
         let mut at = 100;
         loop {
-            let heirs: Vec<(NodeId, PartitionId)> =
-                heads.iter().map(|&p| (t2.chain(p).head(), p)).filter(|&(h, _)| h != 0).collect();
+            let heirs: Vec<(NodeId, PartitionId)> = heads.iter().map(|&p| (t2.chain(p).head(), p)).filter(|&(h, _)| h != 0).collect();
             for n in 0..4 {
                 let catching_up = heirs.iter().filter(|&&(h, _)| h == n).map(|&(_, p)| p).collect();
                 s.heartbeat(Beat { catching_up, ..beat(&t2, n, t2.epoch) }, at);

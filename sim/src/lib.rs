@@ -480,6 +480,9 @@ impl Sim {
                 let line = format!("epoch {}: {}", change.topology.epoch, change.why);
                 if std::env::var_os("SIM_TRACE").is_some() {
                     eprintln!("{now} ms: {line}");
+                    if let Some(p) = std::env::var("SIM_TRACE_PARTITION").ok().and_then(|p| p.parse().ok()) {
+                        eprintln!("    p{p}: {:?}", change.topology.chain(p).nodes);
+                    }
                 }
                 self.changes.push((now, line));
                 self.install(change.topology);
@@ -663,6 +666,12 @@ impl Sim {
         lines.push(format!("  now, epoch {}: members {members:?}, returning {returning:?}, drained {:?}", t.epoch, self.drained));
         if let Some(waiting) = self.supervisor.as_ref().and_then(|s| s.waiting()) {
             lines.push(format!("  the coordinator is {waiting}"));
+        }
+        for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| !n.crashed) {
+            let beat = n.core.beat(self.now_ms);
+            if !beat.joining.is_empty() || !beat.catching_up.is_empty() || beat.epoch != t.epoch {
+                lines.push(format!("  n{i} at epoch {}: joining {:?}, catching up {:?}", beat.epoch, beat.joining, beat.catching_up));
+            }
         }
         for (p, c) in t.chains.iter().enumerate() {
             if c.len() != t.shape.replicas || t.toward_ring_order(p as causeway_core::ring::PartitionId).is_some() {

@@ -64,7 +64,15 @@ struct Campaign {
 
 impl Campaign {
     fn new(seed: u64, wipes: bool) -> Self {
-        Campaign { rng: Rng::new(seed ^ 0xFA17), wipes, next_at: None, pending: Vec::new(), busy_until: 0, members: (0..NODES).collect(), injected: Vec::new() }
+        Campaign {
+            rng: Rng::new(seed ^ 0xFA17),
+            wipes,
+            next_at: None,
+            pending: Vec::new(),
+            busy_until: 0,
+            members: (0..NODES).collect(),
+            injected: Vec::new(),
+        }
     }
 
     fn step(&mut self, sim: &mut Sim, end: u64) {

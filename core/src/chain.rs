@@ -191,6 +191,8 @@ pub struct ChainReplica {
     pruned_ms: u64,
     /// When the successor last made progress (or we last resent).
     last_progress_ms: u64,
+    /// Since when updates have waited behind a gap (see `tick`).
+    gap_since_ms: Option<u64>,
 }
 
 impl ChainReplica {
@@ -229,6 +231,7 @@ impl ChainReplica {
             last_writes: AHashMap::new(),
             pruned_ms: 0,
             last_progress_ms: 0,
+            gap_since_ms: None,
         }
     }
 
@@ -581,6 +584,20 @@ impl ChainReplica {
             self.last_progress_ms = now_ms;
             self.request_suffix(out);
         }
+        // Updates wait behind a gap that resends have not filled: the
+        // predecessor may no longer count what is missing as unstable (this
+        // replica resumed from its log into a chain that moved on), so it
+        // asks for the updates after its position, or the whole state.
+        match self.early.keys().next() {
+            Some(&first) if !self.joining && !self.catching_up && first > self.applied + 1 => {
+                let since = *self.gap_since_ms.get_or_insert(now_ms);
+                if now_ms.saturating_sub(since) >= 2 * RETRANSMIT_MS {
+                    self.gap_since_ms = Some(now_ms);
+                    self.request_state(out);
+                }
+            }
+            _ => self.gap_since_ms = None,
+        }
         if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
@@ -860,8 +877,19 @@ impl ChainReplica {
         now_ms: u64,
         out: &mut Outbox,
     ) -> bool {
-        if !self.joining || epoch != self.epoch {
+        if epoch != self.epoch {
             return false;
+        }
+        if !self.joining {
+            // The answer to a fetch for a gap (`tick`): only what extends
+            // this replica.
+            let extends = match &state {
+                Some(state) => state.applied > self.applied,
+                None => history_before == self.history,
+            };
+            if !extends || self.catching_up {
+                return false;
+            }
         }
         // Taken before `restore`, which clears it.
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
@@ -871,6 +899,7 @@ impl ChainReplica {
                 self.restore(state, now_ms);
                 self.seed_recent(updates, history_before);
             }
+            None if !self.joining => self.forward(updates, now_ms, out),
             None => {
                 // The predecessor matched this history before answering.
                 debug_assert_eq!(history_before, self.history);

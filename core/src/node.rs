@@ -78,6 +78,9 @@ pub struct Beat {
     /// catching up from its successor (it holds the data, maybe not all of
     /// what the members it passed hold).
     pub catching_up: Vec<PartitionId>,
+    /// The update order position of each replica it holds (not fetching):
+    /// for a restarted node, what it recovered.
+    pub applied: BTreeMap<PartitionId, u64>,
     /// Not admitted yet: what it recovered from its log, for the
     /// coordinator to decide how it rejoins.
     pub recovered: Option<Recovered>,
@@ -86,12 +89,13 @@ pub struct Beat {
 /// What a node not admitted yet holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recovered {
-    /// Its log was synced before every acknowledgement (`fsync=always`) and
-    /// replayed without a gap: its replicas hold everything it ever
-    /// acknowledged or passed on.
+    /// Its log was synced before every acknowledgement (`fsync=always`): its
+    /// replicas hold everything it ever acknowledged or passed on, except
+    /// those in `incomplete`.
     pub whole: bool,
-    /// The update order position of each replica it holds.
-    pub applied: BTreeMap<PartitionId, u64>,
+    /// Replicas whose log stops at a gap, or that were catching up when the
+    /// node stopped: they may lack updates their chain acknowledged.
+    pub incomplete: Vec<PartitionId>,
 }
 
 /// Who a node is.
@@ -123,8 +127,10 @@ pub struct Node {
     topology: Arc<Topology>,
     /// Whether `topology` admits this incarnation: only then does it serve.
     admitted: bool,
-    /// Whether this incarnation's replicas are whole (see `Recovered`).
+    /// Whether this incarnation's log was synced, and which recovered
+    /// replicas are incomplete anyway (see `Recovered`).
     whole: bool,
+    incomplete: Vec<PartitionId>,
     parts: Vec<Option<ChainReplica>>,
     /// The replicas this process held when the configuration removed it
     /// (after a pause or a partition): if it is placed in the same chains
@@ -153,6 +159,7 @@ impl Node {
             topology: Arc::new(topology),
             admitted,
             whole: false,
+            incomplete: Vec::new(),
             parts: (0..partitions).map(|_| None).collect(),
             retained: (0..partitions).map(|_| None).collect(),
             transfers: (0, 0),
@@ -231,7 +238,8 @@ impl Node {
             }
             self.parts[p as usize] = Some(r);
         }
-        self.whole = synced && report.gaps.is_empty() && report.behind.is_empty();
+        self.whole = synced;
+        self.incomplete = report.gaps.iter().map(|&(p, _)| p).chain(report.behind.iter().copied()).collect();
         report
     }
 
@@ -381,10 +389,9 @@ impl Node {
 
     /// This node's heartbeat, sent at `mono_ms`.
     pub fn beat(&self, mono_ms: u64) -> Beat {
-        let recovered = (!self.admitted).then(|| Recovered {
-            whole: self.whole,
-            applied: self.parts.iter().enumerate().filter_map(|(p, r)| Some((p as PartitionId, r.as_ref()?.applied()))).collect(),
-        });
+        let recovered = (!self.admitted).then(|| Recovered { whole: self.whole, incomplete: self.incomplete.clone() });
+        let applied =
+            self.parts.iter().enumerate().filter_map(|(p, r)| Some((p as PartitionId, r.as_ref().filter(|r| !r.is_joining())?.applied())));
         Beat {
             from: self.id.me,
             addr: self.id.addr.clone(),
@@ -393,6 +400,7 @@ impl Node {
             sent_ms: mono_ms,
             joining: self.joining(),
             catching_up: self.catching_up(),
+            applied: applied.collect(),
             recovered,
         }
     }

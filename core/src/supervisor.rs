@@ -93,6 +93,18 @@ pub struct NodeReport {
     pub failures: u32,
 }
 
+/// What a restarted node does with one replica it recovered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Resumes it in place.
+    Keep,
+    /// Leaves that chain (another copy is further); comes back to it, if
+    /// placed there again, with a state transfer.
+    Leave,
+    /// Nobody else holds the partition: its log is needed (see `readmit`).
+    Orphan,
+}
+
 /// A change the supervisor proposes, with why (for the operator's log).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
@@ -210,6 +222,39 @@ impl Supervisor {
     /// once all the others are settled this way.
     fn settled(&self, current: &Topology, node: NodeId, p: PartitionId, now_ms: u64) -> bool {
         self.holds_now(current, node, p, now_ms) && self.last_seen.get(&node).is_some_and(|h| !h.beat.catching_up.contains(&p))
+    }
+
+    /// What restarted node `n` (its heartbeat `beat`, back since
+    /// `back_ms`) does with the replica of `p` it recovered. A recovered
+    /// replica is a prefix of its partition's updates: whole if its log was
+    /// synced before every acknowledgement and is not `incomplete` (a gap,
+    /// or catching up when it stopped), else maybe missing some it had
+    /// acknowledged or that the chain holds.
+    fn verdict(&self, current: &Topology, n: NodeId, beat: &Beat, p: PartitionId, back_ms: u64, now_ms: u64) -> Verdict {
+        let Some(recovered) = &beat.recovered else { return Verdict::Keep };
+        let mine = beat.applied.get(&p).copied();
+        // The furthest copy the chain's other live, admitted members hold.
+        let best = current
+            .chain(p)
+            .nodes
+            .iter()
+            .filter(|&&m| m != n && self.holds(current, m, p, now_ms) && self.heard_since(m, back_ms))
+            .map(|&m| self.applied(m, p))
+            .max();
+        match (recovered.whole, mine, best) {
+            (true, Some(_), _) if !recovered.incomplete.contains(&p) => Verdict::Keep,
+            (_, _, None) => Verdict::Orphan,
+            // Synced, and as far as every other copy: nothing the chain
+            // holds is missing (it catches up from its successor anyway).
+            (true, Some(a), Some(b)) if a >= b => Verdict::Keep,
+            _ => Verdict::Leave,
+        }
+    }
+
+    /// How far `node`'s replica of `p` had got at its last heartbeat (0 if
+    /// it holds none).
+    fn applied(&self, node: NodeId, p: PartitionId) -> u64 {
+        self.last_seen.get(&node).and_then(|h| h.beat.applied.get(&p).copied()).unwrap_or(0)
     }
 
     /// Whether `node` was heard at or after `since_ms` (a heartbeat from
@@ -425,24 +470,31 @@ impl Supervisor {
             .filter(|(n, beat)| !current.admits(*n, beat.incarnation))
             .collect();
         for (n, beat) in &restarted {
-            let Some(recovered) = &beat.recovered else { continue };
+            if beat.recovered.is_none() {
+                continue;
+            }
             let mine: Vec<PartitionId> = (0..current.shape.partitions).filter(|&p| current.chain(p).index_of(*n).is_some()).collect();
-            if recovered.whole && mine.iter().all(|p| recovered.applied.contains_key(p)) {
+            let back_ms = self.last_seen.get(n).map_or(now_ms, |h| h.incarnation_ms);
+            let verdict = |p: PartitionId| self.verdict(current, *n, beat, p, back_ms, now_ms);
+            let orphans: Vec<PartitionId> = mine.iter().copied().filter(|&p| verdict(p) == Verdict::Orphan).collect();
+            if orphans.is_empty() {
+                let leave: Vec<PartitionId> = mine.iter().copied().filter(|&p| verdict(p) == Verdict::Leave).collect();
+                if !mine.is_empty() && leave.len() == mine.len() {
+                    self.strike(*n, now_ms);
+                    let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");
+                    return Some(Change { topology: current.failed(*n), why });
+                }
                 let mut t = current.clone();
                 t.epoch += 1;
                 t.admitted.insert(*n, beat.incarnation);
-                return Some(Change { topology: t, why: format!("node {n} restarted with a whole log: resumes in place") });
-            }
-            // Chains of n that no other admitted live node holds (joined and
-            // done fetching): n's log is needed.
-            let back_ms = self.last_seen.get(n).map_or(now_ms, |h| h.incarnation_ms);
-            let holder = |m: NodeId, p: PartitionId| m != *n && self.holds(current, m, p, now_ms) && self.heard_since(m, back_ms);
-            let orphans: Vec<PartitionId> =
-                mine.iter().copied().filter(|&p| !current.chain(p).nodes.iter().any(|&m| holder(m, p))).collect();
-            if orphans.is_empty() {
-                self.strike(*n, now_ms);
-                let why = format!("node {n} restarted without a whole log: leaves its chains, returns with a state transfer");
-                return Some(Change { topology: current.failed(*n), why });
+                for &p in &leave {
+                    t.chains[p as usize].nodes.retain(|m| m != n);
+                }
+                let why = match leave.len() {
+                    0 => format!("node {n} restarted with a whole log: resumes in place"),
+                    k => format!("node {n} restarted: resumes in place, leaves {k} chains where another copy is further"),
+                };
+                return Some(Change { topology: t, why });
             }
             // Every member of those chains must have been heard since n came
             // back (the restarted ones say what they recovered); only one
@@ -457,16 +509,23 @@ impl Supervisor {
             t.epoch += 1;
             for (m, b) in restarted.iter().filter(|(m, _)| members.contains(m)) {
                 t.admitted.insert(*m, b.incarnation);
+                // Its other chains, where another copy is further than its
+                // own, go on without it (it would serve a shorter prefix).
+                let back_ms = self.last_seen.get(m).map_or(now_ms, |h| h.incarnation_ms);
+                for p in (0..current.shape.partitions).filter(|p| !orphans.contains(p)) {
+                    if current.chain(p).index_of(*m).is_some() && self.verdict(current, *m, b, p, back_ms, now_ms) == Verdict::Leave {
+                        t.chains[p as usize].nodes.retain(|x| x != m);
+                    }
+                }
             }
             for &p in &orphans {
-                let applied =
-                    |m: &NodeId| restarted.iter().find(|(r, _)| r == m).and_then(|(_, b)| b.recovered.as_ref()?.applied.get(&p).copied());
+                let applied = |m: &NodeId| self.last_seen.get(m).and_then(|h| h.beat.applied.get(&p).copied());
                 // Longest log first; members with no replica last (they fetch
                 // the state from the ones before them). Stable: ties keep order.
                 t.chains[p as usize].nodes.sort_by_key(|m| std::cmp::Reverse(applied(m).map_or(0, |a| a + 1)));
             }
             let who: Vec<String> = members.iter().map(|m| m.to_string()).collect();
-            let new_site = restarted.iter().all(|(_, b)| b.recovered.as_ref().is_none_or(|r| r.applied.is_empty()));
+            let new_site = restarted.iter().all(|(_, b)| b.applied.is_empty());
             let why = match new_site {
                 true => format!("nodes {} admitted: a new site", who.join(",")),
                 false => format!("nodes {} admitted with what they recovered ({} chains had no other copy)", who.join(","), orphans.len()),
@@ -598,6 +657,7 @@ mod tests {
             sent_ms: 0,
             joining: Vec::new(),
             catching_up: Vec::new(),
+            applied: BTreeMap::new(),
             recovered: None,
         }
         .with_admission(t)
@@ -609,7 +669,7 @@ mod tests {
     impl WithAdmission for Beat {
         fn with_admission(mut self, t: &Topology) -> Self {
             if !t.admits(self.from, self.incarnation) {
-                self.recovered = Some(Recovered { whole: false, applied: BTreeMap::new() });
+                self.recovered = Some(Recovered { whole: false, incomplete: Vec::new() });
             }
             self
         }
@@ -833,7 +893,7 @@ mod tests {
         all_beat(&mut s, &t, &[0, 1, 2, 3], 2_000);
         // Node 1 restarted without its data (new incarnation, empty log).
         let restarted =
-            Beat { incarnation: 7, recovered: Some(Recovered { whole: false, applied: BTreeMap::new() }), ..beat(&t, 1, t.epoch) };
+            Beat { incarnation: 7, recovered: Some(Recovered { whole: false, incomplete: Vec::new() }), ..beat(&t, 1, t.epoch) };
         s.heartbeat(restarted.clone(), 2_100);
         // Until the others are heard after its restart, nobody knows they
         // survived the same outage: it waits.
@@ -843,9 +903,50 @@ mod tests {
         assert!(out.topology.node(1).is_none(), "{}", out.why);
         // The same with a whole log of every chain it is in: resumes.
         let mine: BTreeMap<PartitionId, u64> = (0..16).filter(|&p| t.chain(p).nodes.contains(&1)).map(|p| (p, 5)).collect();
-        s.heartbeat(Beat { recovered: Some(Recovered { whole: true, applied: mine }), ..restarted }, 2_200);
+        s.heartbeat(Beat { applied: mine, recovered: Some(Recovered { whole: true, incomplete: Vec::new() }), ..restarted }, 2_200);
         let out = s.next(&t, 2_200).unwrap();
         assert!(out.topology.admits(1, 7) && out.topology.chains == t.chains, "{}", out.why);
+    }
+
+    /// Found by the campaign (seed 1770, lost messages and wipes): after a
+    /// whole-site restart a node whose synced log had one replica still
+    /// catching up left every chain, its whole replicas too; the one copy
+    /// left of one of them was then wiped. Now an incomplete replica leaves
+    /// its chain only if another member holds the partition further, and
+    /// the whole ones stay.
+    #[test]
+    fn a_restart_with_incomplete_replicas_keeps_what_no_other_copy_has() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        let mine: Vec<PartitionId> = (0..16).filter(|&p| t.chain(p).nodes.contains(&1)).collect();
+        let at = |n: NodeId, a: u64| Beat { applied: (0..16).map(|p| (p, a)).collect(), ..beat(&t, n, t.epoch) };
+        for n in [0, 2, 3] {
+            s.heartbeat(at(n, 5), 2_000);
+        }
+        // Recovered incomplete: one shorter than the others' copies, one as
+        // far, one further.
+        let (shorter, as_far, further) = (mine[0], mine[1], mine[2]);
+        let applied = |p| match p {
+            _ if p == shorter => 3,
+            _ if p == further => 9,
+            _ => 5,
+        };
+        let restarted = Beat {
+            incarnation: 7,
+            applied: mine.iter().map(|&p| (p, applied(p))).collect(),
+            recovered: Some(Recovered { whole: true, incomplete: vec![shorter, as_far, further] }),
+            ..beat(&t, 1, t.epoch)
+        };
+        s.heartbeat(restarted, 2_100);
+        for n in [0, 2, 3] {
+            s.heartbeat(at(n, 5), 2_150);
+        }
+        let out = s.next(&t, 2_150).unwrap();
+        assert!(out.topology.admits(1, 7), "{}", out.why);
+        for &p in &mine {
+            assert_eq!(out.topology.chain(p).nodes.contains(&1), p != shorter, "p{p}: {}", out.why);
+        }
+        assert!(s.reports(&out.topology, 2_150).iter().find(|r| r.node == 1).is_some_and(|r| r.failures == 0), "not a failure");
     }
 
     #[test]
@@ -855,7 +956,8 @@ mod tests {
         let mut s = Supervisor::new(1_000, 0);
         s.observe(0, true);
         let applied = |n: NodeId| -> BTreeMap<PartitionId, u64> { (0..16).map(|p| (p, [10, 30, 20][n as usize])).collect() };
-        let b = |n: NodeId| Beat { recovered: Some(Recovered { whole: false, applied: applied(n) }), ..beat(&t, n, 1) };
+        let b =
+            |n: NodeId| Beat { applied: applied(n), recovered: Some(Recovered { whole: false, incomplete: Vec::new() }), ..beat(&t, n, 1) };
         s.heartbeat(b(0), 100);
         s.heartbeat(b(1), 100);
         assert_eq!(s.next(&t, 150), None, "waits for every member of the chains");

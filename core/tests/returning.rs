@@ -167,3 +167,45 @@ fn a_member_that_joined_by_whole_state_serves_a_suffix_from_before_it_joined() {
     let (_, suffix) = join(&mut spare, C, Some(b), B, &t4);
     assert!(suffix, "the spare's recent updates reach back to before it joined");
 }
+
+/// Found by the campaign (seed 1678): a replica that resumed from its log
+/// into a chain that had moved on (its predecessor counts what it lacks as
+/// stable, so never resends it) waited forever behind the gap. It now asks
+/// its predecessor for what comes after its position.
+#[test]
+fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
+    let t1 = topo(1, &[A, B]);
+    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
+    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
+    // b is gone for a while; a, alone, is the tail and declares 4..6 stable.
+    let mut out = Outbox::new();
+    a.reconfigure(&topo(2, &[A]), A, 20, &mut out);
+    write(&mut a, None, 4..7, 10, 30);
+    // b is back in place, as from its log: a has nothing unstable to resend.
+    let t3 = topo(3, &[A, B]);
+    a.reconfigure(&t3, A, 40, &mut out);
+    b.reconfigure(&t3, B, 40, &mut out);
+    assert!(forwarded(&mut out, B).is_empty());
+    // The next write reaches b across the gap.
+    a.put(put(7, Bytes::from("v7")), 50, &mut out);
+    b.forward(forwarded(&mut out, B), 50, &mut out);
+    assert_eq!(b.digest().applied, 3, "4..6 are missing");
+    out.clear();
+    let mut fetched = None;
+    for now in (60..1_000).step_by(10) {
+        b.tick(now, &mut out);
+        if let Some(Message::Fetch { epoch, from, have, .. }) = take(&mut out, Dest::Node(A)).pop() {
+            fetched = Some((epoch, from, have));
+            break;
+        }
+    }
+    let (epoch, from, have) = fetched.expect("b asks for what it lacks");
+    a.fetch(epoch, from, have, &mut out);
+    let Some(Message::Transfer { epoch, state, updates, history_before, .. }) = take(&mut out, Dest::Node(B)).pop() else {
+        panic!("a answers")
+    };
+    assert!(state.is_none(), "a's recent updates reach back: a suffix");
+    assert!(b.transfer(epoch, state, updates, history_before, 1_000, &mut out));
+    let (da, db) = (a.digest(), b.digest());
+    assert_eq!((da.applied, da.latest), (db.applied, db.latest));
+}

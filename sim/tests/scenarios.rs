@@ -210,11 +210,14 @@ impl goldenscript::Runner for Scenario {
                     let node = sim.node(n);
                     let recovered = node.beat(sim.now_ms).recovered.expect("a restarted node is not admitted yet");
                     // Each replica's position in its partition's update order.
-                    let parts: Vec<String> = recovered.applied.iter().map(|(p, a)| format!("p{p}@{a}")).collect();
-                    let parts = match (parts.is_empty(), recovered.whole) {
-                        (true, _) => "nothing".to_string(),
-                        (false, true) => format!("{} (whole)", parts.join(" ")),
-                        (false, false) => format!("{} (not whole)", parts.join(" ")),
+                    let beat = node.beat(sim.now_ms);
+                    let parts: Vec<String> = beat.applied.iter().map(|(p, a)| format!("p{p}@{a}")).collect();
+                    let incomplete: Vec<String> = recovered.incomplete.iter().map(|p| format!("p{p}")).collect();
+                    let parts = match (parts.is_empty(), recovered.whole, incomplete.is_empty()) {
+                        (true, _, _) => "nothing".to_string(),
+                        (false, true, true) => format!("{} (whole)", parts.join(" ")),
+                        (false, true, false) => format!("{} (whole but {} incomplete)", parts.join(" "), incomplete.join(" ")),
+                        (false, false, _) => format!("{} (not whole)", parts.join(" ")),
                     };
                     writeln!(out, "{} ms: n{n} restarted {how} as #{}: recovered {parts}", at(sim), node.incarnation())?;
                 }

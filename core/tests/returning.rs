@@ -68,6 +68,16 @@ fn write(head: &mut ChainReplica, next: Option<(&mut ChainReplica, NodeId)>, wri
     }
 }
 
+/// Chain [A, B] takes writes 1..3, then B is removed (epoch 2: [A]);
+/// returns A's replica and the one B kept.
+fn b_removed() -> (ChainReplica, ChainReplica) {
+    let t1 = topo(1, &[A, B]);
+    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
+    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
+    a.reconfigure(&topo(2, &[A]), A, 20, &mut Outbox::new());
+    (a, b)
+}
+
 /// `returning`, kept from its last time in the chain, joins at the tail of
 /// `t` behind `a`: returns whether `a` sent only the missing updates, and
 /// checks that the two replicas end identical.
@@ -99,12 +109,8 @@ fn join(pred: &mut ChainReplica, pred_id: NodeId, kept: Option<ChainReplica>, me
 
 #[test]
 fn a_returning_replica_gets_only_the_updates_it_missed() {
-    let t1 = topo(1, &[A, B]);
-    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
-    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
     // b is removed (a pause): a goes on alone.
-    let mut out = Outbox::new();
-    a.reconfigure(&topo(2, &[A]), A, 20, &mut out);
+    let (mut a, b) = b_removed();
     write(&mut a, None, 4..9, 10, 30);
     assert!(rejoin(&mut a, b, &topo(3, &[A, B])), "5 updates missed: a suffix");
 }
@@ -139,11 +145,7 @@ fn a_returning_replica_at_the_same_position_with_another_history_gets_the_whole_
 
 #[test]
 fn a_replica_away_longer_than_the_recent_updates_reach_gets_the_whole_state() {
-    let t1 = topo(1, &[A, B]);
-    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
-    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
-    let mut out = Outbox::new();
-    a.reconfigure(&topo(2, &[A]), A, 20, &mut out);
+    let (mut a, b) = b_removed();
     let size = 4096;
     write(&mut a, None, 4..(8 + (RECENT_BYTES / size) as u64), size, 30);
     assert!(!rejoin(&mut a, b, &topo(3, &[A, B])), "more than RECENT_BYTES missed: the whole state");
@@ -154,16 +156,12 @@ fn a_replica_away_longer_than_the_recent_updates_reach_gets_the_whole_state() {
 /// node the updates it missed, from before the spare joined.
 #[test]
 fn a_member_that_joined_by_whole_state_serves_a_suffix_from_before_it_joined() {
-    let t1 = topo(1, &[A, B]);
-    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
-    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
-    let mut out = Outbox::new();
-    a.reconfigure(&topo(2, &[A]), A, 20, &mut out);
+    let (mut a, b) = b_removed();
     write(&mut a, None, 4..7, 10, 30);
     let (mut spare, suffix) = join(&mut a, A, None, C, &topo(3, &[A, C]));
     assert!(!suffix);
     let t4 = topo(4, &[A, C, B]);
-    a.reconfigure(&t4, A, 110, &mut out);
+    a.reconfigure(&t4, A, 110, &mut Outbox::new());
     let (_, suffix) = join(&mut spare, C, Some(b), B, &t4);
     assert!(suffix, "the spare's recent updates reach back to before it joined");
 }
@@ -174,12 +172,9 @@ fn a_member_that_joined_by_whole_state_serves_a_suffix_from_before_it_joined() {
 /// its predecessor for what comes after its position.
 #[test]
 fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
-    let t1 = topo(1, &[A, B]);
-    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
-    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
     // b is gone for a while; a, alone, is the tail and declares 4..6 stable.
+    let (mut a, mut b) = b_removed();
     let mut out = Outbox::new();
-    a.reconfigure(&topo(2, &[A]), A, 20, &mut out);
     write(&mut a, None, 4..7, 10, 30);
     // b is back in place, as from its log: a has nothing unstable to resend.
     let t3 = topo(3, &[A, B]);

@@ -465,8 +465,7 @@ impl ChainReplica {
         }
         self.applied = applied;
         self.history = history;
-        self.recent.clear();
-        self.recent_bytes = 0;
+        self.set_recent(VecDeque::new());
         self.stable = if self.is_tail() { applied } else { stable.min(applied) };
         self.unstable.clear();
         self.early.clear();
@@ -771,9 +770,13 @@ impl ChainReplica {
             })
             .collect();
         if history == self.history && recent.back().is_none_or(|(u, _)| u.seq == self.applied) {
-            self.recent_bytes = recent.iter().map(|(u, _)| update_bytes(u)).sum();
-            self.recent = recent;
+            self.set_recent(recent);
         }
+    }
+
+    fn set_recent(&mut self, recent: VecDeque<(Update, u64)>) {
+        self.recent_bytes = recent.iter().map(|(u, _)| update_bytes(u)).sum();
+        self.recent = recent;
     }
 
     /// The updates after `applied`, if this replica has all of them and
@@ -1000,8 +1003,7 @@ impl ChainReplica {
         // of the history, so none of them can vouch for another's state by
         // history any more (a returning replica gets the whole state).
         self.history = xxhash_rust::xxh3::xxh3_64_with_seed(b"FLUSHALL", self.history);
-        self.recent.clear();
-        self.recent_bytes = 0;
+        self.set_recent(VecDeque::new());
     }
 }
 

@@ -433,12 +433,17 @@ impl Node {
     }
 
     fn catching_up(&self) -> Vec<PartitionId> {
-        (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_catching_up())).collect()
+        self.partitions_where(ChainReplica::is_catching_up)
+    }
+
+    /// The partitions whose replica here `holds`.
+    fn partitions_where(&self, holds: impl Fn(&ChainReplica) -> bool) -> Vec<PartitionId> {
+        (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(&holds)).collect()
     }
 
     /// The partitions whose replica here is still fetching its state.
     fn joining(&self) -> Vec<PartitionId> {
-        (0..self.parts.len() as PartitionId).filter(|&p| self.parts[p as usize].as_ref().is_some_and(|r| r.is_joining())).collect()
+        self.partitions_where(ChainReplica::is_joining)
     }
 
     /// This node's replica of `partition` in brief, if it has one.
@@ -476,8 +481,7 @@ impl Node {
         self.topology = Arc::new(new);
         if self.topology.node(me).is_none() {
             for p in 0..self.parts.len() {
-                if let Some(replica) = self.parts[p].take() {
-                    self.log.push(LogRecord::Dropped { partition: p as PartitionId });
+                if let Some(replica) = self.drop_replica(p as PartitionId) {
                     self.retained[p] = Some(replica);
                 }
             }
@@ -488,10 +492,12 @@ impl Node {
     }
 
     /// Drops this node's replica of `partition`, in the log too.
-    fn drop_replica(&mut self, partition: PartitionId) {
-        if self.parts[partition as usize].take().is_some() {
+    fn drop_replica(&mut self, partition: PartitionId) -> Option<ChainReplica> {
+        let replica = self.parts[partition as usize].take();
+        if replica.is_some() {
             self.log.push(LogRecord::Dropped { partition });
         }
+        replica
     }
 
     /// Puts every replica where the configuration says (see `install`).
@@ -503,7 +509,7 @@ impl Node {
             match slot {
                 Some(r) => {
                     if !r.reconfigure(&topology, me, now_ms, out) {
-                        self.drop_replica(p);
+                        let _ = self.drop_replica(p);
                         continue;
                     }
                 }

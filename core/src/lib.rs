@@ -16,23 +16,21 @@
 //!   replicas, its admission by the coordinator, its heartbeats.
 //! * `record`: the write-ahead log's records.
 //! * `supervisor`: the coordinator's failure detection and repair plans.
-//! * `stabilizer`, `receiver`: geo-replication (Eunomia): the site
-//!   stabilizer orders a site's updates and ships their ids to the other
-//!   sites; the receiver applies other sites' updates once their
-//!   dependencies are stable here. Not wired into `node` yet.
+//! * `geo`: geo-replication (Eunomia): the site stabilizer orders a site's
+//!   updates and ships their ids to the other sites; the receiver applies
+//!   other sites' updates once their dependencies are stable here.
 //! * `message`, `wire`: what crosses the network and how it is encoded.
 
 pub mod chain;
 pub mod driver;
 pub mod error;
+pub mod geo;
 pub mod hlc;
 pub mod message;
 pub mod node;
-pub mod receiver;
 pub mod record;
 pub mod ring;
 pub mod session;
-pub mod stabilizer;
 pub mod store;
 pub mod supervisor;
 pub mod version;

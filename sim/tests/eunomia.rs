@@ -17,12 +17,11 @@
 //! `SEEDS=a..b` runs more.
 
 use bytes::Bytes;
+use causeway_core::geo::receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue, ValuesAck};
+use causeway_core::geo::reporter::{Batch, Reporter};
+use causeway_core::geo::stabilizer::{IdBatch, IdVector, IdsAck, Position, ReplicaId, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
 use causeway_core::hlc::{Clock, Timestamp};
-use causeway_core::receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue};
 use causeway_core::ring::PartitionId;
-use causeway_core::stabilizer::{
-    IdBatch, IdVector, IdsAck, Position, ReplicaId, Reporter, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId,
-};
 use causeway_core::version::{SiteId, VersionVector};
 use causeway_sim::Rng;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -44,12 +43,15 @@ const SKEW_MS: [i64; SITES] = [0, 30, -20];
 enum Event {
     Replica { site: usize, replica: ReplicaId, msg: StabilizerMsg },
     Reporter { site: usize, ack: IdsAck },
+    Values { site: usize, ack: ValuesAck },
     Receiver { site: usize, msg: ReceiverMsg },
 }
 
 struct Site {
     clocks: Vec<Clock>,
-    reporters: Vec<Reporter>,
+    reporters: Vec<Reporter<ReplicaId, UpdateId>>,
+    /// Each partition's value stream to the other sites.
+    values: Vec<Reporter<SiteId, RemoteValue>>,
     /// `None` once crashed.
     replicas: Vec<Option<Stabilizer>>,
     leader: ReplicaId,
@@ -121,6 +123,10 @@ impl Sim {
             .map(|s| Site {
                 clocks: (0..PARTITIONS).map(|_| Clock::default()).collect(),
                 reporters: (0..PARTITIONS).map(|p| Reporter::new(p, &replica_ids)).collect(),
+                values: {
+                    let others: Vec<SiteId> = all.iter().copied().filter(|&o| o != s as SiteId).collect();
+                    (0..PARTITIONS).map(|p| Reporter::new(p, &others)).collect()
+                },
                 replicas: (0..REPLICAS).map(|r| Some(Stabilizer::new(s as SiteId, r, PARTITIONS, &all))).collect(),
                 leader: 0,
                 term: 1,
@@ -208,7 +214,12 @@ impl Sim {
                 r.step(msg, now, &mut out);
                 self.stabilizer_out(site, out);
             }
-            Event::Reporter { site, ack } => self.sites[site].reporters[ack.partition as usize].on_ack(ack, now),
+            Event::Reporter { site, ack } => {
+                self.sites[site].reporters[ack.partition as usize].on_ack(ack.replica, ack.up_to, ack.up_to, ack.resend, now)
+            }
+            Event::Values { site, ack } => {
+                self.sites[site].values[ack.partition as usize].on_ack(ack.from, ack.received, ack.applied, ack.resend, now)
+            }
             Event::Receiver { site, msg } => {
                 if let ReceiverMsg::Applied { origin, partition, ts } = &msg {
                     let count = self.truth.stable[site][*origin as usize].entry(Position { ts: *ts, partition: *partition }).or_default();
@@ -240,19 +251,15 @@ impl Sim {
                     let id = UpdateId { partition, ts, local_dep: seen[site], vv };
                     self.sites[site].sessions[s][site] = ts;
                     self.sites[site].last_write[partition as usize] = ts;
-                    self.sites[site].reporters[partition as usize].record(id);
+                    assert!(self.sites[site].reporters[partition as usize].record(id));
                     self.truth.written[site].insert(Position { ts, partition });
                     self.truth.local_dep.insert((site, Position { ts, partition }), seen[site]);
-                    for to in (0..SITES).filter(|&to| to != site) {
-                        // Values go straight to the sibling partitions: sometimes before their ids, sometimes
-                        // after. Their sender resends them until they arrive (not modelled: a cut delays them).
-                        let delay = WAN_MS[site][to] / 2 + self.rng.below(3 * WAN_MS[site][to]);
-                        let delay = delay.max(self.cut_until[site][to].saturating_sub(self.now) + WAN_MS[site][to]);
-                        let key = Bytes::from(format!("{site}/{partition}/{ts}"));
-                        let value =
-                            RemoteValue { origin: site as SiteId, partition, ts, key, value: Some(Bytes::from("v")), expires_at_ms: None };
-                        self.send(delay, Event::Receiver { site: to, msg: ReceiverMsg::Value(value) });
-                    }
+                    // Values go straight to the sibling partitions, over the same lossy links as
+                    // everything else: sometimes before their ids, sometimes after.
+                    let key = Bytes::from(format!("{site}/{partition}/{ts}"));
+                    let value =
+                        RemoteValue { origin: site as SiteId, partition, ts, key, value: Some(Bytes::from("v")), expires_at_ms: None };
+                    assert!(self.sites[site].values[partition as usize].record(value));
                 }
                 2..=4 => {
                     let partition = self.rng.below(PARTITIONS as u64) as usize;
@@ -284,6 +291,14 @@ impl Sim {
                 let promise = clock.last().max(Timestamp::new(wall, 0));
                 clock.observe(promise);
                 self.sites[site].reporters[p].promise(promise);
+                self.sites[site].values[p].promise(promise);
+            }
+            let mut values: Vec<(SiteId, Batch<RemoteValue>)> = Vec::new();
+            self.sites[site].values[p].tick(self.now, &mut values);
+            for (to, batch) in values {
+                if let Some(delay) = self.wan(site, to as usize) {
+                    self.send(delay, Event::Receiver { site: to as usize, msg: ReceiverMsg::Values { origin: site as SiteId, batch } });
+                }
             }
             let mut batches: Vec<(ReplicaId, IdBatch)> = Vec::new();
             self.sites[site].reporters[p].tick(self.now, &mut batches);
@@ -339,6 +354,11 @@ impl Sim {
                         if let Some(delay) = self.wan(site, origin) {
                             self.send(delay, Event::Replica { site: origin, replica, msg: StabilizerMsg::SiteAck(ack) });
                         }
+                    }
+                }
+                ReceiverOut::ValuesAck(ack) => {
+                    if let Some(delay) = self.wan(site, ack.origin as usize) {
+                        self.send(delay, Event::Values { site: ack.origin as usize, ack });
                     }
                 }
                 ReceiverOut::Apply(write) => {
@@ -417,6 +437,9 @@ impl Sim {
                 assert_eq!(r.held(), 0, "seed {seed}: a replica of site {origin} still holds ids every site applied");
             }
             assert_eq!(self.sites[origin].receiver.waiting() + self.sites[origin].receiver.in_flight(), 0);
+            for v in &self.sites[origin].values {
+                assert_eq!(v.unacked(), 0, "seed {seed}: site {origin} keeps values every site applied");
+            }
         }
         assert!(self.applies > 1000, "seed {seed}: only {} remote applies", self.applies);
     }

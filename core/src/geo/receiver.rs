@@ -75,9 +75,10 @@
 //! * Values of updates never shipped (lost with their partition before they
 //!   were reported) wait forever; nothing expires them yet.
 
+use crate::geo::reporter::{Batch, Stamped};
+use crate::geo::stabilizer::{Position, Ship, SiteAck, UpdateId};
 use crate::hlc::Timestamp;
 use crate::ring::PartitionId;
-use crate::stabilizer::{Position, Ship, SiteAck, UpdateId};
 use crate::version::{SiteId, Version, VersionVector};
 use ahash::AHashMap;
 use bytes::Bytes;
@@ -118,8 +119,9 @@ pub struct RemoteWrite {
 pub enum ReceiverMsg {
     /// From another site's stabilizer leader.
     Ship(Ship),
-    /// From a sibling partition in another site.
-    Value(RemoteValue),
+    /// From a sibling partition in another site: the next part of its value
+    /// stream (`geo::reporter`).
+    Values { origin: SiteId, batch: Batch<RemoteValue> },
     /// From this site's chain of `partition`: the remote update `(origin,
     /// partition, ts)` is stable (has reached the tail).
     Applied { origin: SiteId, partition: PartitionId, ts: Timestamp },
@@ -132,6 +134,36 @@ pub enum ReceiverOut {
     Apply(RemoteWrite),
     /// To every stabilizer replica of `ack.origin`.
     Ack(SiteAck),
+    /// To the sibling partition of `ack.partition` in `ack.origin`.
+    ValuesAck(ValuesAck),
+}
+
+/// receiver of `from` -> the partition `partition` of `origin`: how far its
+/// value stream is here (`received`) and how far the values were applied
+/// (stable in this site's chains, so never needed again); `resend`: a batch
+/// left a gap, send again from `received`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValuesAck {
+    pub from: SiteId,
+    pub origin: SiteId,
+    pub partition: PartitionId,
+    pub received: Timestamp,
+    pub applied: Timestamp,
+    pub resend: bool,
+}
+
+impl Stamped for RemoteValue {
+    fn ts(&self) -> Timestamp {
+        self.ts
+    }
+}
+
+/// One sibling partition's value stream, as received here.
+#[derive(Clone, Copy, Debug, Default)]
+struct ValueStream {
+    received: Timestamp,
+    due: bool,
+    resend: bool,
 }
 
 /// What the receiver holds of one origin site's stream.
@@ -152,6 +184,8 @@ struct Origin {
     resend: bool,
     /// When it was last acknowledged.
     acked_ms: u64,
+    /// Its partitions' value streams.
+    streams: BTreeMap<PartitionId, ValueStream>,
 }
 
 /// A site's receiver (Eunomia Alg. 5, `r_m`).
@@ -187,6 +221,7 @@ impl Receiver {
                     ack_due: true,
                     resend: false,
                     acked_ms: 0,
+                    streams: BTreeMap::new(),
                 };
                 (s, origin)
             })
@@ -197,7 +232,7 @@ impl Receiver {
     pub fn step(&mut self, msg: ReceiverMsg, out: &mut Vec<ReceiverOut>) {
         match msg {
             ReceiverMsg::Ship(ship) => self.new_updates(ship),
-            ReceiverMsg::Value(value) => self.new_value(value),
+            ReceiverMsg::Values { origin, batch } => self.new_values(origin, batch),
             ReceiverMsg::Applied { origin, partition, ts } => self.stable_locally(origin, Position { ts, partition }),
         }
         self.flush(out);
@@ -210,7 +245,16 @@ impl Receiver {
     /// site applied).
     pub fn tick(&mut self, now_ms: u64, out: &mut Vec<ReceiverOut>) {
         for (&origin, o) in self.origins.iter_mut() {
-            if !o.ack_due && now_ms.saturating_sub(o.acked_ms) < SITE_ACK_REFRESH_MS {
+            let refresh = now_ms.saturating_sub(o.acked_ms) >= SITE_ACK_REFRESH_MS;
+            for (&partition, v) in o.streams.iter_mut().filter(|(_, v)| v.due || refresh) {
+                // Everything of this partition at or before the applied point.
+                let applied = if o.applied.partition >= partition { o.applied.ts } else { o.applied.ts.just_before() };
+                let ack = ValuesAck { from: self.me, origin, partition, received: v.received, applied, resend: v.resend };
+                out.push(ReceiverOut::ValuesAck(ack));
+                v.due = false;
+                v.resend = false;
+            }
+            if !o.ack_due && !refresh {
                 continue;
             }
             let ack = SiteAck { from: self.me, origin, received: o.received, applied: o.applied, resend: o.resend };
@@ -259,11 +303,25 @@ impl Receiver {
         self.settle(ship.origin);
     }
 
-    fn new_value(&mut self, value: RemoteValue) {
-        let Some(o) = self.origins.get(&value.origin) else { return };
-        if (Position { ts: value.ts, partition: value.partition }) > o.handed_out {
-            self.values.insert((value.origin, value.partition, value.ts), value);
+    /// A sibling partition's values: keeps what extends its stream and was
+    /// not handed out yet, refuses a gap.
+    fn new_values(&mut self, origin: SiteId, batch: Batch<RemoteValue>) {
+        let Some(o) = self.origins.get_mut(&origin) else { return };
+        let stream = o.streams.entry(batch.partition).or_default();
+        stream.due = true;
+        if batch.prev > stream.received {
+            stream.resend = true;
+            return;
         }
+        for value in batch.items {
+            if value.ts > stream.received && value.origin == origin && value.partition == batch.partition {
+                stream.received = value.ts;
+                if (Position { ts: value.ts, partition: value.partition }) > o.handed_out {
+                    self.values.insert((value.origin, value.partition, value.ts), value);
+                }
+            }
+        }
+        stream.received = stream.received.max(batch.up_to);
     }
 
     fn stable_locally(&mut self, origin: SiteId, pos: Position) {
@@ -329,7 +387,7 @@ fn ready(me: SiteId, origin: SiteId, id: &UpdateId, site_time: &VersionVector) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stabilizer::IdVector;
+    use crate::geo::stabilizer::IdVector;
 
     fn ts(ms: u64) -> Timestamp {
         Timestamp::new(ms, 0)
@@ -355,7 +413,9 @@ mod tests {
 
     fn value(origin: SiteId, partition: PartitionId, ms: u64) -> ReceiverMsg {
         let key = Bytes::from(format!("k{origin}.{partition}.{ms}"));
-        ReceiverMsg::Value(RemoteValue { origin, partition, ts: ts(ms), key, value: Some(Bytes::from("v")), expires_at_ms: None })
+        let value = RemoteValue { origin, partition, ts: ts(ms), key, value: Some(Bytes::from("v")), expires_at_ms: None };
+        // Each test value continues its partition's stream from the start.
+        ReceiverMsg::Values { origin, batch: Batch { partition, prev: Timestamp::ZERO, items: vec![value], up_to: ts(ms) } }
     }
 
     fn applied(origin: SiteId, partition: PartitionId, ms: u64) -> ReceiverMsg {
@@ -370,7 +430,7 @@ mod tests {
                 got.push((w.version.site, w.version.ts.physical_ms));
                 false
             }
-            ReceiverOut::Ack(_) => true,
+            ReceiverOut::Ack(_) | ReceiverOut::ValuesAck(_) => true,
         });
         got
     }

@@ -69,7 +69,7 @@
 //!
 //! | paper | here |
 //! | --- | --- |
-//! | Alg. 2 lines 8, 12 (send op, heartbeat) and §3.3's `Ack_n` | `Reporter` (`reporter.rs`) |
+//! | Alg. 2 lines 8, 12 (send op, heartbeat) and §3.3's `Ack_n` | `Reporter` (`geo/reporter.rs`) |
 //! | Alg. 3 `add_op`, `heartbeat`; Alg. 4 `new_batch` | `Stabilizer::step` with `StabilizerMsg::Ids` |
 //! | Alg. 3/4 `process_stable`: stable time, `find_stable`, `process` | `Stabilizer::tick` (`merge`, `ship`) |
 //! | Alg. 4 `new_leader` | `StabilizerMsg::Leader` |
@@ -91,11 +91,10 @@
 //!   never ship.
 
 mod order;
-mod reporter;
 
 pub use order::OrderedIds;
-pub use reporter::Reporter;
 
+use crate::geo::reporter::{Batch, Stamped};
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId};
 use crate::version::SiteId;
@@ -195,19 +194,13 @@ impl UpdateId {
 }
 
 /// partition -> every stabilizer replica of its site: the ids the replica
-/// has not acknowledged, and a promise (Alg. 2 `add_op`, `heartbeat`, and
-/// §3.3's batches).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IdBatch {
-    pub partition: PartitionId,
-    /// The batch continues the partition's stream right after this time:
-    /// the replica must already hold everything up to it.
-    pub prev: Timestamp,
-    /// In increasing timestamp order, all greater than `prev`.
-    pub ids: Vec<UpdateId>,
-    /// No id of this partition at or below `up_to` is missing from what the
-    /// replica then holds (>= the last id's timestamp).
-    pub up_to: Timestamp,
+/// has not acknowledged, and a promise (`geo::reporter`).
+pub type IdBatch = Batch<UpdateId>;
+
+impl Stamped for UpdateId {
+    fn ts(&self) -> Timestamp {
+        self.ts
+    }
 }
 
 /// stabilizer replica -> partition: "I hold your stream up to `up_to`".
@@ -369,7 +362,7 @@ impl Stabilizer {
         let Some(time) = self.partition_time.get_mut(batch.partition as usize) else { return };
         let resend = batch.prev > *time;
         if !resend {
-            for id in batch.ids {
+            for id in batch.items {
                 if id.ts > *time {
                     *time = id.ts;
                     self.ops.push(id);

@@ -1,6 +1,7 @@
 //! Scenarios of one site's stabilizer (site 0) shipping to sites 1 and 2.
 
 use super::*;
+use crate::geo::reporter::Reporter;
 
 fn ts(ms: u64) -> Timestamp {
     Timestamp::new(ms, 0)
@@ -11,7 +12,7 @@ fn id(partition: PartitionId, ms: u64) -> UpdateId {
 }
 
 fn batch(partition: PartitionId, prev: u64, ids: &[u64], up_to: u64) -> StabilizerMsg {
-    StabilizerMsg::Ids(IdBatch { partition, prev: ts(prev), ids: ids.iter().map(|&ms| id(partition, ms)).collect(), up_to: ts(up_to) })
+    StabilizerMsg::Ids(IdBatch { partition, prev: ts(prev), items: ids.iter().map(|&ms| id(partition, ms)).collect(), up_to: ts(up_to) })
 }
 
 fn leader(leader: ReplicaId, term: u64) -> StabilizerMsg {
@@ -285,15 +286,15 @@ fn a_replica_refuses_a_batch_that_leaves_a_gap_and_the_reporter_resends() {
     }
     let StabilizerOut::IdsAck(ack) = out.pop().unwrap() else { panic!("an ack") };
     assert!(ack.resend && ack.up_to == Timestamp::ZERO);
-    rep.on_ack(ack, 1);
+    rep.on_ack(ack.replica, ack.up_to, ack.up_to, ack.resend, 1);
     rep.tick(2, &mut sent);
     for (_, b) in sent.drain(..) {
-        assert_eq!(b.ids.len(), 2);
+        assert_eq!(b.items.len(), 2);
         s.step(StabilizerMsg::Ids(b), 2, &mut out);
     }
     let StabilizerOut::IdsAck(ack) = out.pop().unwrap() else { panic!("an ack") };
     assert_eq!((ack.resend, ack.up_to), (false, ts(3)));
-    rep.on_ack(ack, 2);
+    rep.on_ack(ack.replica, ack.up_to, ack.up_to, ack.resend, 2);
     assert_eq!(rep.unacked(), 0);
     assert_eq!(s.stable_time(), ts(3));
 }
@@ -324,7 +325,7 @@ fn stabilizer_throughput() {
                         })
                         .collect();
                     let prev = if round == 1 { Timestamp::ZERO } else { Timestamp::new(base - 1, 0) };
-                    IdBatch { partition, prev, ids, up_to: Timestamp::new(base + 999, 0) }
+                    IdBatch { partition, prev, items: ids, up_to: Timestamp::new(base + 999, 0) }
                 })
                 .collect()
         })

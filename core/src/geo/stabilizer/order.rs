@@ -90,7 +90,7 @@ impl OrderedIds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stabilizer::IdVector;
+    use crate::geo::stabilizer::IdVector;
 
     fn id(partition: u32, ms: u64, logical: u32) -> UpdateId {
         let ts = Timestamp::new(ms, logical);

@@ -1,0 +1,165 @@
+//! A partition's outgoing streams in a geo-replicated site: the identifiers
+//! of its updates to every stabilizer replica of its site (Eunomia Alg. 2
+//! lines 8 and 10-12), and their values to the receiver of every other site
+//! (§5, data and metadata separated). Both are the same protocol, so one
+//! type serves both: `Reporter<ReplicaId, UpdateId>` and
+//! `Reporter<SiteId, RemoteValue>`.
+//!
+//! Each destination ends up with a gap-free prefix of the partition's stream
+//! (§3.3, the prefix property), whatever is lost or reordered. As in the
+//! paper's implementation, the reporter remembers how far each destination
+//! acknowledged (`Ack_n`) and keeps every item until all destinations have
+//! applied it. Unlike the paper it does not resend the whole unacknowledged
+//! suffix every time: each batch says where it continues from
+//! (`Batch::prev`), a destination refuses a batch that would leave a gap,
+//! and the reporter goes back to the destination's acknowledged point when
+//! refused or when `REPORT_RESEND_MS` pass without progress. Batches are
+//! sent on `tick` (Eunomia §5: batch at partitions, about every
+//! millisecond).
+//!
+//! Acknowledgements carry two points: *received* (what need not be sent
+//! again) and *applied* (what may be forgotten: a receiver that fails over
+//! loses the values it held but not applied, and asks again from there). A
+//! refusal (`resend`) may move `received` back: a new receiver starts from
+//! scratch.
+
+use crate::hlc::Timestamp;
+use crate::ring::PartitionId;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// At most this many items in one batch.
+pub const MAX_REPORT: usize = 4096;
+
+/// A reporter that has heard no progress from a destination for this long
+/// sends again from the destination's acknowledged point.
+pub const REPORT_RESEND_MS: u64 = 50;
+
+/// What a stream carries: items in timestamp order.
+pub trait Stamped: Clone {
+    fn ts(&self) -> Timestamp;
+}
+
+/// partition -> one destination: the items it has not acknowledged, and a
+/// promise (Alg. 2 `add_op`, `heartbeat`, and §3.3's batches).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch<T> {
+    pub partition: PartitionId,
+    /// The batch continues the partition's stream right after this time:
+    /// the destination must already hold everything up to it.
+    pub prev: Timestamp,
+    /// In increasing timestamp order, all greater than `prev`.
+    pub items: Vec<T>,
+    /// No item of this partition at or below `up_to` is missing from what
+    /// the destination then holds (>= the last item's timestamp).
+    pub up_to: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Peer {
+    received: Timestamp,
+    applied: Timestamp,
+    sent: Timestamp,
+    progress_ms: u64,
+}
+
+/// The sending side of one partition's stream to destinations `P`.
+#[derive(Debug)]
+pub struct Reporter<P, T> {
+    partition: PartitionId,
+    /// Recorded and not yet applied by every destination, in timestamp order.
+    items: VecDeque<T>,
+    /// The latest item's timestamp or promise, whichever is larger.
+    promised: Timestamp,
+    peers: BTreeMap<P, Peer>,
+}
+
+impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
+    pub fn new(partition: PartitionId, peers: &[P]) -> Self {
+        Reporter {
+            partition,
+            items: VecDeque::new(),
+            promised: Timestamp::ZERO,
+            peers: peers.iter().map(|&r| (r, Peer::default())).collect(),
+        }
+    }
+
+    /// An item of this partition, in timestamp order: after every item
+    /// recorded and every promise made (Property 2). One that is not is
+    /// refused (returns false): reporting it would break the order every
+    /// destination relies on.
+    pub fn record(&mut self, item: T) -> bool {
+        if item.ts() <= self.promised {
+            return false;
+        }
+        self.promised = item.ts();
+        self.items.push_back(item);
+        true
+    }
+
+    /// A heartbeat (Alg. 2 line 12): no later item of this partition will
+    /// be timestamped at or below `ts`.
+    pub fn promise(&mut self, ts: Timestamp) {
+        self.promised = self.promised.max(ts);
+    }
+
+    /// The latest timestamp recorded or promised.
+    pub fn promised(&self) -> Timestamp {
+        self.promised
+    }
+
+    /// `peer` holds the stream up to `received` and has applied it up to
+    /// `applied`; `resend`: the last batch did not continue what it holds,
+    /// send again from `received` (which may be further back than before).
+    pub fn on_ack(&mut self, peer: P, received: Timestamp, applied: Timestamp, resend: bool, now_ms: u64) {
+        let Some(p) = self.peers.get_mut(&peer) else { return };
+        if received > p.received {
+            p.received = received;
+            p.progress_ms = now_ms;
+        }
+        p.applied = p.applied.max(applied);
+        if resend {
+            p.received = received;
+            p.sent = received;
+            p.progress_ms = now_ms;
+        }
+        let everyone = self.applied();
+        while self.items.front().is_some_and(|i| i.ts() <= everyone) {
+            self.items.pop_front();
+        }
+    }
+
+    /// Every destination has applied the stream up to here.
+    pub fn applied(&self) -> Timestamp {
+        self.peers.values().map(|p| p.applied).min().unwrap_or(self.promised)
+    }
+
+    /// Sends each destination what it has not been sent (or, after a
+    /// refusal or a silence, what it has not acknowledged), and the latest
+    /// promise.
+    pub fn tick(&mut self, now_ms: u64, out: &mut Vec<(P, Batch<T>)>) {
+        for (&peer, p) in self.peers.iter_mut() {
+            if p.sent < p.received {
+                p.sent = p.received;
+            }
+            if p.sent > p.received && now_ms.saturating_sub(p.progress_ms) >= REPORT_RESEND_MS {
+                p.sent = p.received;
+                p.progress_ms = now_ms;
+            }
+            let start = self.items.partition_point(|i| i.ts() <= p.sent);
+            let end = (start + MAX_REPORT).min(self.items.len());
+            let up_to = if end == self.items.len() { self.promised } else { self.items[end - 1].ts() };
+            if end == start && up_to <= p.sent {
+                continue;
+            }
+            let items = self.items.range(start..end).cloned().collect();
+            out.push((peer, Batch { partition: self.partition, prev: p.sent, items, up_to }));
+            p.sent = p.sent.max(up_to);
+        }
+    }
+
+    /// Items some destination has not applied yet.
+    pub fn unacked(&self) -> usize {
+        self.items.len()
+    }
+}

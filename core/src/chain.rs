@@ -26,12 +26,13 @@
 //! Get-transactions (ChainReaction §3.5) are served by heads: see
 //! `snapshot_read`.
 
+use crate::geo::receiver::RemoteWrite;
 use crate::hlc::{Clock, Timestamp};
-use crate::message::{send, ClientId, Condition, Dest, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, ClientId, Condition, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored};
-use crate::version::{SiteId, Version};
+use crate::version::{SiteId, Version, VersionVector};
 use ahash::AHashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -65,7 +66,8 @@ pub struct PutRequest {
     pub value: Option<Bytes>,
     pub ttl_ms: Option<u64>,
     pub condition: Condition,
-    pub after: Timestamp,
+    /// The session's causal past (`Message::Put`).
+    pub past: VersionVector,
     pub ack_at: u8,
     /// The write's id in its session (see `Message::Put`).
     pub write: u64,
@@ -181,9 +183,23 @@ pub struct ChainReplica {
     /// (`take_log`).
     log: Vec<LogRecord>,
     /// Replies to send once the update with this seq is stable:
-    /// dependency-stabilization answers, and acknowledgements of resent
-    /// writes.
-    waiters: BTreeMap<u64, Vec<Message>>,
+    /// dependency-stabilization answers, acknowledgements of resent
+    /// writes, and the receiver's `Applied` for remote writes.
+    waiters: BTreeMap<u64, Vec<Envelope>>,
+    /// With several sites: every update up to this seq has reached every
+    /// stabilizer replica and every other site (`geo`), so a new tail need
+    /// not send it again; until then it stays in `recent`. `None` with one
+    /// site.
+    reported: Option<u64>,
+    /// Local updates the tail applied since the node last asked, for its
+    /// reporter (several sites only).
+    reportable: Vec<Update>,
+    /// A promise (`make_promise`) to pass down the chain, or, at the tail,
+    /// to report, once everything up to its seq is applied here.
+    promise: Option<(u64, Timestamp)>,
+    /// Concurrent writes of one key from different sites this head
+    /// resolved by last-writer-wins.
+    conflicts: u64,
     /// Each session's last write applied here (sessions are sequential, so
     /// one per session), to apply a resent write only once.
     last_writes: AHashMap<ClientId, LastWrite>,
@@ -232,6 +248,10 @@ impl ChainReplica {
             pruned_ms: 0,
             last_progress_ms: 0,
             gap_since_ms: None,
+            reported: None,
+            reportable: Vec::new(),
+            promise: None,
+            conflicts: 0,
         }
     }
 
@@ -316,7 +336,7 @@ impl ChainReplica {
             // satisfies every level, instead of applying it twice.
             let chain_index = (self.chain.len() - 1) as u8;
             let done = Message::PutDone { op: write, version: Some(last.version.clone()), seq: last.seq, chain_index, stable: true };
-            return self.when_stable(last.seq, done, out);
+            return self.when_stable(last.seq, Envelope { to: Dest::Client(write.client), msg: done }, out);
         }
         let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
         let holds = match req.condition {
@@ -328,11 +348,13 @@ impl ChainReplica {
             let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false };
             return send(out, Dest::Client(req.op.client), msg);
         }
-        let ts = self.clock.tick(now_ms, req.after);
+        let ts = self.clock.tick(now_ms, req.past.max());
+        let mut vv = req.past;
+        vv.set(self.site, ts);
         let update = Update {
             seq: self.applied + 1,
             key: req.key,
-            version: Version::local(self.site, ts),
+            version: Version { ts, site: self.site, vv },
             value: req.value,
             expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
             ack: Some((write, req.ack_at)),
@@ -486,6 +508,9 @@ impl ChainReplica {
         self.answer(&u, out);
         if self.is_tail() {
             self.stable = u.seq;
+            if self.reported.is_some() && u.version.site == self.site {
+                self.reportable.push(u.clone());
+            }
             self.wake_waiters(out);
         } else {
             forward.push(u);
@@ -498,7 +523,14 @@ impl ChainReplica {
         self.history = chain_history(before, u);
         self.recent_bytes += update_bytes(u);
         self.recent.push_back((u.clone(), before));
-        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
+        self.trim_recent();
+    }
+
+    /// Keeps `recent` within `RECENT_BYTES`, except for updates not yet
+    /// reported to every stabilizer replica and site (`reported`).
+    fn trim_recent(&mut self) {
+        let reported = self.reported.unwrap_or(u64::MAX);
+        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 && self.recent.front().is_some_and(|(u, _)| u.seq <= reported) {
             let (old, _) = self.recent.pop_front().expect("not empty");
             self.recent_bytes -= update_bytes(&old);
         }
@@ -550,12 +582,18 @@ impl ChainReplica {
 
     fn ack_upwards(&self, out: &mut Outbox) {
         if let Some(prev) = self.predecessor() {
-            send(out, Dest::Node(prev), Message::StableUpTo { epoch: self.epoch, partition: self.partition, seq: self.stable });
+            let (epoch, partition, seq, reported) = (self.epoch, self.partition, self.stable, self.reported.unwrap_or(0));
+            send(out, Dest::Node(prev), Message::StableUpTo { epoch, partition, seq, reported });
         }
     }
 
-    /// The successor says everything up to `seq` reached the tail.
-    pub fn stable_up_to(&mut self, seq: u64, now_ms: u64, out: &mut Outbox) {
+    /// The successor says everything up to `seq` reached the tail (and up
+    /// to `reported` every stabilizer replica and site).
+    pub fn stable_up_to(&mut self, seq: u64, reported: u64, now_ms: u64, out: &mut Outbox) {
+        let more_reported = self.reported.is_some_and(|r| reported > r);
+        if more_reported {
+            self.set_reported(reported, out);
+        }
         if seq <= self.stable {
             return;
         }
@@ -638,14 +676,13 @@ impl ChainReplica {
     /// reaches them), so a session asks its own node when it is in the chain
     /// and spares a round trip.
     pub fn wait_stable(&mut self, op: OpId, seq: u64, out: &mut Outbox) {
-        self.when_stable(seq, Message::Stable { op }, out);
+        self.when_stable(seq, Envelope { to: Dest::Client(op.client), msg: Message::Stable { op } }, out);
     }
 
-    /// Sends `reply` to its client once update `seq` is stable.
-    fn when_stable(&mut self, seq: u64, reply: Message, out: &mut Outbox) {
+    /// Sends `reply` once update `seq` is stable.
+    fn when_stable(&mut self, seq: u64, reply: Envelope, out: &mut Outbox) {
         if seq <= self.stable {
-            let client = reply.op().expect("replies carry their op").client;
-            send(out, Dest::Client(client), reply);
+            out.push(reply);
         } else {
             self.waiters.entry(seq).or_default().push(reply);
         }
@@ -656,10 +693,7 @@ impl ChainReplica {
             if *entry.key() > self.stable {
                 break;
             }
-            for reply in entry.remove() {
-                let client = reply.op().expect("replies carry their op").client;
-                send(out, Dest::Client(client), reply);
-            }
+            out.extend(entry.remove());
         }
     }
 
@@ -742,15 +776,15 @@ impl ChainReplica {
         if epoch != self.epoch || self.joining || self.successor() != Some(from) {
             return;
         }
-        let partition = self.partition;
+        let (partition, clock) = (self.partition, self.clock.last());
         let msg = match have.and_then(|(applied, history)| Some((self.updates_after(applied, history)?, history))) {
-            Some((updates, history_before)) => Message::Transfer { epoch, partition, state: None, updates, history_before },
+            Some((updates, history_before)) => Message::Transfer { epoch, partition, state: None, updates, history_before, clock },
             // With the recent updates, so the new member can in turn serve
             // a returning successor that was away since before this.
             None => {
                 let history_before = self.recent.front().map_or(self.history, |(_, h)| *h);
                 let updates = self.recent.iter().map(|(u, _)| u.clone()).collect();
-                Message::Transfer { epoch, partition, state: Some(self.state()), updates, history_before }
+                Message::Transfer { epoch, partition, state: Some(self.state()), updates, history_before, clock }
             }
         };
         send(out, Dest::Node(from), msg);
@@ -836,22 +870,33 @@ impl ChainReplica {
         let mut updates: Vec<Update> = self.unstable.iter().chain(&self.handoff).filter(|u| u.seq > after).cloned().collect();
         updates.sort_by_key(|u| u.seq);
         updates.dedup_by_key(|u| u.seq);
-        let (partition, applied) = (self.partition, self.applied);
+        let (partition, applied, clock) = (self.partition, self.applied, self.clock.last());
         let msg = match updates.iter().map(|u| u.seq).eq(after + 1..=applied) || applied <= after {
-            true => Message::Suffix { epoch, partition, updates, applied, state: None },
+            true => Message::Suffix { epoch, partition, updates, applied, state: None, clock },
             // Some of what it lacks was already stable here (declared by a
             // tail while it was away): the whole state instead.
-            false => Message::Suffix { epoch, partition, updates: Vec::new(), applied, state: Some(self.state()) },
+            false => Message::Suffix { epoch, partition, updates: Vec::new(), applied, state: Some(self.state()), clock },
         };
         send(out, Dest::Node(from), msg);
     }
 
     /// The successor's answer to `request_suffix`: applies what it sent;
     /// serves again once it has all the successor had.
-    pub fn suffix(&mut self, epoch: u64, updates: Vec<Update>, applied: u64, state: Option<PartitionState>, now_ms: u64, out: &mut Outbox) {
+    #[allow(clippy::too_many_arguments)]
+    pub fn suffix(
+        &mut self,
+        epoch: u64,
+        updates: Vec<Update>,
+        applied: u64,
+        state: Option<PartitionState>,
+        clock: Timestamp,
+        now_ms: u64,
+        out: &mut Outbox,
+    ) {
         if epoch != self.epoch || !self.catching_up {
             return;
         }
+        self.clock.observe(clock);
         if let Some(state) = state.filter(|s| s.applied > self.applied) {
             self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
             let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
@@ -871,18 +916,21 @@ impl ChainReplica {
     /// this replica retained and applies the `updates` after it), then
     /// applies the updates that arrived meanwhile.
     /// Returns whether it was taken (not stale).
+    #[allow(clippy::too_many_arguments)]
     pub fn transfer(
         &mut self,
         epoch: u64,
         state: Option<PartitionState>,
         updates: Vec<Update>,
         history_before: u64,
+        clock: Timestamp,
         now_ms: u64,
         out: &mut Outbox,
     ) -> bool {
         if epoch != self.epoch {
             return false;
         }
+        self.clock.observe(clock);
         if !self.joining {
             // The answer to a fetch for a gap (`tick`): only what extends
             // this replica.
@@ -985,6 +1033,123 @@ impl ChainReplica {
         true
     }
 
+    // ---- several sites (`geo`) ----------------------------------------
+
+    /// Turns on what several sites need: the tail hands its local updates
+    /// to the node's reporter, and every replica keeps what is not reported
+    /// yet.
+    pub fn enable_geo(&mut self) {
+        self.reported.get_or_insert(0);
+    }
+
+    /// The tail's reporter has everything up to `seq` acknowledged by every
+    /// stabilizer replica and site: the chain may forget it.
+    pub fn set_reported(&mut self, seq: u64, out: &mut Outbox) {
+        if self.reported.is_some_and(|r| seq > r) {
+            self.reported = Some(seq.min(self.applied));
+            self.trim_recent();
+            if self.is_tail() {
+                self.ack_upwards(out);
+            }
+        }
+    }
+
+    /// The local updates the tail applied since the last call.
+    pub fn take_reportable(&mut self) -> Vec<Update> {
+        std::mem::take(&mut self.reportable)
+    }
+
+    /// The local updates not reported yet that this replica holds: what a
+    /// new tail starts its reporter with.
+    pub fn unreported(&self) -> Vec<Update> {
+        let reported = self.reported.unwrap_or(u64::MAX);
+        self.recent.iter().map(|(u, _)| u).filter(|u| u.seq > reported && u.version.site == self.site).cloned().collect()
+    }
+
+    /// Whether this replica is its chain's tail and serving.
+    pub fn reports(&self) -> bool {
+        self.is_tail() && !self.joining && !self.catching_up
+    }
+
+    /// The next member of the chain, if any.
+    pub fn next(&self) -> Option<NodeId> {
+        self.successor()
+    }
+
+    /// At the head: promises that no later update of the partition will be
+    /// timestamped at or below the time it returns (Eunomia Alg. 2 lines
+    /// 10-12), once everything it applied so far is reported. The promise
+    /// travels down the chain behind those updates (`on_promise`).
+    pub fn make_promise(&mut self, now_ms: u64) {
+        if self.index != 0 || self.joining || self.catching_up || self.epoch == 0 {
+            return;
+        }
+        let ts = self.clock.last().max(Timestamp::new(now_ms, 0));
+        self.clock.observe(ts);
+        self.on_promise(self.applied, ts);
+    }
+
+    /// A promise from the predecessor (or this head's own).
+    pub fn on_promise(&mut self, seq: u64, ts: Timestamp) {
+        if self.promise.is_none_or(|(_, t)| ts > t) {
+            self.promise = Some((seq, ts));
+        }
+    }
+
+    /// The promise to pass on (or, at the tail, to report) once everything
+    /// it covers is applied here. Every replica's clock moves past it, so
+    /// whichever becomes head never orders a write below it.
+    pub fn take_promise(&mut self) -> Option<Timestamp> {
+        let (seq, ts) = self.promise?;
+        if seq > self.applied || self.joining || self.catching_up {
+            return None;
+        }
+        self.promise = None;
+        self.clock.observe(ts);
+        Some(ts)
+    }
+
+    /// At the head: another site's update, from this site's receiver, to be
+    /// applied with its own version (last-writer-wins against what the key
+    /// holds). `reply` goes out once it, or a later version of the key, is
+    /// stable. Not the head (any more): dropped, the receiver sends again.
+    pub fn apply_remote(&mut self, w: RemoteWrite, reply: Envelope, now_ms: u64, out: &mut Outbox) {
+        if self.index != 0 || self.joining || self.catching_up {
+            return;
+        }
+        let latest = self.store.latest(&w.key).map(|s| (s.version.clone(), s.seq));
+        if let Some((v, _)) = &latest {
+            if concurrent(v, &w.version) {
+                self.conflicts += 1;
+            }
+        }
+        match latest {
+            Some((v, seq)) if v >= w.version => self.when_stable(seq, reply, out),
+            _ => {
+                let update = Update {
+                    seq: self.applied + 1,
+                    key: w.key,
+                    version: w.version,
+                    value: w.value,
+                    expires_at_ms: w.expires_at_ms,
+                    ack: None,
+                };
+                let seq = update.seq;
+                let mut effects = Outbox::new();
+                let mut forward = Vec::with_capacity(1);
+                self.apply(update, now_ms, &mut forward, &mut effects);
+                self.flush(forward, now_ms, &mut effects);
+                self.emit(effects, out);
+                self.when_stable(seq, reply, out);
+            }
+        }
+    }
+
+    /// Concurrent writes of one key from different sites resolved here.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts
+    }
+
     /// What this replica holds, to compare replicas.
     pub fn digest(&self) -> Digest {
         Digest { applied: self.applied, stable: self.stable, latest: self.store.digest() }
@@ -1007,10 +1172,15 @@ impl ChainReplica {
     }
 }
 
+/// Whether two versions of a key were written without either writer having
+/// seen the other (a conflict last-writer-wins resolves).
+fn concurrent(a: &Version, b: &Version) -> bool {
+    a.site != b.site && a.vv.get(b.site) < b.ts && b.vv.get(a.site) < a.ts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::Envelope;
     use crate::ring::{NodeInfo, Shape};
 
     fn put(seq: u64, write: u64) -> PutRequest {
@@ -1020,7 +1190,7 @@ mod tests {
             value: Some(Bytes::from("v")),
             ttl_ms: None,
             condition: Condition::Always,
-            after: Timestamp::default(),
+            past: VersionVector::default(),
             ack_at: 1,
             write,
         }
@@ -1064,7 +1234,7 @@ mod tests {
         tail.catch_up(epoch, from, after, &mut out);
         let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the successor answers") };
         assert!(updates.is_empty() && applied == 0, "the tail never got the write");
-        middle.suffix(epoch, updates, applied, None, 20, &mut out);
+        middle.suffix(epoch, updates, applied, None, Timestamp::ZERO, 20, &mut out);
         // The client resends the write with its id to the new head.
         middle.put(put(2, 1), 21, &mut out);
         assert_eq!(middle.digest().applied, 1, "applied once");
@@ -1077,7 +1247,7 @@ mod tests {
         tail.forward(updates, 22, &mut out);
         take(&mut out, Dest::Client(9));
         let Some(Message::StableUpTo { seq, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the tail acknowledges") };
-        middle.stable_up_to(seq, 23, &mut out);
+        middle.stable_up_to(seq, 0, 23, &mut out);
         let replies = take(&mut out, Dest::Client(9));
         assert!(
             matches!(&replies[..], [Message::PutDone { op: OpId { seq: 1, .. }, seq: 1, stable: true, .. }]),
@@ -1120,7 +1290,7 @@ mod tests {
         head.catch_up(epoch, from, after, &mut out);
         let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the old head answers") };
         assert_eq!((updates.len(), applied), (2, 2));
-        tail.suffix(epoch, updates, applied, None, 22, &mut out);
+        tail.suffix(epoch, updates, applied, None, Timestamp::ZERO, 22, &mut out);
         // Now it orders the next write after what the chain holds.
         out.clear();
         tail.put(put(5, 5), 23, &mut out);
@@ -1134,7 +1304,7 @@ mod tests {
         head.put(put(1, 1), 10, &mut out);
         let first = logged(&mut head);
         head.put(put(2, 2), 11, &mut out);
-        head.stable_up_to(2, 12, &mut out);
+        head.stable_up_to(2, 0, 12, &mut out);
         out.clear();
         // c recovers a log with only the first write, and a reorder that
         // was committed while the site was down puts it at the head.
@@ -1153,7 +1323,7 @@ mod tests {
         head.catch_up(epoch, from, after, &mut out);
         let Some(Message::Suffix { updates, applied, state, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("answered") };
         assert!(state.is_some(), "the second write is stable at a and no longer kept as an update: the whole state");
-        recovered.suffix(epoch, updates, applied, state, 22, &mut out);
+        recovered.suffix(epoch, updates, applied, state, Timestamp::ZERO, 22, &mut out);
         recovered.put(put(3, 3), 23, &mut out);
         assert_eq!(recovered.digest().applied, 3, "orders after what the chain holds");
     }

@@ -7,7 +7,7 @@
 
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId, Topology};
-use crate::version::Version;
+use crate::version::{SiteId, Version, VersionVector};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -113,8 +113,9 @@ pub const ACK_AT_TAIL: u8 = u8::MAX;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message {
     // ---- client -> node -------------------------------------------------
-    /// Write `key` (sent to the head). `after` is the session's causal past:
-    /// the new version's timestamp will be greater. The node at chain
+    /// Write `key` (sent to the head). `past` is the session's causal past
+    /// (`Session::past`): the new version's timestamp will be greater than
+    /// every entry, and its vector is `past` with its own timestamp. The node at chain
     /// position `ack_at` answers, or the tail if the chain is shorter
     /// (`ACK_AT_TAIL`: whichever node is the tail when the write gets there).
     Put {
@@ -125,7 +126,7 @@ pub enum Message {
         value: Option<Bytes>,
         ttl_ms: Option<u64>,
         condition: Condition,
-        after: Timestamp,
+        past: VersionVector,
         ack_at: u8,
         /// The write's id within the client's session: the `op` seq of its
         /// first attempt. A write resent after a failure keeps it, so a head
@@ -241,6 +242,9 @@ pub enum Message {
         updates: Vec<Update>,
         applied: u64,
         state: Option<crate::chain::PartitionState>,
+        /// The sender's clock: the receiver orders its writes after every
+        /// timestamp and promise the sender saw.
+        clock: Timestamp,
     },
     /// A node that joined the chain asks its predecessor for the state;
     /// `have` is (applied, history) of what it retained of the partition
@@ -262,6 +266,8 @@ pub enum Message {
         state: Option<crate::chain::PartitionState>,
         updates: Vec<Update>,
         history_before: u64,
+        /// The sender's clock (as in `Suffix`).
+        clock: Timestamp,
     },
 
     // ---- coordinator <-> node ---------------------------------------------
@@ -286,12 +292,19 @@ pub enum Message {
     },
 
     // ---- node -> node (one chain), continued ------------------------------
-    /// Everything up to `seq` has reached the tail; flows head-wards.
+    /// Everything up to `seq` has reached the tail; flows head-wards. With
+    /// several sites, everything up to `reported` has also reached every
+    /// stabilizer replica and every other site (`geo`): before that, every
+    /// replica keeps it among its recent updates, for a new tail to send.
     StableUpTo {
         epoch: u64,
         partition: PartitionId,
         seq: u64,
+        reported: u64,
     },
+
+    // ---- geo-replication (between sites, and inside one for geo) --------
+    Geo(crate::geo::GeoMsg),
 }
 
 impl Message {
@@ -322,7 +335,8 @@ impl Message {
             | Transfer { .. }
             | Reconfigure { .. }
             | Heartbeat { .. }
-            | Lease { .. } => None,
+            | Lease { .. }
+            | Geo(_) => None,
         }
     }
 
@@ -348,6 +362,9 @@ impl Message {
 pub enum Dest {
     Node(NodeId),
     Client(ClientId),
+    /// Another site: whichever of its nodes gets it passes it on to the
+    /// one it is for (`geo`).
+    Site(SiteId),
 }
 
 /// A message and where it goes.

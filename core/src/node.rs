@@ -30,6 +30,8 @@
 //! back through a state transfer instead of guessing.
 
 use crate::chain::{ChainReplica, Digest, PutRequest};
+use crate::geo::{Geo, GeoMsg};
+use crate::hlc::Timestamp;
 use crate::message::{send, Dest, Keyspace, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
@@ -105,8 +107,12 @@ pub struct Identity {
     pub site: SiteId,
     pub addr: String,
     pub incarnation: u64,
-    /// The nodes running the coordinator (heartbeats go to each).
+    /// The nodes running the coordinator (heartbeats go to each). With
+    /// several sites they are also the site's stabilizer replicas.
     pub coordinators: Vec<NodeId>,
+    /// Every site of the deployment (this one included); one site, or
+    /// none listed, is a single-site deployment.
+    pub sites: Vec<SiteId>,
 }
 
 /// What `recover` found in the log.
@@ -145,6 +151,8 @@ pub struct Node {
     /// The coordinator's lease for linearizable reads: the epoch it is for,
     /// and until when (monotonic).
     lease: Option<(u64, u64)>,
+    /// With several sites: this node's part in geo-replication.
+    geo: Option<Geo>,
 }
 
 impl Node {
@@ -166,13 +174,20 @@ impl Node {
             log: Vec::new(),
             last_beat_ms: None,
             lease: None,
+            geo: None,
         };
+        if node.id.sites.len() > 1 {
+            let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32);
+            geo.configure(&node.topology, 0);
+            node.geo = Some(geo);
+        }
         if admitted {
             let topology = node.topology.clone();
             for p in 0..topology.shape.partitions {
                 node.parts[p as usize] = ChainReplica::born(&topology, p, node.id.me, node.id.site);
                 node.log.extend(node.parts[p as usize].as_mut().map(|r| r.take_log()).unwrap_or_default());
             }
+            node.geo_replicas(&mut Outbox::new());
         }
         node
     }
@@ -232,12 +247,17 @@ impl Node {
             // Its place in the chain comes with the admission (the
             // configuration held now may be older than the log).
             let mut r = ChainReplica::detached(p, self.id.me, self.id.site, self.topology.shape.k);
+            if self.geo.is_some() {
+                // Before the replay: what is not reported stays in `recent`.
+                r.enable_geo();
+            }
             r.restore(state, now_ms);
             if let Some(missing) = r.replay(updates, now_ms) {
                 report.gaps.push((p, missing));
             }
             self.parts[p as usize] = Some(r);
         }
+        self.geo_replicas(&mut Outbox::new());
         self.whole = synced;
         self.incomplete = report.gaps.iter().map(|&(p, _)| p).chain(report.behind.iter().copied()).collect();
         report
@@ -263,8 +283,8 @@ impl Node {
         }
         let stale = |epoch: u64| epoch != self.topology.epoch;
         match msg {
-            Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write } => {
-                let req = PutRequest { op, key, value, ttl_ms, condition, after, ack_at, write };
+            Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write } => {
+                let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write };
                 if stale(epoch) || self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
                     self.not_responsible(op, out);
                 }
@@ -323,26 +343,27 @@ impl Node {
             Message::CatchUp { epoch, partition, from, after } => {
                 self.with(partition, |r| r.catch_up(epoch, from, after, out));
             }
-            Message::Suffix { epoch, partition, updates, applied, state } => {
-                self.with(partition, |r| r.suffix(epoch, updates, applied, state, now_ms, out));
+            Message::Suffix { epoch, partition, updates, applied, state, clock } => {
+                self.with(partition, |r| r.suffix(epoch, updates, applied, state, clock, now_ms, out));
             }
             Message::Fetch { epoch, partition, from, have } => {
                 self.with(partition, |r| r.fetch(epoch, from, have, out));
             }
-            Message::Transfer { epoch, partition, state, updates, history_before } => {
+            Message::Transfer { epoch, partition, state, updates, history_before, clock } => {
                 let whole = state.is_some();
-                if self.with(partition, |r| r.transfer(epoch, state, updates, history_before, now_ms, out)) == Some(true) {
+                if self.with(partition, |r| r.transfer(epoch, state, updates, history_before, clock, now_ms, out)) == Some(true) {
                     match whole {
                         true => self.transfers.1 += 1,
                         false => self.transfers.0 += 1,
                     }
                 }
             }
-            Message::StableUpTo { epoch, partition, seq } => {
+            Message::StableUpTo { epoch, partition, seq, reported } => {
                 if !stale(epoch) {
-                    self.with(partition, |r| r.stable_up_to(seq, now_ms, out));
+                    self.with(partition, |r| r.stable_up_to(seq, reported, now_ms, out));
                 }
             }
+            Message::Geo(msg) => self.geo_step(msg, now_ms, out),
             Message::Lease { epoch, sent_ms, grant_ms } => {
                 if epoch == self.topology.epoch {
                     let until = sent_ms + grant_ms;
@@ -371,6 +392,7 @@ impl Node {
             for p in 0..self.parts.len() {
                 self.with(p as PartitionId, |r| r.tick(now_ms, out));
             }
+            self.geo_tick(now_ms, out);
         }
         if self.last_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= HEARTBEAT_MS) {
             self.last_beat_ms = Some(now.mono_ms);
@@ -457,6 +479,7 @@ impl Node {
         let r = self.parts.get_mut(partition as usize)?.as_mut()?;
         let result = f(r);
         self.log.extend(r.take_log());
+        self.geo_feed(partition);
         Some(result)
     }
 
@@ -489,6 +512,10 @@ impl Node {
         } else if self.admitted {
             self.place_replicas(now_ms, out);
         }
+        if let Some(geo) = &mut self.geo {
+            geo.configure(&self.topology, now_ms);
+        }
+        self.geo_replicas(out);
     }
 
     /// Drops this node's replica of `partition`, in the log too.
@@ -520,5 +547,125 @@ impl Node {
             }
         }
         self.retained.iter_mut().for_each(|r| *r = None);
+    }
+}
+
+/// Geo-replication: the chain side of it (promises down the chain, remote
+/// writes at heads, tails' reporters), around `geo::Geo`.
+impl Node {
+    /// With several sites: every replica keeps what is not reported yet,
+    /// and each tail's reporter follows its replica.
+    fn geo_replicas(&mut self, out: &mut Outbox) {
+        if self.geo.is_none() {
+            return;
+        }
+        for p in 0..self.parts.len() as PartitionId {
+            if let Some(r) = &mut self.parts[p as usize] {
+                r.enable_geo();
+            }
+            self.geo_tail(p, out);
+        }
+    }
+
+    /// Starts, feeds or stops `partition`'s reporter as its replica here is
+    /// the serving tail or not; returns how far everything is reported.
+    fn geo_feed(&mut self, partition: PartitionId) -> Option<u64> {
+        let geo = self.geo.as_mut()?;
+        let tail = self.parts[partition as usize].as_mut().filter(|r| self.admitted && r.reports());
+        geo.tail(partition, tail)
+    }
+
+    /// `geo_feed`, then tells the chain how far everything is reported.
+    fn geo_tail(&mut self, partition: PartitionId, out: &mut Outbox) {
+        if let Some(seq) = self.geo_feed(partition) {
+            if let Some(r) = &mut self.parts[partition as usize] {
+                r.set_reported(seq, out);
+            }
+        }
+    }
+
+    fn geo_tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if self.geo.is_none() {
+            return;
+        }
+        let mut promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>> = BTreeMap::new();
+        for p in 0..self.parts.len() as PartitionId {
+            if let Some(r) = &mut self.parts[p as usize] {
+                r.make_promise(now_ms);
+            }
+            self.pass_promise(p, &mut promises);
+            self.geo_tail(p, out);
+        }
+        self.send_promises(promises, out);
+        let topology = self.topology.clone();
+        if let Some(geo) = &mut self.geo {
+            geo.tick(&topology, now_ms, out);
+        }
+    }
+
+    /// Passes `partition`'s promise on once this replica has what it covers:
+    /// to the successor, or, at the tail, to the reporter.
+    fn pass_promise(&mut self, partition: PartitionId, to: &mut BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>) {
+        let Some(r) = &mut self.parts[partition as usize] else { return };
+        let Some(ts) = r.take_promise() else { return };
+        match r.next() {
+            Some(next) => to.entry(next).or_default().push((partition, r.applied(), ts)),
+            None if r.reports() => {
+                if let Some(geo) = &mut self.geo {
+                    geo.promise(partition, ts);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn send_promises(&self, promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>, out: &mut Outbox) {
+        for (next, items) in promises {
+            send(out, Dest::Node(next), Message::Geo(GeoMsg::Promises { epoch: self.topology.epoch, items }));
+        }
+    }
+
+    fn geo_step(&mut self, msg: GeoMsg, now_ms: u64, out: &mut Outbox) {
+        let epoch = self.topology.epoch;
+        match msg {
+            GeoMsg::Promises { epoch: e, items } if e == epoch => {
+                let mut promises = BTreeMap::new();
+                for (p, seq, ts) in items {
+                    if let Some(r) = self.parts.get_mut(p as usize).and_then(Option::as_mut) {
+                        r.on_promise(seq, ts);
+                        self.pass_promise(p, &mut promises);
+                    }
+                }
+                self.send_promises(promises, out);
+            }
+            GeoMsg::Promises { .. } => {}
+            GeoMsg::Apply { epoch: e, write, from } => {
+                if e != epoch {
+                    return;
+                }
+                let reply = crate::message::Envelope {
+                    to: Dest::Node(from),
+                    msg: Message::Geo(GeoMsg::Applied { origin: write.version.site, partition: write.partition, ts: write.version.ts }),
+                };
+                self.with(write.partition, |r| r.apply_remote(write, reply, now_ms, out));
+            }
+            msg => {
+                let topology = self.topology.clone();
+                if let Some(geo) = &mut self.geo {
+                    geo.step(msg, false, &topology, now_ms, out);
+                }
+            }
+        }
+    }
+
+    /// This node's part in geo-replication, if the deployment has several
+    /// sites.
+    pub fn geo(&self) -> Option<&Geo> {
+        self.geo.as_ref()
+    }
+
+    /// Concurrent writes from different sites resolved at heads here.
+    pub fn conflicts(&self) -> u64 {
+        self.parts.iter().flatten().map(|r| r.conflicts()).sum()
     }
 }

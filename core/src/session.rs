@@ -9,9 +9,13 @@
 //!   last write. The next write first waits for all of them to be stable
 //!   (dependency stabilization), which is what keeps version divergence one
 //!   level deep.
-//! * `max_ts`: the largest timestamp seen. Writes are ordered after it and
-//!   get-transactions read at or after it, so a session never goes back in
-//!   time.
+//! * `past`: per site, the latest timestamp of that site's updates the
+//!   session has seen, directly or as a dependency of what it saw (Eunomia
+//!   §4's client vector). A write's version vector is this vector with its
+//!   own timestamp in its site's entry, so a site that receives the write
+//!   applies it only after what it depends on from third sites. Writes are
+//!   ordered after its largest entry (`max_ts`) and get-transactions read at
+//!   or after it, so a session never goes back in time.
 //!
 //! A session can be exported as a token and resumed elsewhere (another
 //! connection, another node): `CW.SESSION`.
@@ -19,7 +23,7 @@
 use crate::error::Error;
 use crate::hlc::Timestamp;
 use crate::message::Item;
-use crate::version::Version;
+use crate::version::{Version, VersionVector};
 use ahash::AHashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -47,7 +51,7 @@ pub struct Dep {
 pub struct Session {
     index: AHashMap<Bytes, Seen>,
     accessed: AHashMap<Bytes, Dep>,
-    max_ts: Timestamp,
+    past: VersionVector,
 }
 
 impl Session {
@@ -63,13 +67,18 @@ impl Session {
     }
 
     pub fn max_ts(&self) -> Timestamp {
-        self.max_ts
+        self.past.max()
+    }
+
+    /// The session's causal past, per site.
+    pub fn past(&self) -> &VersionVector {
+        &self.past
     }
 
     /// Records a read served at chain position `at` (§3.3.2 rules i–iii).
     pub fn observe_read(&mut self, key: &Bytes, item: &Item, at: u8) {
         let Some(version) = &item.version else { return };
-        self.max_ts = self.max_ts.max(version.ts);
+        self.past.merge(&version.vv);
         if item.stable {
             self.forget(key, version);
             return;
@@ -86,7 +95,7 @@ impl Session {
     /// Records this session's own write, acknowledged at `chain_index`. The
     /// accessed list restarts with just this write.
     pub fn observe_write(&mut self, key: &Bytes, version: &Version, seq: u64, chain_index: u8, stable: bool) {
-        self.max_ts = self.max_ts.max(version.ts);
+        self.past.merge(&version.vv);
         self.accessed.clear();
         if stable {
             self.index.remove(key);
@@ -142,10 +151,10 @@ impl Session {
     /// timestamps implausibly far ahead of `now_ms`.
     pub fn import(token: &[u8], now_ms: u64) -> Result<Session, Error> {
         let s: Session = crate::wire::decode(token).map_err(|e| Error::InvalidInput(format!("invalid session token: {e}")))?;
-        if s.max_ts.physical_ms > now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS) {
+        if s.max_ts().physical_ms > now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS) {
             return Err(Error::InvalidInput(format!(
                 "invalid session token: its clock ({} ms) is ahead of this node's ({now_ms} ms)",
-                s.max_ts.physical_ms
+                s.max_ts().physical_ms
             )));
         }
         Ok(s)

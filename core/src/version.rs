@@ -32,6 +32,27 @@ impl VersionVector {
     pub fn get(&self, site: SiteId) -> Timestamp {
         self.0.get(site as usize).copied().unwrap_or(Timestamp::ZERO)
     }
+
+    pub fn set(&mut self, site: SiteId, ts: Timestamp) {
+        if self.0.len() <= site as usize {
+            self.0.resize(site as usize + 1, Timestamp::ZERO);
+        }
+        self.0[site as usize] = ts;
+    }
+
+    /// Entry by entry, the larger of the two.
+    pub fn merge(&mut self, other: &VersionVector) {
+        for (site, &ts) in other.0.iter().enumerate() {
+            if ts > self.get(site as SiteId) {
+                self.set(site as SiteId, ts);
+            }
+        }
+    }
+
+    /// The largest entry: a timestamp after everything the vector covers.
+    pub fn max(&self) -> Timestamp {
+        self.0.iter().copied().max().unwrap_or(Timestamp::ZERO)
+    }
 }
 
 /// The identity of one write of one key.

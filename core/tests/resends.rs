@@ -2,7 +2,6 @@
 //! that travel inside a state transfer, are applied once and answered right.
 use bytes::Bytes;
 use causeway_core::chain::{ChainReplica, PutRequest};
-use causeway_core::hlc::Timestamp;
 use causeway_core::message::{Condition, Dest, Envelope, Message, OpId, Outbox, Update, ACK_AT_TAIL};
 use causeway_core::record::LogRecord;
 use causeway_core::ring::{Chain, NodeId, NodeInfo, Shape, Topology};
@@ -26,7 +25,7 @@ fn put(seq: u64, write: u64, ack_at: u8, condition: Condition, value: Option<&'s
         value: value.map(Bytes::from),
         ttl_ms: None,
         condition,
-        after: Timestamp::default(),
+        past: Default::default(),
         ack_at,
         write,
     }
@@ -81,21 +80,23 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
     // Now b answers the Fetch: its state already holds the write.
     assert!(matches!(fetch[..], [Message::Fetch { .. }]));
     rb.fetch(3, d, None, &mut out);
-    let Some(Message::Transfer { epoch, state, updates, history_before, .. }) = take(&mut out, Dest::Node(d)).pop() else { panic!() };
-    rd.transfer(epoch, state, updates, history_before, 24, &mut out);
+    let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(d)).pop() else {
+        panic!()
+    };
+    rd.transfer(epoch, state, updates, history_before, clock, 24, &mut out);
     // Stability flows back up; run everything to quiescence, with ticks.
     for now in (25..2_000).step_by(10) {
         to_client.extend(take(&mut out, Dest::Client(9)));
         for m in take(&mut out, Dest::Node(b)) {
             match m {
-                Message::StableUpTo { seq, .. } => rb.stable_up_to(seq, now, &mut out),
+                Message::StableUpTo { seq, reported, .. } => rb.stable_up_to(seq, reported, now, &mut out),
                 Message::Forward { updates, .. } => rb.forward(updates, now, &mut out),
                 _ => {}
             }
         }
         for m in take(&mut out, Dest::Node(a)) {
-            if let Message::StableUpTo { seq, .. } = m {
-                ra.stable_up_to(seq, now, &mut out)
+            if let Message::StableUpTo { seq, reported, .. } = m {
+                ra.stable_up_to(seq, reported, now, &mut out)
             }
         }
         for m in take(&mut out, Dest::Node(d)) {
@@ -194,8 +195,10 @@ fn a_head_that_joined_by_state_transfer_applies_a_resend_twice() {
     ra.reconfigure(&t2, a, 20, &mut out);
     let mut rd = ChainReplica::joining(&t2, 0, d, 0, None, 20, &mut out).unwrap();
     ra.fetch(2, d, None, &mut out);
-    let Some(Message::Transfer { epoch, state, updates, history_before, .. }) = take(&mut out, Dest::Node(d)).pop() else { panic!() };
-    rd.transfer(epoch, state, updates, history_before, 21, &mut out);
+    let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(d)).pop() else {
+        panic!()
+    };
+    rd.transfer(epoch, state, updates, history_before, clock, 21, &mut out);
     // a fails: d heads the chain; the client (still waiting) resends.
     let t3 = topo(3, 2, 1, &[d, e]);
     rd.reconfigure(&t3, d, 30, &mut out);
@@ -223,7 +226,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
     let stale = Message::PutDone { op: *first, version: None, seq: 0, chain_index: 0, stable: false };
     let t2 = topo(2, 3, 2, &[b, c]);
     let p = d.reconfigured(Arc::new(t2.clone()), 100);
-    let [(to, Message::Put { op: second, write, key, value, ttl_ms, condition, after, ack_at, epoch, .. })] = &p.send[..] else {
+    let [(to, Message::Put { op: second, write, key, value, ttl_ms, condition, past, ack_at, epoch, .. })] = &p.send[..] else {
         panic!("{:?}", p.send)
     };
     assert_eq!(*to, b);
@@ -239,7 +242,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
             value: value.clone(),
             ttl_ms: *ttl_ms,
             condition: *condition,
-            after: *after,
+            past: past.clone(),
             ack_at: *ack_at,
             write: *write,
         },

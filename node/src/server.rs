@@ -242,6 +242,9 @@ impl Node {
                     msg => queue.extend(self.step(|core, out| core.step(msg, now(), out))),
                 },
                 Dest::Node(n) => self.send_to_peer(n, env.msg),
+                // No links to other sites yet (a node runs as a single site,
+                // see `start`), so nothing is addressed to one.
+                Dest::Site(_) => {}
                 Dest::Client(c) if Some(c) == local => mine.push(env.msg),
                 Dest::Client(c) => match home_node(c) {
                     Some(home) if home != self.me => self.send_to_peer(home, env.msg),
@@ -323,7 +326,10 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     // across restarts either (replicas remember each session's last write,
     // and a new session reusing an old id would look like a resend).
     let incarnation = random_u64() | 1;
-    let identity = Identity { me, site: config.site, addr: config.listen.clone(), incarnation, coordinators: config.coordinators() };
+    // Links to other sites are not built yet (issue 8): a node runs as a
+    // single site.
+    let sites = vec![config.site];
+    let identity = Identity { me, site: config.site, addr: config.listen.clone(), incarnation, coordinators: config.coordinators(), sites };
     let secret: Option<Arc<str>> = config.cluster_secret.as_deref().map(Arc::from);
     if secret.is_none() {
         tracing::warn!("no --cluster-secret: connections from other nodes are not authenticated");

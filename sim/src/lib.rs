@@ -17,6 +17,7 @@
 pub mod check;
 pub mod lincheck;
 pub mod workload;
+pub mod world;
 
 use causeway_core::driver::{Driver, Request, Response};
 use causeway_core::error::Error;
@@ -25,6 +26,7 @@ use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
 use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
 use causeway_core::supervisor::Supervisor;
+use causeway_core::version::SiteId;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
@@ -166,6 +168,11 @@ pub struct Sim {
     pub dropped: u64,
     /// What the coordinator did, with when (for failure messages).
     pub changes: Vec<(u64, String)>,
+    /// This site, and every site of the deployment (`world` runs several).
+    site: SiteId,
+    sites: Vec<SiteId>,
+    /// Messages for other sites, for `world::World` to carry.
+    pub outgoing: Vec<(SiteId, Message)>,
 }
 
 /// Milliseconds between node ticks.
@@ -179,13 +186,18 @@ const COORDINATOR: NodeId = 0;
 
 impl Sim {
     pub fn new(seed: u64, nodes: u16, shape: Shape, clients: usize, network: Network) -> Sim {
+        Sim::site(seed, 0, &[0], nodes, shape, clients, network)
+    }
+
+    /// Site `site` of a deployment of `sites` (see `world`).
+    pub fn site(seed: u64, site: SiteId, sites: &[SiteId], nodes: u16, shape: Shape, clients: usize, network: Network) -> Sim {
         let infos = (0..nodes).map(|id| NodeInfo { id, addr: format!("sim-{id}") }).collect();
         let mut topology = Topology::new(1, shape, infos).expect("valid shape");
         // The site is born with every node admitted (incarnations 1..=n).
         topology.admitted = (0..nodes).map(|id| (id, id as u64 + 1)).collect();
         let nodes = (0..nodes)
             .map(|me| {
-                let mut core = Node::new(identity(me, me as u64 + 1), topology.clone());
+                let mut core = Node::new(identity(me, me as u64 + 1, site, sites, nodes), topology.clone());
                 let disk = core.take_log();
                 SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0 }
             })
@@ -210,6 +222,9 @@ impl Sim {
             delivered: 0,
             dropped: 0,
             changes: Vec::new(),
+            site,
+            sites: sites.to_vec(),
+            outgoing: Vec::new(),
         };
         for i in 0..clients {
             // Half the clients sit on a node (like a Redis connection's
@@ -258,6 +273,9 @@ impl Sim {
     }
 
     fn enqueue(&mut self, env: Envelope) {
+        if let Dest::Site(to) = env.to {
+            return self.outgoing.push((to, env.msg));
+        }
         if self.rng.chance(self.network.drop_rate) {
             self.dropped += 1;
             return;
@@ -361,8 +379,10 @@ impl Sim {
             Dest::Node(n) => {
                 let now = self.now_ms;
                 if let Message::Heartbeat(beat) = env.msg {
-                    // The simulated coordinator stands apart from the nodes.
-                    if self.coordinator_paused_until > now || !self.coordinator_up() {
+                    // The simulated coordinator stands apart from the nodes
+                    // (with several sites heartbeats go to three members:
+                    // one copy is enough).
+                    if n != COORDINATOR || self.coordinator_paused_until > now || !self.coordinator_up() {
                         return;
                     }
                     let from = beat.from;
@@ -417,7 +437,31 @@ impl Sim {
                     done.push(self.complete(i, result));
                 }
             }
+            Dest::Site(_) => unreachable!("other sites' messages leave through `outgoing`"),
         }
+    }
+
+    /// A message from another site, landing at `at_ms` on one of this
+    /// site's live nodes (any: it passes the message on inside the site).
+    pub fn deliver_remote(&mut self, msg: Message, at_ms: u64) {
+        let live: Vec<NodeId> = (0..self.nodes.len() as NodeId).filter(|&n| !self.nodes[n as usize].crashed).collect();
+        if live.is_empty() {
+            return;
+        }
+        let to = live[self.rng.below(live.len() as u64) as usize];
+        self.enqueue_at(Envelope { to: Dest::Node(to), msg }, at_ms);
+    }
+
+    /// This site's id.
+    pub fn site_id(&self) -> SiteId {
+        self.site
+    }
+
+    /// Whether geo-replication has nothing left to do here: no tail keeps
+    /// ids or values some stabilizer replica or site has not applied, and
+    /// the receiver has nothing waiting.
+    pub fn geo_idle(&self) -> bool {
+        self.nodes.iter().filter(|n| !n.crashed).filter_map(|n| n.core.geo()).all(|g| g.unreported() == 0 && g.backlog() == 0)
     }
 
     fn complete(&mut self, client: usize, result: Result<Response, Error>) -> Completed {
@@ -523,7 +567,8 @@ impl Sim {
         self.incarnations += 1;
         let n = &mut self.nodes[node as usize];
         assert!(n.crashed, "restart a crashed node");
-        let mut core = Node::new(identity(node, self.incarnations), n.saved.clone());
+        let mut core =
+            Node::new(identity(node, self.incarnations, self.site, &self.sites, self.topology.nodes.len() as u16), n.saved.clone());
         let report = core.recover(n.disk.clone(), self.fsync == Fsync::Always, self.now_ms);
         if std::env::var_os("SIM_TRACE").is_some() {
             let applied: Vec<String> =
@@ -558,7 +603,7 @@ impl Sim {
         let id = self.nodes.len() as NodeId;
         self.incarnations += 1;
         let saved = (*self.topology).clone();
-        let core = Node::new(identity(id, self.incarnations), saved.clone());
+        let core = Node::new(identity(id, self.incarnations, self.site, &self.sites, self.nodes.len() as u16), saved.clone());
         self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0 });
         self.supervisor.as_mut().expect("joins need the coordinator").add(NodeInfo { id, addr: format!("sim-{id}") });
         id
@@ -605,7 +650,9 @@ impl Sim {
     /// Whether no message is in flight and every write has reached its
     /// tail (nothing is left to retransmit).
     pub fn settled(&self) -> bool {
-        self.queue.is_empty()
+        // With several sites promises always travel down chains: there the
+        // replicas' state says it all (with `geo_idle`).
+        (self.sites.len() > 1 || self.queue.is_empty())
             && self.configured()
             && self.nodes.iter().all(|n| n.crashed || n.core.joining_replicas() + n.core.catching_up_replicas() == 0)
             && self.digests().iter().flatten().all(|d| d.applied == d.stable)
@@ -698,7 +745,10 @@ impl Sim {
     }
 }
 
-/// Simulated node `me`: heartbeats go to the (simulated) coordinator.
-fn identity(me: NodeId, incarnation: u64) -> Identity {
-    Identity { me, site: 0, addr: format!("sim-{me}"), incarnation, coordinators: vec![COORDINATOR] }
+/// Simulated node `me` of site `site`: heartbeats go to the (simulated)
+/// coordinator. With several sites the first three nodes are the
+/// coordinator's members, and so the stabilizer's replicas.
+fn identity(me: NodeId, incarnation: u64, site: SiteId, sites: &[SiteId], nodes: u16) -> Identity {
+    let coordinators = if sites.len() > 1 { (0..nodes.min(3)).collect() } else { vec![COORDINATOR] };
+    Identity { me, site, addr: format!("sim-{me}"), incarnation, coordinators, sites: sites.to_vec() }
 }

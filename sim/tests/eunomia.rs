@@ -214,9 +214,7 @@ impl Sim {
                 r.step(msg, now, &mut out);
                 self.stabilizer_out(site, out);
             }
-            Event::Reporter { site, ack } => {
-                self.sites[site].reporters[ack.partition as usize].on_ack(ack.replica, ack.up_to, ack.up_to, ack.resend, now)
-            }
+            Event::Reporter { site, ack } => ack.deliver(&mut self.sites[site].reporters[ack.partition as usize], now),
             Event::Values { site, ack } => {
                 self.sites[site].values[ack.partition as usize].on_ack(ack.from, ack.received, ack.applied, ack.resend, now)
             }

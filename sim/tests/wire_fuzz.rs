@@ -9,7 +9,7 @@ use causeway_core::chain::PartitionState;
 use causeway_core::hlc::Timestamp;
 use causeway_core::message::{Condition, Hello, Message, OpId, Update};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
-use causeway_core::version::Version;
+use causeway_core::version::{Version, VersionVector};
 use causeway_core::wire::{put_frame, take_frame};
 use causeway_sim::Rng;
 
@@ -35,7 +35,11 @@ fn corpus() -> Vec<Vec<u8>> {
             value: Some(Bytes::from("value")),
             ttl_ms: None,
             condition: Condition::IfAbsent,
-            after: Timestamp::new(9, 1),
+            past: {
+                let mut v = VersionVector::default();
+                v.set(1, Timestamp::new(9, 1));
+                v
+            },
             ack_at: 1,
             write: 7,
         },
@@ -47,11 +51,12 @@ fn corpus() -> Vec<Vec<u8>> {
             state: Some(PartitionState { applied: 3, stable: 2, entries: Vec::new(), sessions: Vec::new(), history: 17 }),
             updates: Vec::new(),
             history_before: 17,
+            clock: Timestamp::new(9, 0),
         },
-        Message::Transfer { epoch: 4, partition: 2, state: None, updates: vec![update], history_before: 17 },
+        Message::Transfer { epoch: 4, partition: 2, state: None, updates: vec![update], history_before: 17, clock: Timestamp::ZERO },
         Message::Fetch { epoch: 4, partition: 2, from: 1, have: Some((3, 17)) },
         Message::Reconfigure { topology },
-        Message::StableUpTo { epoch: 4, partition: 0, seq: 9 },
+        Message::StableUpTo { epoch: 4, partition: 0, seq: 9, reported: 3 },
     ];
     let mut out = Vec::new();
     for m in &messages {

@@ -313,11 +313,11 @@ impl Op {
             Consistency::Linearizable => ACK_AT_TAIL as usize,
         } as u8;
         let head = chain.head();
-        let after = cx.session.max_ts();
+        let past = cx.session.past().clone();
         let op = self.next_op(cx);
         let write = *self.write.get_or_insert(op.seq);
         let epoch = cx.topology.epoch;
-        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, after, ack_at, write }));
+        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write }));
         self.phase = Phase::Writing;
     }
 

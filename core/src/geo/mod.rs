@@ -12,3 +12,357 @@
 pub mod receiver;
 pub mod reporter;
 pub mod stabilizer;
+
+use crate::hlc::Timestamp;
+use crate::message::{send, Dest, Message, Outbox, Update};
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::version::{SiteId, VersionVector};
+use receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue, RemoteWrite, ValuesAck};
+use reporter::{Batch, Reporter};
+use serde::{Deserialize, Serialize};
+use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
+use std::collections::{BTreeMap, VecDeque};
+
+/// What geo-replication sends, between sites and inside one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum GeoMsg {
+    /// A partition's tail -> a stabilizer replica of its site.
+    Ids(IdBatch),
+    /// A stabilizer replica -> the tail of `ack.partition`.
+    IdsAck(IdsAck),
+    /// A stabilizer leader -> another site, for its receiver.
+    Ship(Ship),
+    /// A receiver -> the origin site, for every stabilizer replica there.
+    SiteAck(SiteAck),
+    /// A partition's tail -> another site, for its receiver: the
+    /// partition's values (data and metadata travel apart, Eunomia §5).
+    Values { origin: SiteId, batch: Batch<RemoteValue> },
+    /// A receiver -> the origin site, for the tail of `ack.partition` there.
+    ValuesAck(ValuesAck),
+    /// A receiver -> the head of the local chain of `write.partition`.
+    Apply { epoch: u64, write: RemoteWrite, from: NodeId },
+    /// A head -> the receiver on `from` of `Apply`: the write (or a later
+    /// version of its key) is stable in the local chain.
+    Applied { origin: SiteId, partition: PartitionId, ts: Timestamp },
+    /// Down a chain, batched per successor: (partition, seq, ts) promises
+    /// (`ChainReplica::make_promise`).
+    Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)> },
+    /// Passed on inside a site by the node that received it from another
+    /// site: handled where it lands, never passed on again.
+    Relayed(Box<GeoMsg>),
+}
+
+/// A tail's outgoing streams for one partition.
+#[derive(Debug)]
+struct Outbound {
+    partition: PartitionId,
+    ids: Reporter<NodeId, UpdateId>,
+    values: Reporter<SiteId, RemoteValue>,
+    /// (timestamp, seq) of every update recorded and not yet applied
+    /// everywhere: what `reported` is computed from.
+    seqs: VecDeque<(Timestamp, u64)>,
+}
+
+impl Outbound {
+    fn new(partition: PartitionId, replicas: &[NodeId], others: &[SiteId]) -> Outbound {
+        Outbound { partition, ids: Reporter::new(partition, replicas), values: Reporter::new(partition, others), seqs: VecDeque::new() }
+    }
+
+    /// Records a local update the tail applied; false if it is not after
+    /// everything recorded and promised (which would break the order every
+    /// destination relies on: counted, never shipped).
+    fn record(&mut self, site: SiteId, u: &Update) -> bool {
+        let (partition, ts) = (self.partition, u.version.ts);
+        let vv = u.version.vv.0.iter().copied().collect();
+        if !self.ids.record(UpdateId { partition, ts, local_dep: ts.just_before(), vv }) {
+            return false;
+        }
+        let (key, value, expires_at_ms) = (u.key.clone(), u.value.clone(), u.expires_at_ms);
+        self.values.record(RemoteValue { origin: site, partition, ts, key, value, expires_at_ms });
+        self.seqs.push_back((ts, u.seq));
+        true
+    }
+
+    fn promise(&mut self, ts: Timestamp) {
+        self.ids.promise(ts);
+        self.values.promise(ts);
+    }
+
+    /// Everything up to the returned seq is applied everywhere (`applied`,
+    /// the tail's position, when nothing recorded is left).
+    fn reported(&mut self, applied: u64) -> u64 {
+        let everywhere = self.ids.applied().min(self.values.applied());
+        while self.seqs.front().is_some_and(|&(ts, _)| ts <= everywhere) {
+            self.seqs.pop_front();
+        }
+        self.seqs.front().map_or(applied, |&(_, seq)| seq - 1)
+    }
+}
+
+/// A node's part in geo-replication: the reporters of the partitions it is
+/// the tail of, its stabilizer replica if it runs one, and the site's
+/// receiver while it leads. The node (`node::Node`) routes messages here
+/// and runs the chain side (promises, remote writes at heads).
+///
+/// The leader (which ships, and runs the receiver) is the first stabilizer
+/// replica the configuration admits; its term is the configuration's epoch.
+/// Two nodes holding different configurations may both lead for a while:
+/// harmless (the stabilizer tolerates it, and remote writes apply once).
+#[derive(Debug)]
+pub struct Geo {
+    site: SiteId,
+    me: NodeId,
+    /// Every other site.
+    others: Vec<SiteId>,
+    all: Vec<SiteId>,
+    /// This site's stabilizer replicas (the coordinator's nodes).
+    replicas: Vec<NodeId>,
+    stabilizer: Option<Stabilizer>,
+    receiver: Option<Receiver>,
+    leader: Option<NodeId>,
+    tails: BTreeMap<PartitionId, Outbound>,
+    /// Local updates a tail could not report in timestamp order (a head
+    /// ordered a write below a promise it never saw). Should stay 0.
+    out_of_order: u64,
+}
+
+impl Geo {
+    /// `me`'s part in site `site` of a deployment of `sites`, whose
+    /// stabilizer replicas are `replicas`.
+    pub fn new(site: SiteId, sites: &[SiteId], me: NodeId, replicas: &[NodeId], partitions: u32) -> Geo {
+        let stabilizer = replicas.contains(&me).then(|| Stabilizer::new(site, me, partitions, sites));
+        Geo {
+            site,
+            me,
+            others: sites.iter().copied().filter(|&s| s != site).collect(),
+            all: sites.to_vec(),
+            replicas: replicas.to_vec(),
+            stabilizer,
+            receiver: None,
+            leader: None,
+            tails: BTreeMap::new(),
+            out_of_order: 0,
+        }
+    }
+
+    /// The leader `topology` names: its first admitted stabilizer replica.
+    pub fn leader_of(&self, topology: &Topology) -> Option<NodeId> {
+        self.replicas.iter().copied().find(|&r| topology.admitted.contains_key(&r))
+    }
+
+    /// Follows a new configuration: a new leader ships, and runs the
+    /// receiver (a new one, from scratch: the other sites ship again what
+    /// it has not applied, and applying twice is harmless).
+    pub fn configure(&mut self, topology: &Topology, now_ms: u64) {
+        let leader = self.leader_of(topology);
+        if let (Some(s), Some(l)) = (&mut self.stabilizer, leader) {
+            s.step(StabilizerMsg::Leader { leader: l, term: topology.epoch }, now_ms, &mut Vec::new());
+        }
+        if leader != self.leader {
+            self.leader = leader;
+            self.receiver = (leader == Some(self.me)).then(|| Receiver::new(self.site, &self.all, &VersionVector::default()));
+        }
+    }
+
+    /// This node is the tail of `partition` (`tail` is its replica) or not
+    /// (`None`): starts or stops its reporter, records what it applied, and
+    /// returns how far everything is applied everywhere (for
+    /// `ChainReplica::set_reported`).
+    pub fn tail(&mut self, partition: PartitionId, tail: Option<&mut crate::chain::ChainReplica>) -> Option<u64> {
+        let Some(r) = tail else {
+            self.tails.remove(&partition);
+            return None;
+        };
+        let fresh = !self.tails.contains_key(&partition);
+        let o = self.tails.entry(partition).or_insert_with(|| Outbound::new(partition, &self.replicas, &self.others));
+        // A new tail starts from what the chain has not reported yet (which
+        // includes what it just applied).
+        let updates = match fresh {
+            true => {
+                r.take_reportable();
+                r.unreported()
+            }
+            false => r.take_reportable(),
+        };
+        for u in &updates {
+            if !o.record(self.site, u) && !fresh {
+                self.out_of_order += 1;
+            }
+        }
+        Some(o.reported(r.applied()))
+    }
+
+    /// A promise reached the tail of `partition`.
+    pub fn promise(&mut self, partition: PartitionId, ts: Timestamp) {
+        if let Some(o) = self.tails.get_mut(&partition) {
+            o.promise(ts);
+        }
+    }
+
+    /// Periodic work: reporters send their batches, the stabilizer ships,
+    /// the receiver acknowledges and hands out again what is overdue.
+    pub fn tick(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        let site = self.site;
+        for o in self.tails.values_mut() {
+            let mut ids = Vec::new();
+            o.ids.tick(now_ms, &mut ids);
+            for (replica, batch) in ids {
+                send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batch)));
+            }
+            let mut values = Vec::new();
+            o.values.tick(now_ms, &mut values);
+            for (to, batch) in values {
+                send(out, Dest::Site(to), Message::Geo(GeoMsg::Values { origin: site, batch }));
+            }
+        }
+        if let Some(s) = &mut self.stabilizer {
+            let mut sout = Vec::new();
+            s.tick(now_ms, &mut sout);
+            self.stabilizer_out(topology, sout, out);
+        }
+        if let Some(r) = &mut self.receiver {
+            let mut rout = Vec::new();
+            r.tick(now_ms, &mut rout);
+            self.receiver_out(topology, rout, out);
+        }
+    }
+
+    /// A geo message that is not for a chain replica (those are `Apply`,
+    /// `Promises`: the node handles them). `relayed`: it was passed on by
+    /// another node of this site, so it is handled here or dropped.
+    pub fn step(&mut self, msg: GeoMsg, relayed: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        match msg {
+            GeoMsg::Ids(batch) => {
+                if let Some(s) = &mut self.stabilizer {
+                    let mut sout = Vec::new();
+                    s.step(StabilizerMsg::Ids(batch), now_ms, &mut sout);
+                    self.stabilizer_out(topology, sout, out);
+                }
+            }
+            GeoMsg::IdsAck(ack) => {
+                if let Some(o) = self.tails.get_mut(&ack.partition) {
+                    ack.deliver(&mut o.ids, now_ms);
+                }
+            }
+            GeoMsg::SiteAck(ack) => {
+                if !self.all.contains(&ack.from) || ack.origin != self.site {
+                    return;
+                }
+                if let Some(s) = &mut self.stabilizer {
+                    s.step(StabilizerMsg::SiteAck(ack), now_ms, &mut Vec::new());
+                }
+                if !relayed {
+                    for &r in self.replicas.iter().filter(|&&r| r != self.me) {
+                        send(out, Dest::Node(r), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::SiteAck(ack)))));
+                    }
+                }
+            }
+            GeoMsg::ValuesAck(ack) => {
+                if !self.all.contains(&ack.from) || ack.origin != self.site {
+                    return;
+                }
+                match self.tails.get_mut(&ack.partition) {
+                    Some(o) => o.values.on_ack(ack.from, ack.received, ack.applied, ack.resend, now_ms),
+                    None if !relayed => {
+                        if let Some(&tail) = topology.chain(ack.partition).nodes.last() {
+                            send(out, Dest::Node(tail), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::ValuesAck(ack)))));
+                        }
+                    }
+                    None => {}
+                }
+            }
+            GeoMsg::Ship(ship) => self.for_receiver(ReceiverMsg::Ship(ship), relayed, topology, out),
+            GeoMsg::Values { origin, batch } => self.for_receiver(ReceiverMsg::Values { origin, batch }, relayed, topology, out),
+            GeoMsg::Applied { origin, partition, ts } => {
+                self.for_receiver(ReceiverMsg::Applied { origin, partition, ts }, true, topology, out)
+            }
+            GeoMsg::Relayed(inner) => {
+                if !relayed {
+                    self.step(*inner, true, topology, now_ms, out);
+                }
+            }
+            // The node's (chain) business.
+            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } => {}
+        }
+    }
+
+    fn for_receiver(&mut self, msg: ReceiverMsg, relayed: bool, topology: &Topology, out: &mut Outbox) {
+        let origin = match &msg {
+            ReceiverMsg::Ship(s) => Some(s.origin),
+            ReceiverMsg::Values { origin, .. } => Some(*origin),
+            ReceiverMsg::Applied { .. } => None,
+        };
+        if origin.is_some_and(|o| !self.others.contains(&o)) {
+            return; // never from a site not in the configuration
+        }
+        match (&mut self.receiver, self.leader) {
+            (Some(r), _) => {
+                let mut rout = Vec::new();
+                r.step(msg, &mut rout);
+                self.receiver_out(topology, rout, out);
+            }
+            (None, Some(leader)) if !relayed && leader != self.me => {
+                let inner = match msg {
+                    ReceiverMsg::Ship(s) => GeoMsg::Ship(s),
+                    ReceiverMsg::Values { origin, batch } => GeoMsg::Values { origin, batch },
+                    ReceiverMsg::Applied { .. } => return,
+                };
+                send(out, Dest::Node(leader), Message::Geo(GeoMsg::Relayed(Box::new(inner))));
+            }
+            _ => {}
+        }
+    }
+
+    fn stabilizer_out(&self, topology: &Topology, sout: Vec<StabilizerOut>, out: &mut Outbox) {
+        for o in sout {
+            match o {
+                StabilizerOut::IdsAck(ack) => {
+                    if let Some(&tail) = topology.chain(ack.partition).nodes.last() {
+                        send(out, Dest::Node(tail), Message::Geo(GeoMsg::IdsAck(ack)));
+                    }
+                }
+                StabilizerOut::Ship(ship) => send(out, Dest::Site(ship.to), Message::Geo(GeoMsg::Ship(ship))),
+            }
+        }
+    }
+
+    fn receiver_out(&self, topology: &Topology, rout: Vec<ReceiverOut>, out: &mut Outbox) {
+        for o in rout {
+            match o {
+                ReceiverOut::Apply(write) => {
+                    if let Some(&head) = topology.chain(write.partition).nodes.first() {
+                        let msg = GeoMsg::Apply { epoch: topology.epoch, write, from: self.me };
+                        send(out, Dest::Node(head), Message::Geo(msg));
+                    }
+                }
+                ReceiverOut::Ack(ack) => send(out, Dest::Site(ack.origin), Message::Geo(GeoMsg::SiteAck(ack))),
+                ReceiverOut::ValuesAck(ack) => send(out, Dest::Site(ack.origin), Message::Geo(GeoMsg::ValuesAck(ack))),
+            }
+        }
+    }
+
+    /// What this site has applied of each other site (while it leads).
+    pub fn applied(&self) -> Option<&VersionVector> {
+        self.receiver.as_ref().map(Receiver::applied)
+    }
+
+    /// Local updates a tail could not report in timestamp order.
+    pub fn out_of_order(&self) -> u64 {
+        self.out_of_order
+    }
+
+    /// Remote updates received and not yet stable here (while it leads).
+    pub fn backlog(&self) -> usize {
+        self.receiver.as_ref().map_or(0, |r| r.waiting() + r.in_flight())
+    }
+
+    /// Ids and values the tails here keep for some destination.
+    pub fn unreported(&self) -> usize {
+        self.tails.values().map(|o| o.ids.unacked() + o.values.unacked()).sum()
+    }
+
+    /// The stabilizer replica here, if any.
+    pub fn stabilizer(&self) -> Option<&Stabilizer> {
+        self.stabilizer.as_ref()
+    }
+}

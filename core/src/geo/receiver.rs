@@ -166,6 +166,20 @@ struct ValueStream {
     resend: bool,
 }
 
+/// A remote update handed out and not reported stable yet.
+#[derive(Debug)]
+struct InFlight {
+    pos: Position,
+    stable: bool,
+    write: RemoteWrite,
+    /// When it was last handed out (set on the first tick after).
+    sent_ms: Option<u64>,
+}
+
+/// A remote update not reported stable this long after it was handed out
+/// is handed out again.
+pub const APPLY_RESEND_MS: u64 = 500;
+
 /// What the receiver holds of one origin site's stream.
 #[derive(Debug)]
 struct Origin {
@@ -173,9 +187,11 @@ struct Origin {
     received: Position,
     /// `Queue_m[k]`: received, not handed out yet, in stream order.
     pending: VecDeque<UpdateId>,
-    /// Handed out and not reported stable, in stream order (with whether
-    /// reported stable: reports come in any order).
-    in_flight: VecDeque<(Position, bool)>,
+    /// Handed out and not reported stable, in stream order: reports come in
+    /// any order, and what is not reported in `APPLY_RESEND_MS` is handed
+    /// out again (the head changed, or a message was lost; applying twice
+    /// is harmless).
+    in_flight: VecDeque<InFlight>,
     /// Everything up to here is stable in the local chains.
     applied: Position,
     /// Everything up to here was handed out (values for it are stale).
@@ -244,6 +260,18 @@ impl Receiver {
     /// repaired once the stream is quiet, and that replica keeps ids every
     /// site applied).
     pub fn tick(&mut self, now_ms: u64, out: &mut Vec<ReceiverOut>) {
+        for o in self.origins.values_mut() {
+            for f in o.in_flight.iter_mut().filter(|f| !f.stable) {
+                match f.sent_ms {
+                    None => f.sent_ms = Some(now_ms),
+                    Some(at) if now_ms.saturating_sub(at) >= APPLY_RESEND_MS => {
+                        f.sent_ms = Some(now_ms);
+                        out.push(ReceiverOut::Apply(f.write.clone()));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         for (&origin, o) in self.origins.iter_mut() {
             let refresh = now_ms.saturating_sub(o.acked_ms) >= SITE_ACK_REFRESH_MS;
             for (&partition, v) in o.streams.iter_mut().filter(|(_, v)| v.due || refresh) {
@@ -326,10 +354,10 @@ impl Receiver {
 
     fn stable_locally(&mut self, origin: SiteId, pos: Position) {
         let Some(o) = self.origins.get_mut(&origin) else { return };
-        if let Ok(i) = o.in_flight.binary_search_by_key(&pos, |&(p, _)| p) {
-            o.in_flight[i].1 = true;
+        if let Ok(i) = o.in_flight.binary_search_by_key(&pos, |f| f.pos) {
+            o.in_flight[i].stable = true;
         }
-        while o.in_flight.front().is_some_and(|&(_, stable)| stable) {
+        while o.in_flight.front().is_some_and(|f| f.stable) {
             o.in_flight.pop_front();
         }
         self.settle(origin);
@@ -339,7 +367,7 @@ impl Receiver {
     /// before the first update of it that is not stable here.
     fn settle(&mut self, origin: SiteId) {
         let o = self.origins.get_mut(&origin).expect("settle a known origin");
-        let first_missing = o.in_flight.front().map(|&(p, _)| p).or_else(|| o.pending.front().map(UpdateId::position));
+        let first_missing = o.in_flight.front().map(|f| f.pos).or_else(|| o.pending.front().map(UpdateId::position));
         let applied = first_missing.map_or(o.received, Position::before);
         if applied > o.applied {
             o.applied = applied;
@@ -361,14 +389,15 @@ impl Receiver {
                 let Some(value) = self.values.remove(&(origin, next.partition, next.ts)) else { break };
                 let id = o.pending.pop_front().expect("front exists");
                 o.handed_out = id.position();
-                o.in_flight.push_back((id.position(), false));
-                out.push(ReceiverOut::Apply(RemoteWrite {
+                let write = RemoteWrite {
                     partition: id.partition,
                     key: value.key,
                     value: value.value,
                     expires_at_ms: value.expires_at_ms,
                     version: Version { ts: id.ts, site: origin, vv: VersionVector(id.vv.iter().copied().collect()) },
-                }));
+                };
+                o.in_flight.push_back(InFlight { pos: id.position(), stable: false, write: write.clone(), sent_ms: None });
+                out.push(ReceiverOut::Apply(write));
             }
         }
     }

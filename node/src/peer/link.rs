@@ -448,7 +448,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_that_does_not_acknowledge_holds_clients_back_until_it_does() {
-        use causeway_core::hlc::Timestamp;
         use causeway_core::message::Condition;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let link = Link::spawn(7, listener.local_addr().unwrap().to_string(), None);
@@ -460,7 +459,7 @@ mod tests {
             value: Some(Bytes::from(vec![0u8; 1 << 20])),
             ttl_ms: None,
             condition: Condition::Always,
-            after: Timestamp::default(),
+            past: Default::default(),
             ack_at: 1,
             write: i,
         };

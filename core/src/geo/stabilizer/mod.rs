@@ -94,7 +94,7 @@ mod order;
 
 pub use order::OrderedIds;
 
-use crate::geo::reporter::{Batch, Stamped};
+use crate::geo::reporter::{Batch, Reporter, Stamped};
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId};
 use crate::version::SiteId;
@@ -203,7 +203,10 @@ impl Stamped for UpdateId {
     }
 }
 
-/// stabilizer replica -> partition: "I hold your stream up to `up_to`".
+/// stabilizer replica -> partition: "I hold your stream up to `up_to`, and
+/// every other site has applied it up to `applied`". The partition keeps
+/// ids until they are applied everywhere, so that stabilizer replicas that
+/// all restarted (a whole-site restart) get again what no site has applied.
 /// `resend`: the last batch did not continue what the replica holds; send
 /// again from `up_to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,7 +214,15 @@ pub struct IdsAck {
     pub replica: ReplicaId,
     pub partition: PartitionId,
     pub up_to: Timestamp,
+    pub applied: Timestamp,
     pub resend: bool,
+}
+
+impl IdsAck {
+    /// Hands this acknowledgement to the partition's reporter.
+    pub fn deliver(self, reporter: &mut Reporter<ReplicaId, UpdateId>, now_ms: u64) {
+        reporter.on_ack(self.replica, self.up_to, self.applied.min(self.up_to), self.resend, now_ms);
+    }
 }
 
 /// stabilizer leader of `origin` -> the receiver of site `to`: the next part
@@ -370,7 +381,16 @@ impl Stabilizer {
             }
             *time = (*time).max(batch.up_to);
         }
-        out.push(StabilizerOut::IdsAck(IdsAck { replica: self.me, partition: batch.partition, up_to: *time, resend }));
+        let up_to = *time;
+        let applied = self.applied_everywhere(batch.partition).unwrap_or(up_to);
+        out.push(StabilizerOut::IdsAck(IdsAck { replica: self.me, partition: batch.partition, up_to, applied, resend }));
+    }
+
+    /// How far every other site has applied `partition`'s updates (`None`
+    /// without other sites).
+    fn applied_everywhere(&self, partition: PartitionId) -> Option<Timestamp> {
+        let of_partition = |pos: Position| if pos.partition >= partition { pos.ts } else { pos.ts.just_before() };
+        self.dests.values().map(|d| of_partition(d.applied)).min()
     }
 
     fn site_ack(&mut self, ack: SiteAck, now_ms: u64) {
@@ -384,8 +404,10 @@ impl Stabilizer {
         }
         dest.applied = dest.applied.max(ack.applied);
         if ack.resend {
-            // The site saw a gap: go back to what it holds.
-            dest.sent = dest.received;
+            // The site saw a gap: go back to what it holds (further back
+            // than before if its receiver started anew).
+            dest.received = ack.received;
+            dest.sent = ack.received;
             dest.progress_ms = now_ms;
         }
     }

@@ -286,17 +286,28 @@ fn a_replica_refuses_a_batch_that_leaves_a_gap_and_the_reporter_resends() {
     }
     let StabilizerOut::IdsAck(ack) = out.pop().unwrap() else { panic!("an ack") };
     assert!(ack.resend && ack.up_to == Timestamp::ZERO);
-    rep.on_ack(ack.replica, ack.up_to, ack.up_to, ack.resend, 1);
+    ack.deliver(&mut rep, 1);
     rep.tick(2, &mut sent);
     for (_, b) in sent.drain(..) {
         assert_eq!(b.items.len(), 2);
         s.step(StabilizerMsg::Ids(b), 2, &mut out);
     }
     let StabilizerOut::IdsAck(ack) = out.pop().unwrap() else { panic!("an ack") };
-    assert_eq!((ack.resend, ack.up_to), (false, ts(3)));
-    rep.on_ack(ack.replica, ack.up_to, ack.up_to, ack.resend, 2);
-    assert_eq!(rep.unacked(), 0);
+    assert_eq!((ack.resend, ack.up_to, ack.applied), (false, ts(3), Timestamp::ZERO));
+    ack.deliver(&mut rep, 2);
+    assert_eq!(rep.unacked(), 2, "kept until site 1 applied them (a whole-site restart loses the replicas)");
     assert_eq!(s.stable_time(), ts(3));
+    let applied = Position { ts: ts(2), partition: 0 };
+    s.step(StabilizerMsg::SiteAck(SiteAck { from: 1, origin: 0, received: applied, applied, resend: false }), 3, &mut out);
+    rep.promise(ts(4));
+    rep.tick(3, &mut sent);
+    for (_, b) in sent.drain(..) {
+        s.step(StabilizerMsg::Ids(b), 3, &mut out);
+    }
+    let StabilizerOut::IdsAck(ack) = out.pop().unwrap() else { panic!("an ack") };
+    assert_eq!((ack.up_to, ack.applied), (ts(4), ts(2)));
+    ack.deliver(&mut rep, 3);
+    assert_eq!(rep.unacked(), 0);
 }
 
 /// Throughput of a whole replica as leader: 64 partitions each report a

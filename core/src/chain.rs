@@ -121,6 +121,10 @@ pub struct PartitionState {
     /// The partition's update history up to `applied`, hashed
     /// (`ChainReplica::history`).
     pub history: u64,
+    /// This site's updates not known to have reached every stabilizer
+    /// replica and other site (several sites only; `ChainReplica::
+    /// outgoing`).
+    pub unreported: Vec<Update>,
 }
 
 /// A session's last write this replica applied.
@@ -188,9 +192,12 @@ pub struct ChainReplica {
     waiters: BTreeMap<u64, Vec<Envelope>>,
     /// With several sites: every update up to this seq has reached every
     /// stabilizer replica and every other site (`geo`), so a new tail need
-    /// not send it again; until then it stays in `recent`. `None` with one
-    /// site.
+    /// not send it again. `None` with one site.
     reported: Option<u64>,
+    /// With several sites: this site's updates applied here and not known
+    /// reported, in seq order: what a new tail starts its reporter with.
+    /// Carried by state transfers and checkpoints, rebuilt by replay.
+    outgoing: VecDeque<Update>,
     /// Local updates the tail applied since the node last asked, for its
     /// reporter (several sites only).
     reportable: Vec<Update>,
@@ -249,6 +256,7 @@ impl ChainReplica {
             last_progress_ms: 0,
             gap_since_ms: None,
             reported: None,
+            outgoing: VecDeque::new(),
             reportable: Vec::new(),
             promise: None,
             conflicts: 0,
@@ -471,12 +479,16 @@ impl ChainReplica {
             entries: self.store.digest(),
             sessions: self.last_writes.iter().map(|(c, w)| (*c, w.clone())).collect(),
             history: self.history,
+            unreported: self.outgoing.iter().cloned().collect(),
         }
     }
 
     /// Recovery: installs a state transfer read back from this node's log.
     pub fn restore(&mut self, state: PartitionState, now_ms: u64) {
-        let PartitionState { applied, stable, entries, sessions, history } = state;
+        let PartitionState { applied, stable, entries, sessions, history, unreported } = state;
+        if self.reported.is_some() {
+            self.outgoing = unreported.into();
+        }
         for (_, s) in &entries {
             self.clock.observe(s.version.ts);
         }
@@ -506,11 +518,14 @@ impl ChainReplica {
             self.last_writes.insert(op.client, last);
         }
         self.answer(&u, out);
-        if self.is_tail() {
-            self.stable = u.seq;
-            if self.reported.is_some() && u.version.site == self.site {
+        if self.reported.is_some_and(|r| u.seq > r) && u.version.site == self.site {
+            self.outgoing.push_back(u.clone());
+            if self.is_tail() {
                 self.reportable.push(u.clone());
             }
+        }
+        if self.is_tail() {
+            self.stable = u.seq;
             self.wake_waiters(out);
         } else {
             forward.push(u);
@@ -523,14 +538,7 @@ impl ChainReplica {
         self.history = chain_history(before, u);
         self.recent_bytes += update_bytes(u);
         self.recent.push_back((u.clone(), before));
-        self.trim_recent();
-    }
-
-    /// Keeps `recent` within `RECENT_BYTES`, except for updates not yet
-    /// reported to every stabilizer replica and site (`reported`).
-    fn trim_recent(&mut self) {
-        let reported = self.reported.unwrap_or(u64::MAX);
-        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 && self.recent.front().is_some_and(|(u, _)| u.seq <= reported) {
+        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
             let (old, _) = self.recent.pop_front().expect("not empty");
             self.recent_bytes -= update_bytes(&old);
         }
@@ -1047,7 +1055,9 @@ impl ChainReplica {
     pub fn set_reported(&mut self, seq: u64, out: &mut Outbox) {
         if self.reported.is_some_and(|r| seq > r) {
             self.reported = Some(seq.min(self.applied));
-            self.trim_recent();
+            while self.outgoing.front().is_some_and(|u| u.seq <= seq) {
+                self.outgoing.pop_front();
+            }
             if self.is_tail() {
                 self.ack_upwards(out);
             }
@@ -1062,8 +1072,7 @@ impl ChainReplica {
     /// The local updates not reported yet that this replica holds: what a
     /// new tail starts its reporter with.
     pub fn unreported(&self) -> Vec<Update> {
-        let reported = self.reported.unwrap_or(u64::MAX);
-        self.recent.iter().map(|(u, _)| u).filter(|u| u.seq > reported && u.version.site == self.site).cloned().collect()
+        self.outgoing.iter().cloned().collect()
     }
 
     /// Whether this replica is its chain's tail and serving.
@@ -1309,7 +1318,10 @@ mod tests {
         // c recovers a log with only the first write, and a reorder that
         // was committed while the site was down puts it at the head.
         let mut recovered = ChainReplica::detached(0, c, 0, 2);
-        recovered.restore(PartitionState { applied: 0, stable: 0, entries: Vec::new(), sessions: Vec::new(), history: 0 }, 20);
+        recovered.restore(
+            PartitionState { applied: 0, stable: 0, entries: Vec::new(), sessions: Vec::new(), history: 0, unreported: Vec::new() },
+            20,
+        );
         assert_eq!(recovered.replay(first, 20), None);
         let mut moved = t.clone();
         moved.epoch = 2;

@@ -565,10 +565,10 @@ impl Sim {
     /// it recovers its replicas from the log and waits to be admitted.
     pub fn restart(&mut self, node: NodeId) {
         self.incarnations += 1;
+        let identity = identity(node, self.incarnations, self.site, &self.sites, self.nodes.len() as u16);
         let n = &mut self.nodes[node as usize];
         assert!(n.crashed, "restart a crashed node");
-        let mut core =
-            Node::new(identity(node, self.incarnations, self.site, &self.sites, self.topology.nodes.len() as u16), n.saved.clone());
+        let mut core = Node::new(identity, n.saved.clone());
         let report = core.recover(n.disk.clone(), self.fsync == Fsync::Always, self.now_ms);
         if std::env::var_os("SIM_TRACE").is_some() {
             let applied: Vec<String> =

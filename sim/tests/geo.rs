@@ -27,8 +27,58 @@ struct Geo {
     wan: Wan,
     network: Network,
     duration_ms: u64,
-    /// Called every few milliseconds while clients run.
-    faults: fn(&mut World, &mut Rng),
+    faults: Faults,
+}
+
+/// Which faults strike while clients run.
+#[derive(Clone, Copy, Default)]
+struct Faults {
+    /// Links between sites cut for 100 ms to 1 s.
+    cuts: bool,
+    /// Nodes killed (the stabilizer leader among them) and restarted from
+    /// their logs a little later, one at a time per site.
+    crashes: bool,
+    /// A whole site killed and restarted from its logs.
+    site_restart: bool,
+}
+
+/// Faults in flight: nodes to restart, by when.
+#[derive(Default)]
+struct Striking {
+    restarts: Vec<(u64, usize, u16)>,
+    site_restarted: bool,
+}
+
+impl Striking {
+    fn step(&mut self, f: Faults, world: &mut World, rng: &mut Rng) {
+        let now = world.now_ms();
+        let (due, later): (Vec<_>, Vec<_>) = self.restarts.drain(..).partition(|&(at, _, _)| at <= now);
+        self.restarts = later;
+        for (_, site, node) in due {
+            world.sites[site].restart(node);
+        }
+        if f.cuts && rng.chance(0.002) {
+            let a = rng.below(SITES as u64) as usize;
+            let b = (a + 1 + rng.below(SITES as u64 - 1) as usize) % SITES;
+            world.cut(a, b, 100 + rng.below(900));
+        }
+        if f.crashes && rng.chance(0.002) {
+            let site = rng.below(SITES as u64) as usize;
+            if !self.restarts.iter().any(|&(_, s, _)| s == site) {
+                let node = rng.below(world.sites[site].node_count() as u64) as u16;
+                world.sites[site].crash(node);
+                self.restarts.push((now + 200 + rng.below(1_500), site, node));
+            }
+        }
+        if f.site_restart && !self.site_restarted && rng.chance(0.001) && self.restarts.is_empty() {
+            self.site_restarted = true;
+            let site = rng.below(SITES as u64) as usize;
+            for node in 0..world.sites[site].node_count() as u16 {
+                world.sites[site].crash(node);
+                self.restarts.push((now + 300 + rng.below(300), site, node));
+            }
+        }
+    }
 }
 
 fn run(seed: u64, geo: &Geo) {
@@ -46,6 +96,7 @@ fn run(seed: u64, geo: &Geo) {
     let key = |i: u64| Bytes::from(format!("key{i}"));
     let end = world.now_ms() + geo.duration_ms;
     let mut writes = 0;
+    let mut striking = Striking::default();
     while world.now_ms() < end {
         for site in 0..SITES {
             for client in 0..CLIENTS {
@@ -66,10 +117,13 @@ fn run(seed: u64, geo: &Geo) {
                 }
             }
         }
-        (geo.faults)(&mut world, &mut rng);
+        striking.step(geo.faults, &mut world, &mut rng);
         let step = world.now_ms() + 1 + rng.below(3);
         let done = world.run_until(step);
         record(&mut checker, done);
+    }
+    for (_, site, node) in striking.restarts.drain(..) {
+        world.sites[site].restart(node);
     }
     for s in &mut world.sites {
         s.network.drop_rate = 0.0;
@@ -127,17 +181,16 @@ fn geo_state(world: &World) -> String {
         for n in 0..s.node_count() as u16 {
             if let Some(g) = s.node(n).geo() {
                 lines.push(format!("site {i} node {n}: unreported {}, backlog {}, applied {:?}", g.unreported(), g.backlog(), g.applied()));
+                lines.push(g.describe());
             }
         }
     }
     lines.join("\n")
 }
 
-fn no_faults(_: &mut World, _: &mut Rng) {}
-
 #[test]
 fn three_sites_converge_causally() {
-    let geo = Geo { wan: Wan::paper(SITES), network: Network::default(), duration_ms: 2_000, faults: no_faults };
+    let geo = Geo { wan: Wan::paper(SITES), network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -150,7 +203,21 @@ fn three_sites_converge_causally() {
 fn a_write_waits_for_its_dependency_from_a_third_site() {
     let mut wan = Wan::paper(SITES);
     wan.delay_ms = vec![vec![0, 10, 300], vec![10, 0, 10], vec![300, 10, 0]];
-    let geo = Geo { wan, network: Network::default(), duration_ms: 2_000, faults: no_faults };
+    let geo = Geo { wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
+    for seed in seeds(0..5) {
+        run(seed, &geo);
+    }
+}
+
+/// Messages lost inside sites and between them, links cut, nodes killed
+/// and restarted (stabilizer leaders too), a whole site restarted.
+#[test]
+fn faults_in_sequence() {
+    let mut wan = Wan::paper(SITES);
+    wan.drop_rate = 0.02;
+    wan.jitter_ms = 30;
+    let network = Network { min_delay_ms: 0, max_delay_ms: 5, drop_rate: 0.01 };
+    let geo = Geo { wan, network, duration_ms: 4_000, faults: Faults { cuts: true, crashes: true, site_restart: true } };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }

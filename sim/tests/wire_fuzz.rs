@@ -48,7 +48,14 @@ fn corpus() -> Vec<Vec<u8>> {
         Message::Transfer {
             epoch: 4,
             partition: 2,
-            state: Some(PartitionState { applied: 3, stable: 2, entries: Vec::new(), sessions: Vec::new(), history: 17 }),
+            state: Some(PartitionState {
+                applied: 3,
+                stable: 2,
+                entries: Vec::new(),
+                sessions: Vec::new(),
+                history: 17,
+                unreported: Vec::new(),
+            }),
             updates: Vec::new(),
             history_before: 17,
             clock: Timestamp::new(9, 0),

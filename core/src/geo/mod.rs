@@ -361,6 +361,35 @@ impl Geo {
         self.tails.values().map(|o| o.ids.unacked() + o.values.unacked()).sum()
     }
 
+    /// The state of every reporter here, one line each (diagnostics).
+    pub fn describe(&self) -> String {
+        let mut lines = Vec::new();
+        for (p, o) in &self.tails {
+            if o.ids.unacked() + o.values.unacked() > 0 {
+                lines.push(format!(
+                    "p{p}: {} ids, {} values, promised {}; replicas {:?}; sites {:?}",
+                    o.ids.unacked(),
+                    o.values.unacked(),
+                    o.ids.promised(),
+                    o.ids.peers(),
+                    o.values.peers()
+                ));
+            }
+        }
+        if let Some(r) = &self.receiver {
+            lines.push(r.describe());
+        }
+        if let Some(s) = &self.stabilizer {
+            lines.push(format!(
+                "stabilizer: stable {}, holds {}, acks {:?}",
+                s.stable_time(),
+                s.held(),
+                self.others.iter().map(|&o| s.acked(o)).collect::<Vec<_>>()
+            ));
+        }
+        lines.join("\n")
+    }
+
     /// The stabilizer replica here, if any.
     pub fn stabilizer(&self) -> Option<&Stabilizer> {
         self.stabilizer.as_ref()

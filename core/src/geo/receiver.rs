@@ -171,7 +171,8 @@ struct ValueStream {
 struct InFlight {
     pos: Position,
     stable: bool,
-    write: RemoteWrite,
+    /// `None` for an update this site had applied before (never sent).
+    write: Option<RemoteWrite>,
     /// When it was last handed out (set on the first tick after).
     sent_ms: Option<u64>,
 }
@@ -266,7 +267,7 @@ impl Receiver {
                     None => f.sent_ms = Some(now_ms),
                     Some(at) if now_ms.saturating_sub(at) >= APPLY_RESEND_MS => {
                         f.sent_ms = Some(now_ms);
-                        out.push(ReceiverOut::Apply(f.write.clone()));
+                        out.extend(f.write.clone().map(ReceiverOut::Apply));
                     }
                     Some(_) => {}
                 }
@@ -309,6 +310,27 @@ impl Receiver {
         self.origins.values().map(|o| o.in_flight.len()).sum()
     }
 
+    /// Each origin's stream here, one line each (diagnostics).
+    pub fn describe(&self) -> String {
+        let mut lines = Vec::new();
+        for (origin, o) in &self.origins {
+            let front = o.pending.front().map(|id| {
+                let has_value = self.values.contains_key(&(*origin, id.partition, id.ts));
+                format!("{}@p{} (value here: {has_value}, local_dep {}, vv {:?})", id.ts, id.partition, id.local_dep, id.vv)
+            });
+            let flying = o.in_flight.front().map(|f| format!("{}@p{} stable {}", f.pos.ts, f.pos.partition, f.stable));
+            lines.push(format!(
+                "from {origin}: received {:?}, applied {:?}, {} pending (front {front:?}), {} in flight (front {flying:?}), value streams {:?}",
+                o.received,
+                o.applied,
+                o.pending.len(),
+                o.in_flight.len(),
+                o.streams.iter().map(|(p, v)| (*p, v.received)).collect::<Vec<_>>()
+            ));
+        }
+        lines.join("\n")
+    }
+
     /// Alg. 5 `new_update`, for a whole shipment: keep what extends the
     /// stream, refuse a gap.
     fn new_updates(&mut self, ship: Ship) {
@@ -317,6 +339,22 @@ impl Receiver {
         }
         let Some(o) = self.origins.get_mut(&ship.origin) else { return };
         o.ack_due = true;
+        if ship.applied > o.applied {
+            // This site applied more before this receiver started (its own
+            // earlier acknowledgement, echoed): resume from there.
+            o.applied = ship.applied;
+            o.handed_out = o.handed_out.max(ship.applied);
+            o.received = o.received.max(ship.applied);
+            o.pending.retain(|id| id.position() > ship.applied);
+            for f in o.in_flight.iter_mut().filter(|f| f.pos <= ship.applied) {
+                f.stable = true;
+            }
+            while o.in_flight.front().is_some_and(|f| f.stable) {
+                o.in_flight.pop_front();
+            }
+            self.site_time.0[ship.origin as usize] = self.site_time.get(ship.origin).max(ship.applied.time());
+            self.values.retain(|&(origin, partition, ts), _| origin != ship.origin || Position { ts, partition } > ship.applied);
+        }
         if ship.prev > o.received {
             o.resend = true;
             return;
@@ -381,23 +419,49 @@ impl Receiver {
     /// out changes no dependency (only `Applied` does), so one pass is
     /// enough.
     fn flush(&mut self, out: &mut Vec<ReceiverOut>) {
-        for (&origin, o) in self.origins.iter_mut() {
-            while let Some(next) = o.pending.front() {
-                if !ready(self.me, origin, next, &self.site_time) {
-                    break;
+        loop {
+            let mut skipped = Vec::new();
+            for (&origin, o) in self.origins.iter_mut() {
+                while let Some(next) = o.pending.front() {
+                    if !ready(self.me, origin, next, &self.site_time) {
+                        break;
+                    }
+                    let value = self.values.remove(&(origin, next.partition, next.ts));
+                    let passed = o.streams.get(&next.partition).is_some_and(|v| v.received >= next.ts);
+                    if value.is_none() && !passed {
+                        break; // the value is on its way
+                    }
+                    let id = o.pending.pop_front().expect("front exists");
+                    o.handed_out = id.position();
+                    let Some(value) = value else {
+                        // The partition's value stream went past it without
+                        // it: its origin dropped it because this site had
+                        // acknowledged it applied (an earlier receiver did,
+                        // and this one was shipped the id again).
+                        o.in_flight.push_back(InFlight { pos: id.position(), stable: true, write: None, sent_ms: None });
+                        skipped.push(origin);
+                        continue;
+                    };
+                    let write = RemoteWrite {
+                        partition: id.partition,
+                        key: value.key,
+                        value: value.value,
+                        expires_at_ms: value.expires_at_ms,
+                        version: Version { ts: id.ts, site: origin, vv: VersionVector(id.vv.iter().copied().collect()) },
+                    };
+                    o.in_flight.push_back(InFlight { pos: id.position(), stable: false, write: Some(write.clone()), sent_ms: None });
+                    out.push(ReceiverOut::Apply(write));
                 }
-                let Some(value) = self.values.remove(&(origin, next.partition, next.ts)) else { break };
-                let id = o.pending.pop_front().expect("front exists");
-                o.handed_out = id.position();
-                let write = RemoteWrite {
-                    partition: id.partition,
-                    key: value.key,
-                    value: value.value,
-                    expires_at_ms: value.expires_at_ms,
-                    version: Version { ts: id.ts, site: origin, vv: VersionVector(id.vv.iter().copied().collect()) },
-                };
-                o.in_flight.push_back(InFlight { pos: id.position(), stable: false, write: write.clone(), sent_ms: None });
-                out.push(ReceiverOut::Apply(write));
+            }
+            if skipped.is_empty() {
+                return;
+            }
+            for origin in skipped {
+                let o = self.origins.get_mut(&origin).expect("known origin");
+                while o.in_flight.front().is_some_and(|f| f.stable) {
+                    o.in_flight.pop_front();
+                }
+                self.settle(origin);
             }
         }
     }
@@ -437,7 +501,7 @@ mod tests {
     }
 
     fn ship(origin: SiteId, prev: Position, ids: Vec<UpdateId>, through_ms: u64) -> ReceiverMsg {
-        ReceiverMsg::Ship(Ship { origin, to: 2, prev, ids, through: Position::through(ts(through_ms)) })
+        ReceiverMsg::Ship(Ship { origin, to: 2, prev, ids, through: Position::through(ts(through_ms)), applied: Position::START })
     }
 
     fn value(origin: SiteId, partition: PartitionId, ms: u64) -> ReceiverMsg {
@@ -552,7 +616,14 @@ mod tests {
         // A site that is not in the configuration, and a shipment for another site, are ignored.
         r.step(ship(7, Position::START, vec![update(7, 0, 1, 0, &[])], 1), &mut out);
         r.step(
-            ReceiverMsg::Ship(Ship { origin: 1, to: 0, prev: Position::START, ids: vec![], through: Position::through(ts(9)) }),
+            ReceiverMsg::Ship(Ship {
+                origin: 1,
+                to: 0,
+                prev: Position::START,
+                ids: vec![],
+                through: Position::through(ts(9)),
+                applied: Position::START,
+            }),
             &mut out,
         );
         assert_eq!(r.waiting(), 3);
@@ -570,5 +641,35 @@ mod tests {
         let ids = vec![update(0, 0, 1, 0, &[]), update(0, 0, 2, 0, &[]), update(0, 0, 3, 0, &[])];
         r.step(ship(0, Position::START, ids, 3), &mut out);
         assert_eq!(applies(&mut out), vec![(0, 3)], "1 and 2 were applied before the restart");
+    }
+
+    /// A receiver that started anew (its site's leader changed) is shipped
+    /// again ids its site applied before. The origin echoes how far the
+    /// site acknowledged (`Ship::applied`), and a value the origin no longer
+    /// sends (its stream went past it) means the site had applied it.
+    #[test]
+    fn a_new_receiver_resumes_from_what_its_site_applied_before() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        let ids = vec![update(0, 0, 1, 0, &[]), update(0, 1, 2, 1, &[]), update(0, 0, 3, 2, &[]), update(0, 1, 4, 3, &[])];
+        let echoed = ids[0].position();
+        r.step(
+            ReceiverMsg::Ship(Ship { origin: 0, to: 2, prev: Position::START, ids, through: Position::through(ts(4)), applied: echoed }),
+            &mut out,
+        );
+        assert_eq!(r.applied().get(0), ts(2).just_before(), "the echoed point counts as applied");
+        // Partition 1's value stream starts past 2 (dropped at the origin
+        // once applied here); partition 0 still sends 3.
+        r.step(
+            ReceiverMsg::Values { origin: 0, batch: Batch { partition: 1, prev: Timestamp::ZERO, items: vec![], up_to: ts(2) } },
+            &mut out,
+        );
+        r.step(value(0, 0, 3), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 3)], "2 is skipped as applied before, 3 is handed out");
+        assert_eq!(r.applied().get(0), ts(3).just_before());
+        r.step(applied(0, 0, 3), &mut out);
+        assert_eq!(r.waiting(), 1, "4 waits for its value: partition 1's stream has not passed it");
+        r.step(value(0, 1, 4), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 4)]);
     }
 }

@@ -72,6 +72,8 @@ pub struct Reporter<P, T> {
     /// The latest item's timestamp or promise, whichever is larger.
     promised: Timestamp,
     peers: BTreeMap<P, Peer>,
+    /// Nobody needs the items up to here any more (`forget_through`).
+    forgotten: Timestamp,
 }
 
 impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
@@ -81,6 +83,7 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
             items: VecDeque::new(),
             promised: Timestamp::ZERO,
             peers: peers.iter().map(|&r| (r, Peer::default())).collect(),
+            forgotten: Timestamp::ZERO,
         }
     }
 
@@ -123,15 +126,29 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
             p.sent = received;
             p.progress_ms = now_ms;
         }
-        let everyone = self.applied();
-        while self.items.front().is_some_and(|i| i.ts() <= everyone) {
+        self.collect_garbage();
+    }
+
+    /// Nobody will need the items up to `ts` again, whatever the
+    /// destinations acknowledged (the stabilizer's replicas say so once
+    /// every other site has applied them: one that is down for good must
+    /// not make the partition keep them).
+    pub fn forget_through(&mut self, ts: Timestamp) {
+        self.forgotten = self.forgotten.max(ts);
+        self.collect_garbage();
+    }
+
+    fn collect_garbage(&mut self) {
+        let done = self.applied();
+        while self.items.front().is_some_and(|i| i.ts() <= done) {
             self.items.pop_front();
         }
     }
 
-    /// Every destination has applied the stream up to here.
+    /// Every destination has applied the stream up to here (or nobody
+    /// needs it any more).
     pub fn applied(&self) -> Timestamp {
-        self.peers.values().map(|p| p.applied).min().unwrap_or(self.promised)
+        self.peers.values().map(|p| p.applied).min().unwrap_or(self.promised).max(self.forgotten)
     }
 
     /// Sends each destination what it has not been sent (or, after a
@@ -156,6 +173,11 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
             out.push((peer, Batch { partition: self.partition, prev: p.sent, items, up_to }));
             p.sent = p.sent.max(up_to);
         }
+    }
+
+    /// Each destination's (received, applied, sent), for diagnostics.
+    pub fn peers(&self) -> Vec<(P, Timestamp, Timestamp, Timestamp)> {
+        self.peers.iter().map(|(&k, p)| (k, p.received, p.applied, p.sent)).collect()
     }
 
     /// Items some destination has not applied yet.

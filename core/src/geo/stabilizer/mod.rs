@@ -221,7 +221,8 @@ pub struct IdsAck {
 impl IdsAck {
     /// Hands this acknowledgement to the partition's reporter.
     pub fn deliver(self, reporter: &mut Reporter<ReplicaId, UpdateId>, now_ms: u64) {
-        reporter.on_ack(self.replica, self.up_to, self.applied.min(self.up_to), self.resend, now_ms);
+        reporter.on_ack(self.replica, self.up_to, Timestamp::ZERO, self.resend, now_ms);
+        reporter.forget_through(self.applied.min(self.up_to));
     }
 }
 
@@ -238,6 +239,10 @@ pub struct Ship {
     /// The stream is complete up to here once `ids` are added: the origin's
     /// stable time when `ids` reach it, else the last id's position.
     pub through: Position,
+    /// What site `to` acknowledged as applied: a receiver that started anew
+    /// (its site's leader changed) resumes from there instead of waiting
+    /// for values the origin no longer keeps.
+    pub applied: Position,
 }
 
 /// receiver of `from` -> every stabilizer replica of `origin`: how far
@@ -483,7 +488,7 @@ impl Stabilizer {
                 continue;
             }
             let ids = self.log.range(start..end).cloned().collect();
-            out.push(StabilizerOut::Ship(Ship { origin: self.site, to: site, prev: dest.sent, ids, through }));
+            out.push(StabilizerOut::Ship(Ship { origin: self.site, to: site, prev: dest.sent, ids, through, applied: dest.applied }));
             dest.sent = dest.sent.max(through);
         }
     }

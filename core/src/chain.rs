@@ -715,12 +715,22 @@ impl ChainReplica {
     /// smaller timestamps (the client passes its causal past as `after`), so
     /// they are at their heads too and inside the same snapshot: no
     /// fractured reads (the ACL / photo-album example of §3.5).
-    pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, now_ms: u64) -> Result<Item, Refusal> {
+    ///
+    /// With several sites, remote writes arrive with timestamps of their
+    /// own, possibly below `at` after the snapshot was read elsewhere: a
+    /// version is included only if its dependencies on every other site are
+    /// within `remote` (what this site had applied of each when the
+    /// snapshot began). Every such remote version is stable here already,
+    /// and none arriving later is, so the snapshot stays final.
+    pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, remote: &VersionVector, now_ms: u64) -> Result<Item, Refusal> {
         if self.index != 0 || self.joining || self.catching_up {
             return Err(Refusal::NotResponsible { epoch: self.epoch });
         }
         self.clock.observe(at);
-        let stored = self.store.at(key, at).map_err(|_| Refusal::SnapshotTooOld)?;
+        let site = self.site;
+        let visible =
+            |v: &Version| v.ts <= at && v.vv.0.iter().enumerate().all(|(s, &t)| s as SiteId == site || t <= remote.get(s as SiteId));
+        let stored = self.store.latest_where(key, visible).map_err(|_| Refusal::SnapshotTooOld)?;
         Ok(self.item(stored, now_ms))
     }
 
@@ -1126,32 +1136,24 @@ impl ChainReplica {
         if self.index != 0 || self.joining || self.catching_up {
             return;
         }
-        let latest = self.store.latest(&w.key).map(|s| (s.version.clone(), s.seq));
-        if let Some((v, _)) = &latest {
-            if concurrent(v, &w.version) {
-                self.conflicts += 1;
-            }
+        // A write that lost last-writer-wins is kept too, in its place in
+        // the key's history: a get-transaction whose bound leaves the
+        // winner out must find it rather than something older.
+        if let Some(seq) = self.store.holds(&w.key, &w.version) {
+            return self.when_stable(seq, reply, out);
         }
-        match latest {
-            Some((v, seq)) if v >= w.version => self.when_stable(seq, reply, out),
-            _ => {
-                let update = Update {
-                    seq: self.applied + 1,
-                    key: w.key,
-                    version: w.version,
-                    value: w.value,
-                    expires_at_ms: w.expires_at_ms,
-                    ack: None,
-                };
-                let seq = update.seq;
-                let mut effects = Outbox::new();
-                let mut forward = Vec::with_capacity(1);
-                self.apply(update, now_ms, &mut forward, &mut effects);
-                self.flush(forward, now_ms, &mut effects);
-                self.emit(effects, out);
-                self.when_stable(seq, reply, out);
-            }
+        if self.store.latest(&w.key).is_some_and(|s| concurrent(&s.version, &w.version)) {
+            self.conflicts += 1;
         }
+        let (key, version, value, expires_at_ms) = (w.key, w.version, w.value, w.expires_at_ms);
+        let update = Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None };
+        let seq = update.seq;
+        let mut effects = Outbox::new();
+        let mut forward = Vec::with_capacity(1);
+        self.apply(update, now_ms, &mut forward, &mut effects);
+        self.flush(forward, now_ms, &mut effects);
+        self.emit(effects, out);
+        self.when_stable(seq, reply, out);
     }
 
     /// Concurrent writes of one key from different sites resolved here.

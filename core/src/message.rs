@@ -160,6 +160,12 @@ pub enum Message {
         op: OpId,
         epoch: u64,
         at: Timestamp,
+        /// With several sites: only versions whose dependencies on other
+        /// sites are within this vector (what the site had applied of each
+        /// when the snapshot was taken, `Session::snapshot_bound`), so a
+        /// remote write applied meanwhile, older than `at`, never shows up
+        /// in half of a snapshot.
+        remote: VersionVector,
         keys: Vec<(PartitionId, Bytes)>,
     },
     /// Count live keys in these partitions.
@@ -197,6 +203,8 @@ pub enum Message {
     Snapshot {
         op: OpId,
         items: Vec<Item>,
+        /// What the node knows its site has applied of each other site.
+        site_time: VersionVector,
     },
     Counted {
         op: OpId,

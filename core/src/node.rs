@@ -302,19 +302,20 @@ impl Node {
                     self.not_responsible(op, out);
                 }
             }
-            Message::SnapshotRead { op, epoch, at, keys } => {
+            Message::SnapshotRead { op, epoch, at, remote, keys } => {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
                 let mut items = Vec::with_capacity(keys.len());
                 for (partition, key) in keys {
-                    match self.with(partition, |r| r.snapshot_read(&key, at, now_ms)) {
+                    match self.with(partition, |r| r.snapshot_read(&key, at, &remote, now_ms)) {
                         Some(Ok(item)) => items.push(item),
                         Some(Err(reason)) => return send(out, Dest::Client(op.client), Message::Refused { op, reason }),
                         None => return self.not_responsible(op, out),
                     }
                 }
-                send(out, Dest::Client(op.client), Message::Snapshot { op, items });
+                let site_time = self.geo.as_ref().map(|g| g.site_time().clone()).unwrap_or_default();
+                send(out, Dest::Client(op.client), Message::Snapshot { op, items, site_time });
             }
             Message::Count { op, epoch, partitions } => {
                 if stale(epoch) {

@@ -52,6 +52,9 @@ pub struct Session {
     index: AHashMap<Bytes, Seen>,
     accessed: AHashMap<Bytes, Dep>,
     past: VersionVector,
+    /// What the session last heard its site had applied of each other
+    /// site (`Message::Snapshot`).
+    site_time: VersionVector,
 }
 
 impl Session {
@@ -73,6 +76,20 @@ impl Session {
     /// The session's causal past, per site.
     pub fn past(&self) -> &VersionVector {
         &self.past
+    }
+
+    /// Remembers what a node said its site has applied of other sites.
+    pub fn observe_site_time(&mut self, site_time: &VersionVector) {
+        self.site_time.merge(site_time);
+    }
+
+    /// How far a get-transaction may see other sites' writes: what the
+    /// site was last heard to have applied, and what this session saw
+    /// here (every earlier write of that site was applied before it).
+    pub fn snapshot_bound(&self) -> VersionVector {
+        let mut bound = self.site_time.clone();
+        bound.merge(&self.past);
+        bound
     }
 
     /// Records a read served at chain position `at` (§3.3.2 rules i–iii).

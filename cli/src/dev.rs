@@ -1,15 +1,18 @@
 //! `causeway dev`: a whole site on this machine, one real process per node
-//! over real TCP on loopback, so you can `kill` one and watch.
+//! over real TCP on loopback, so you can `kill` one and watch. With
+//! `--sites N`, N such sites, active-active (geo-replication), joined by
+//! emulated wide-area links.
 
+use crate::site::{Shape, Site};
 use clap::Args;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct DevArgs {
-    /// Port of the first node; node i listens on port + i.
+    /// Port of the first node; node i of site s listens on port + 10*s + i.
     #[arg(long, default_value_t = 6380)]
     port: u16,
-    /// Number of nodes.
+    /// Number of nodes (per site).
     #[arg(long, default_value_t = 3)]
     nodes: u16,
     /// R: nodes per chain.
@@ -20,7 +23,18 @@ pub struct DevArgs {
     k: usize,
     #[arg(long, default_value_t = 64)]
     partitions: u32,
-    /// Give node i a write-ahead log in DIR/node-i (memory only without it).
+    /// Number of sites, each holding every key and taking writes.
+    #[arg(long, default_value_t = 1)]
+    sites: u16,
+    /// Emulated one-way delays between sites in ms, a,b=ms pairs (default:
+    /// as the Eunomia paper, 40 between site 0 and each other site, 80
+    /// between two others).
+    #[arg(long)]
+    wan: Option<String>,
+    /// Up to this much more delay, at random, on each message between sites.
+    #[arg(long, default_value_t = 2)]
+    wan_jitter_ms: u64,
+    /// Give node i a write-ahead log in DIR/node-i (DIR/site-s/node-i with several sites).
     #[arg(long)]
     data_dir: Option<String>,
     /// Extra flags passed to every node (e.g. --requirepass secret).
@@ -29,39 +43,82 @@ pub struct DevArgs {
 }
 
 pub fn run(args: DevArgs) -> Result<(), String> {
-    let shape = crate::site::Shape {
-        port: args.port,
-        nodes: args.nodes,
-        replicas: args.replicas,
-        k: args.k,
-        partitions: args.partitions,
-        data_dir: args.data_dir,
-        node_args: args.node_args,
-        logs: None,
-    };
-    let mut site = crate::site::Site::start(shape)?;
+    if args.sites > 1 && args.nodes > 10 {
+        return Err("with several sites, at most 10 nodes per site (site s uses ports port+10*s ..)".into());
+    }
+    let delays = wan_delays(args.sites, args.wan.as_deref())?;
+    // Sites authenticate each other with the secret their nodes share.
+    let secret = format!("{:032x}", rand::random::<u128>());
+    let ports = |s: u16| (0..args.nodes).map(|i| args.port + 10 * s + i).collect::<Vec<u16>>();
+    let mut sites: Vec<Site> = Vec::new();
+    for s in 0..args.sites {
+        let mut node_args = args.node_args.clone();
+        if args.sites > 1 {
+            node_args.extend(["--site".to_string(), s.to_string(), "--cluster-secret".to_string(), secret.clone()]);
+            node_args.extend(["--wan-jitter-ms".to_string(), args.wan_jitter_ms.to_string()]);
+            let mut wan = Vec::new();
+            for t in (0..args.sites).filter(|&t| t != s) {
+                let addrs: Vec<String> = ports(t).iter().map(|p| format!("127.0.0.1:{p}")).collect();
+                node_args.extend(["--remote-site".to_string(), format!("{t}={}", addrs.join(","))]);
+                wan.push(format!("{t}={}", delays[s as usize][t as usize]));
+            }
+            node_args.extend(["--wan-delay".to_string(), wan.join(",")]);
+        }
+        let data_dir = match (&args.data_dir, args.sites) {
+            (Some(d), 1) => Some(d.clone()),
+            (Some(d), _) => Some(format!("{d}/site-{s}")),
+            (None, _) => None,
+        };
+        let shape = Shape {
+            port: args.port,
+            nodes: args.nodes,
+            replicas: args.replicas,
+            k: args.k,
+            partitions: args.partitions,
+            data_dir,
+            node_args,
+            logs: None,
+        };
+        match Site::start_on(shape, ports(s)) {
+            Ok(site) => sites.push(site),
+            Err(e) => {
+                sites.iter_mut().for_each(Site::stop);
+                return Err(e);
+            }
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     // A node serves once the coordinator has admitted it (a Raft election,
     // then one decision): wait for that, so the first request succeeds.
     let started = Instant::now();
-    if let Err(e) = runtime.block_on(site.wait_serving(Duration::from_secs(30))) {
-        site.stop();
-        return Err(format!("{e} (see its log above)"));
+    for site in &mut sites {
+        if let Err(e) = runtime.block_on(site.wait_serving(Duration::from_secs(30))) {
+            sites.iter_mut().for_each(Site::stop);
+            return Err(format!("{e} (see its log above)"));
+        }
     }
-    let s = &site.shape;
+    let s = &sites[0].shape;
+    let what = if args.sites > 1 { format!("{} sites of", args.sites) } else { "Causeway site up:".into() };
     println!(
-        "Causeway site up in {} ms: {} nodes, R={}, k={}, {} partitions.",
-        started.elapsed().as_millis(),
+        "{what} {} nodes, R={}, k={}, {} partitions, up in {} ms.",
         s.nodes,
         s.replicas,
         s.k,
-        s.partitions
+        s.partitions,
+        started.elapsed().as_millis()
     );
-    for i in 0..s.nodes {
-        println!("  node {i}: {} (pid {})", site.addr(i), site.pid(i).unwrap_or(0));
+    for (n, site) in sites.iter().enumerate() {
+        for i in 0..site.shape.nodes {
+            let at = if args.sites > 1 { format!("site {n} ") } else { String::new() };
+            println!("  {at}node {i}: {} (pid {})", site.addr(i), site.pid(i).unwrap_or(0));
+        }
     }
-    println!("Connect with any Redis client, e.g.  redis-cli -p {}   or   causeway cli --addr {}", s.port, site.addr(0));
-    println!("Ctrl-C stops the site.");
+    if args.sites > 1 {
+        println!("Wide-area links (one-way ms): {}", describe(&delays));
+        println!("Each site takes reads and writes; CW.SITES (or INFO geo) shows how far it has applied the others.");
+    }
+    println!("Connect with any Redis client, e.g.  redis-cli -p {}   or   causeway cli --addr {}", args.port, sites[0].addr(0));
+    println!("Ctrl-C stops everything.");
     runtime.block_on(async {
         let mut watch = tokio::time::interval(Duration::from_millis(500));
         let shutdown = crate::shutdown_signal();
@@ -70,14 +127,61 @@ pub fn run(args: DevArgs) -> Result<(), String> {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = watch.tick() => {
-                    while let Some((i, status)) = site.exited() {
-                        println!("node {i} exited ({status}); the others keep serving.");
+                    for (n, site) in sites.iter_mut().enumerate() {
+                        while let Some((i, status)) = site.exited() {
+                            println!("site {n} node {i} exited ({status}); the others keep serving.");
+                        }
                     }
                 }
             }
         }
     });
-    println!("stopping {} nodes", site.running());
-    site.stop();
+    let running: usize = sites.iter().map(Site::running).sum();
+    println!("stopping {running} nodes");
+    sites.iter_mut().for_each(Site::stop);
     Ok(())
+}
+
+/// One-way delays between `sites` sites: the paper's by default, or `a,b=ms`
+/// pairs (both ways) over it.
+fn wan_delays(sites: u16, spec: Option<&str>) -> Result<Vec<Vec<u64>>, String> {
+    let n = sites as usize;
+    let mut d: Vec<Vec<u64>> = (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| {
+                    if a == b {
+                        0
+                    } else if a == 0 || b == 0 {
+                        40
+                    } else {
+                        80
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    for pair in spec.unwrap_or("").split_whitespace().flat_map(|s| s.split(';')).filter(|p| !p.is_empty()) {
+        let bad = || format!("expected a,b=ms, got '{pair}'");
+        let (ab, ms) = pair.split_once('=').ok_or_else(bad)?;
+        let (a, b) = ab.split_once(',').ok_or_else(bad)?;
+        let (a, b, ms): (usize, usize, u64) =
+            (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?, ms.trim().parse().map_err(|_| bad())?);
+        if a >= n || b >= n {
+            return Err(format!("no site {} here", a.max(b)));
+        }
+        d[a][b] = ms;
+        d[b][a] = ms;
+    }
+    Ok(d)
+}
+
+fn describe(d: &[Vec<u64>]) -> String {
+    let mut pairs = Vec::new();
+    for (a, row) in d.iter().enumerate() {
+        for (b, ms) in row.iter().enumerate().skip(a + 1) {
+            pairs.push(format!("{a}-{b} {ms}"));
+        }
+    }
+    pairs.join(", ")
 }

@@ -14,7 +14,7 @@ mod resp_client;
 mod site;
 mod torture;
 
-use causeway_node::config::{parse_nodes, NodeConfig};
+use causeway_node::config::{parse_nodes, parse_remote_sites, NodeConfig};
 use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -95,6 +95,18 @@ struct NodeArgs {
     /// Join a running site (then `causeway cluster add ID ADDR` hands this node its partitions).
     #[arg(long)]
     join: bool,
+    /// This node's site (geo-replication).
+    #[arg(long, default_value_t = 0)]
+    site: u16,
+    /// Another site: id=host:port,host:port (any of its nodes); repeat for each.
+    #[arg(long = "remote-site")]
+    remote_sites: Vec<String>,
+    /// Emulated one-way delay to each other site, in ms: id=ms,id=ms.
+    #[arg(long)]
+    wan_delay: Option<String>,
+    /// Up to this much more delay, at random, on each message to another site.
+    #[arg(long, default_value_t = 0)]
+    wan_jitter_ms: u64,
 }
 
 impl NodeArgs {
@@ -107,6 +119,7 @@ impl NodeArgs {
             Some(s) => parse_nodes(s)?,
             None => parse_nodes(&format!("{}={}", self.id, self.listen))?,
         };
+        let remote_sites = parse_remote_sites(&self.remote_sites, self.wan_delay.as_deref())?;
         Ok(NodeConfig {
             id: self.id,
             listen: self.listen,
@@ -114,7 +127,9 @@ impl NodeArgs {
             partitions: self.partitions,
             replicas: self.replicas,
             k: self.k,
-            site: 0,
+            site: self.site,
+            remote_sites,
+            wan_jitter_ms: self.wan_jitter_ms,
             requirepass: self.requirepass,
             cluster_secret: self.cluster_secret,
             max_bulk_len: self.max_value_bytes,

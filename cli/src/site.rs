@@ -37,6 +37,15 @@ pub struct Site {
 impl Site {
     /// Starts every node and waits until each accepts connections.
     pub fn start(shape: Shape) -> Result<Site, String> {
+        let ports = match shape.port {
+            0 => free_ports(shape.nodes)?,
+            p => (0..shape.nodes).map(|i| p + i).collect(),
+        };
+        Site::start_on(shape, ports)
+    }
+
+    /// `start`, node i listening on `ports[i]`.
+    pub fn start_on(shape: Shape, ports: Vec<u16>) -> Result<Site, String> {
         causeway_core::ring::Shape { partitions: shape.partitions, replicas: shape.replicas, k: shape.k }.validate(shape.nodes as usize)?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         // The nodes of this site prove a fresh shared secret to each other,
@@ -44,10 +53,6 @@ impl Site {
         let given =
             shape.node_args.iter().any(|a| a.starts_with("--cluster-secret")) || std::env::var_os("CAUSEWAY_CLUSTER_SECRET").is_some();
         let secret = if given { Vec::new() } else { vec!["--cluster-secret".to_string(), format!("{:032x}", rand::random::<u128>())] };
-        let ports = match shape.port {
-            0 => free_ports(shape.nodes)?,
-            p => (0..shape.nodes).map(|i| p + i).collect(),
-        };
         let mut site = Site { children: (0..shape.nodes).map(|_| None).collect(), shape, ports, exe, secret };
         for i in 0..site.shape.nodes {
             site.spawn(i)?;

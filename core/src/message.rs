@@ -415,6 +415,8 @@ pub enum Hello {
     /// The coordinator's Raft member on node `NodeId`: the connection carries
     /// Raft RPCs, each request frame answered by one response frame.
     Raft(NodeId),
+    /// A node of another site: like `Node`, carrying geo-replication only.
+    Site { site: crate::version::SiteId, node: NodeId, stream: u64 },
 }
 
 /// What a node sends back on a connection another node opened to it.

@@ -24,6 +24,15 @@ pub struct NodeConfig {
     pub k: usize,
     #[serde(default)]
     pub site: SiteId,
+    /// The other sites of a geo-replicated deployment: each one's id, entry
+    /// points (any of its nodes), and the one-way delay added to every
+    /// message sent to it (an emulated wide-area link; 0 on a real one).
+    #[serde(default)]
+    pub remote_sites: Vec<RemoteSite>,
+    /// Up to this much more delay, at random, on every message to another
+    /// site (emulated jitter; order is kept, as on a TCP connection).
+    #[serde(default)]
+    pub wan_jitter_ms: u64,
     /// Like Redis' `requirepass`: clients must AUTH first.
     #[serde(default)]
     pub requirepass: Option<String>,
@@ -59,6 +68,17 @@ pub struct NodeConfig {
     /// A node silent for this long is removed from its chains.
     #[serde(default = "default_failure_timeout")]
     pub failure_timeout_ms: u64,
+}
+
+/// Another site, as a node reaches it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteSite {
+    pub id: SiteId,
+    /// Any of its nodes: messages go to the first that answers.
+    pub addrs: Vec<String>,
+    #[serde(default)]
+    pub delay_ms: u64,
 }
 
 fn default_partitions() -> u32 {
@@ -106,13 +126,44 @@ impl NodeConfig {
         ids
     }
 
+    /// Every site of the deployment, this one included.
+    pub fn sites(&self) -> Vec<SiteId> {
+        let mut sites: Vec<SiteId> = std::iter::once(self.site).chain(self.remote_sites.iter().map(|s| s.id)).collect();
+        sites.sort_unstable();
+        sites.dedup();
+        sites
+    }
+
     /// The site's topology, checked.
     pub fn topology(&self) -> Result<Topology, String> {
+        if self.remote_sites.iter().any(|s| s.id == self.site || s.addrs.is_empty()) {
+            return Err(format!("site {} lists itself, or a remote site without an address", self.site));
+        }
         if !self.nodes.iter().any(|n| n.id == self.id) {
             return Err(format!("node id {} is not in the node list", self.id));
         }
         Ok(Topology::new(1, self.shape(), self.nodes.clone())?)
     }
+}
+
+/// Parses `1=127.0.0.1:6390,127.0.0.1:6391` (a site id and its entry
+/// points) and the delays of `--wan-delay 1=40,2=80` into remote sites.
+pub fn parse_remote_sites(sites: &[String], delays: Option<&str>) -> Result<Vec<RemoteSite>, String> {
+    let mut delay_of = std::collections::BTreeMap::new();
+    for d in delays.unwrap_or("").split(',').filter(|d| !d.trim().is_empty()) {
+        let (site, ms) = d.split_once('=').ok_or_else(|| format!("expected site=ms, got '{d}'"))?;
+        let site: SiteId = site.trim().parse().map_err(|_| format!("invalid site id '{site}'"))?;
+        delay_of.insert(site, ms.trim().parse::<u64>().map_err(|_| format!("invalid delay '{ms}'"))?);
+    }
+    sites
+        .iter()
+        .map(|s| {
+            let (id, addrs) = s.split_once('=').ok_or_else(|| format!("expected site=host:port,..., got '{s}'"))?;
+            let id: SiteId = id.trim().parse().map_err(|_| format!("invalid site id '{id}'"))?;
+            let addrs = addrs.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+            Ok(RemoteSite { id, addrs, delay_ms: delay_of.get(&id).copied().unwrap_or(0) })
+        })
+        .collect()
 }
 
 /// Parses `0=127.0.0.1:6380,1=127.0.0.1:6381` into node infos.

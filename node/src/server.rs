@@ -8,12 +8,15 @@
 use crate::config::NodeConfig;
 use crate::coordinator::{self, Coordinator};
 use crate::peer::link::{Inbound, Link, SOFT_LIMIT};
+use crate::peer::wan::SiteLink;
+use crate::peer::Peer;
 use crate::wal::{Fsync, Wal};
 use crate::{conn, peer};
 use ahash::AHashMap;
 use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
 use causeway_core::node::{self as core_node, Identity, Now};
 use causeway_core::ring::{NodeId, Topology};
+use causeway_core::version::SiteId;
 use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
@@ -75,7 +78,10 @@ pub struct Node {
     /// One outbound connection per other node, added as nodes join.
     peers: RwLock<AHashMap<NodeId, Link>>,
     /// Where each peer's link stands on this side (frames taken).
-    inbound: Mutex<AHashMap<NodeId, Arc<Inbound>>>,
+    inbound: Mutex<AHashMap<Peer, Arc<Inbound>>>,
+    /// One link per other site (geo-replication), through the emulated
+    /// wide-area network (`peer::wan`).
+    sites: AHashMap<SiteId, Arc<SiteLink>>,
     /// The write-ahead log, when the node has a data directory.
     wal: OnceLock<Wal>,
     /// This node's coordinator member, if it is one of the coordinator nodes.
@@ -171,7 +177,7 @@ impl Node {
     }
 
     /// Where peer `id`'s link stands on this side.
-    pub fn inbound(&self, id: NodeId) -> Arc<Inbound> {
+    pub fn inbound(&self, id: Peer) -> Arc<Inbound> {
         self.inbound.lock().entry(id).or_default().clone()
     }
 
@@ -242,9 +248,11 @@ impl Node {
                     msg => queue.extend(self.step(|core, out| core.step(msg, now(), out))),
                 },
                 Dest::Node(n) => self.send_to_peer(n, env.msg),
-                // No links to other sites yet (a node runs as a single site,
-                // see `start`), so nothing is addressed to one.
-                Dest::Site(_) => {}
+                Dest::Site(s) => {
+                    if let Some(link) = self.sites.get(&s) {
+                        link.send(env.msg);
+                    }
+                }
                 Dest::Client(c) if Some(c) == local => mine.push(env.msg),
                 Dest::Client(c) => match home_node(c) {
                     Some(home) if home != self.me => self.send_to_peer(home, env.msg),
@@ -298,6 +306,23 @@ impl Node {
         self.core.lock().catching_up_replicas()
     }
 
+    /// The link to another site, if it is in the configuration.
+    pub fn site_link(&self, site: SiteId) -> Option<&Arc<SiteLink>> {
+        self.sites.get(&site)
+    }
+
+    /// Every link to another site, by site.
+    pub fn site_links(&self) -> Vec<Arc<SiteLink>> {
+        let mut links: Vec<Arc<SiteLink>> = self.sites.values().cloned().collect();
+        links.sort_by_key(|l| l.site);
+        links
+    }
+
+    /// Runs `f` on the node state machine (read-only).
+    pub fn with_core<R>(&self, f: impl FnOnce(&core_node::Node) -> R) -> R {
+        f(&self.core.lock())
+    }
+
     /// Replicas on this node still waiting for a state transfer.
     pub fn joining_replicas(&self) -> usize {
         self.core.lock().joining_replicas()
@@ -326,21 +351,28 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     // across restarts either (replicas remember each session's last write,
     // and a new session reusing an old id would look like a resend).
     let incarnation = random_u64() | 1;
-    // Links to other sites are not built yet (issue 8): a node runs as a
-    // single site.
-    let sites = vec![config.site];
-    let identity = Identity { me, site: config.site, addr: config.listen.clone(), incarnation, coordinators: config.coordinators(), sites };
+    let identity = Identity {
+        me,
+        site: config.site,
+        addr: config.listen.clone(),
+        incarnation,
+        coordinators: config.coordinators(),
+        sites: config.sites(),
+    };
     let secret: Option<Arc<str>> = config.cluster_secret.as_deref().map(Arc::from);
     if secret.is_none() {
         tracing::warn!("no --cluster-secret: connections from other nodes are not authenticated");
     }
     let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, Link::spawn(me, n.addr.clone(), secret.clone()))).collect();
+    let jitter = config.wan_jitter_ms;
+    let sites = config.remote_sites.iter().map(|s| (s.id, SiteLink::spawn(config.site, me, s, secret.clone(), jitter))).collect();
     let node = Arc::new(Node {
         me,
         topology: RwLock::new(Arc::new(topology.clone())),
         core: Mutex::new(core_node::Node::new(identity, topology)),
         peers: RwLock::new(peers),
         inbound: Mutex::new(AHashMap::new()),
+        sites,
         coordinator: OnceLock::new(),
         wal: OnceLock::new(),
         limits: config.limits(),

@@ -2,7 +2,7 @@
 //!
 //! The sections Redis tools read (server, clients, memory, cpu, stats,
 //! persistence, replication, keyspace) plus Causeway's own fields in
-//! replication, as one bulk string of `# Section` headers and `field:value`
+//! replication and geo (`CW.SITES`), as one bulk string of `# Section` headers and `field:value`
 //! lines. No argument, `default`, `all` or `everything`: every section;
 //! otherwise the named ones, in any case. Unknown names are skipped, as
 //! Redis does, so INFO never answers with an error.
@@ -16,7 +16,7 @@ use causeway_resp::Frame;
 use std::sync::atomic::Ordering;
 
 /// The sections INFO knows, in the order it prints them.
-const SECTIONS: [&str; 8] = ["server", "clients", "memory", "cpu", "stats", "persistence", "replication", "keyspace"];
+const SECTIONS: [&str; 9] = ["server", "clients", "memory", "cpu", "stats", "persistence", "replication", "geo", "keyspace"];
 
 pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let mut text = String::new();
@@ -29,6 +29,11 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         text.push_str(&format!("# {title}\r\n"));
         for (k, v) in section_fields(conn, section).await {
             text.push_str(&format!("{k}:{v}\r\n"));
+        }
+        if section == "geo" {
+            for (k, v) in super::cw::sites::fields(&conn.node) {
+                text.push_str(&format!("{k}:{v}\r\n"));
+            }
         }
     }
     Frame::Bulk(Bytes::from(text)).into()

@@ -131,6 +131,8 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.status", 1, false, cw::status::run),
     command!("cw.digest", 1, false, cw::digest::run),
     command!("cw.cluster", -2, false, cw::cluster::run),
+    command!("cw.sites", 1, false, cw::sites::run),
+    command!("cw.wan", -3, false, cw::sites::wan),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Command> {

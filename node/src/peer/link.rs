@@ -29,6 +29,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use causeway_core::message::{Hello, LinkReply, Message, BINARY_MAGIC};
 use causeway_core::ring::NodeId;
+use causeway_core::version::SiteId;
 use causeway_core::wire::{encode, encode_into, put_frame, take_frame};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -86,6 +87,16 @@ impl Link {
     /// Starts the writer task for the peer at `addr`. `me` and the
     /// cluster secret introduce this node to the peer.
     pub fn spawn(me: NodeId, addr: String, secret: Option<Arc<str>>) -> Link {
+        Link::start(|stream| Hello::Node { id: me, stream }, vec![addr], secret)
+    }
+
+    /// Starts the writer task to another site, reached at any of `addrs`
+    /// (the next one when one cannot be reached); `from` is this node's site.
+    pub fn to_site(from: SiteId, me: NodeId, addrs: Vec<String>, secret: Option<Arc<str>>) -> Link {
+        Link::start(|stream| Hello::Site { site: from, node: me, stream }, addrs, secret)
+    }
+
+    fn start(hello: impl FnOnce(u64) -> Hello, addrs: Vec<String>, secret: Option<Arc<str>>) -> Link {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             wake: Notify::new(),
@@ -93,8 +104,9 @@ impl Link {
             down: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
         });
-        let writer =
-            Writer { me, addr, secret, shared: shared.clone(), stream: rand::random(), next: 1, unacked: VecDeque::new(), peer: None };
+        let stream = rand::random();
+        let hello = hello(stream);
+        let writer = Writer { hello, addrs, at: 0, secret, shared: shared.clone(), next: 1, unacked: VecDeque::new(), peer: None };
         tokio::spawn(writer.run());
         Link { shared }
     }
@@ -151,12 +163,15 @@ impl Link {
 
 /// The writer task's state, kept across connections.
 struct Writer {
-    me: NodeId,
-    addr: String,
+    /// How this node introduces itself, with this link's stream id (the
+    /// peer keeps its position per stream).
+    hello: Hello,
+    /// Where the peer is (several: any node of another site), and which
+    /// one is dialed.
+    addrs: Vec<String>,
+    at: usize,
     secret: Option<Arc<str>>,
     shared: Arc<Shared>,
-    /// This link's stream id: the peer keeps its position per stream.
-    stream: u64,
     /// The sequence number of the next frame.
     next: u64,
     /// Written frames not yet acknowledged, ready to be written again.
@@ -172,8 +187,9 @@ impl Writer {
                 Ok(s) => s,
                 Err(e) => {
                     if !self.shared.down.swap(true, Ordering::Relaxed) {
-                        tracing::debug!("cannot reach peer {}: {e}", self.addr);
+                        tracing::debug!("cannot reach peer {}: {e}", self.addrs[self.at]);
                     }
+                    self.at = (self.at + 1) % self.addrs.len();
                     tokio::time::sleep(REDIAL).await;
                     continue;
                 }
@@ -181,7 +197,8 @@ impl Writer {
             self.shared.down.store(false, Ordering::Relaxed);
             if let Err(e) = self.serve(stream).await {
                 self.shared.down.store(true, Ordering::Relaxed);
-                tracing::debug!("lost connection to peer {}: {e}", self.addr);
+                tracing::debug!("lost connection to peer {}: {e}", self.addrs[self.at]);
+                self.at = (self.at + 1) % self.addrs.len();
             }
             if Arc::strong_count(&self.shared) == 1 {
                 return; // The link was dropped.
@@ -192,9 +209,9 @@ impl Writer {
     /// Dials the peer, introduces this node, and learns where the peer
     /// stands; the unacknowledged frames it lacks are then written first.
     async fn connect(&mut self) -> std::io::Result<TcpStream> {
-        let mut stream = TcpStream::connect(&self.addr).await?;
+        let mut stream = TcpStream::connect(&self.addrs[self.at]).await?;
         stream.set_nodelay(true)?;
-        let hello = Hello::Node { id: self.me, stream: self.stream };
+        let hello = self.hello.clone();
         let mut buf = BytesMut::new();
         buf.put_u8(BINARY_MAGIC);
         put_frame(&hello, &mut buf);

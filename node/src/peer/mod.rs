@@ -8,11 +8,13 @@
 //! connection), or from a coordinator member (Raft RPCs).
 
 pub mod link;
+pub mod wan;
 
 use crate::server::Node;
 use bytes::BytesMut;
 use causeway_core::message::{Hello, LinkReply, Message, Welcome};
 use causeway_core::ring::NodeId;
+use causeway_core::version::SiteId;
 use causeway_core::wire::{put_frame, take_frame};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,14 +52,15 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
         }
     };
     // Another node or coordinator member proves the cluster secret first.
-    if let (Hello::Node { .. } | Hello::Raft(_), Some(secret)) = (&hello, &node.config.cluster_secret) {
+    if let (Hello::Node { .. } | Hello::Raft(_) | Hello::Site { .. }, Some(secret)) = (&hello, &node.config.cluster_secret) {
         if let Err(e) = crate::auth::verify(&mut rd, &mut wr, &mut buf, &hello, secret).await {
             tracing::warn!("refused a peer connection claiming to be {hello:?}: {e}");
             return;
         }
     }
     match hello {
-        Hello::Node { id, stream } => serve_peer(node, id, stream, rd, wr, buf).await,
+        Hello::Node { id, stream } => serve_peer(node, Peer::Node(id), stream, rd, wr, buf).await,
+        Hello::Site { site, node: id, stream } => serve_peer(node, Peer::Site(site, id), stream, rd, wr, buf).await,
         Hello::Client { id, password } => serve_client(node, id, password, rd, wr, buf).await,
         Hello::Raft(_) => {
             if let Some(c) = node.coordinator.get() {
@@ -67,9 +70,18 @@ pub async fn serve_inbound(node: Arc<Node>, stream: TcpStream) {
     }
 }
 
+/// Who is at the other end of a peer connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// A node of this site.
+    Node(NodeId),
+    /// A node of another site.
+    Site(SiteId, NodeId),
+}
+
 /// Takes the frames of peer `id`'s link `stream`, each once, and
 /// acknowledges them (see `link`).
-async fn serve_peer(node: Arc<Node>, id: NodeId, stream: u64, mut rd: OwnedReadHalf, mut wr: OwnedWriteHalf, mut buf: BytesMut) {
+async fn serve_peer(node: Arc<Node>, id: Peer, stream: u64, mut rd: OwnedReadHalf, mut wr: OwnedWriteHalf, mut buf: BytesMut) {
     let inbound = node.inbound(id);
     let mut out = BytesMut::new();
     put_frame(&LinkReply::Resume { incarnation: node.incarnation(), last: inbound.open(stream) }, &mut out);
@@ -93,14 +105,14 @@ async fn serve_peer(node: Arc<Node>, id: NodeId, stream: u64, mut rd: OwnedReadH
                         continue; // Resent after a reconnect; taken already.
                     }
                     if !accepted_from(&node, id, &msg, &mut known) {
-                        tracing::debug!("dropping a message from node {id}, which is not in this node's configuration");
+                        tracing::debug!("dropping a message from {id:?}, which is not in this node's configuration: {msg:?}");
                         continue;
                     }
                     node.route(vec![causeway_core::message::Envelope { to: destination(&node, &msg), msg }], None);
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!("closing the connection from node {id}: it sent a bad frame: {e}");
+                    tracing::warn!("closing the connection from {id:?}: it sent a bad frame: {e}");
                     return;
                 }
             }
@@ -190,7 +202,14 @@ async fn serve_client(
 /// with `--join` heartbeats before the coordinator adds it). A heartbeat
 /// must come from the node it names. `known` remembers, for the
 /// connection, that the peer was found in the configuration.
-fn accepted_from(node: &Node, id: NodeId, msg: &Message, known: &mut bool) -> bool {
+///
+/// From another site: geo-replication only, from a site in this node's
+/// configuration, while the link to it is not cut.
+fn accepted_from(node: &Node, id: Peer, msg: &Message, known: &mut bool) -> bool {
+    let id = match id {
+        Peer::Node(id) => id,
+        Peer::Site(site, _) => return matches!(msg, Message::Geo(_)) && node.site_link(site).is_some_and(|l| l.takes()),
+    };
     match msg {
         Message::Heartbeat(beat) => beat.from == id,
         _ if *known => true,

@@ -8,5 +8,6 @@ pub mod consistency;
 pub mod digest;
 pub mod keyrange;
 pub mod session;
+pub mod sites;
 pub mod status;
 pub mod with;

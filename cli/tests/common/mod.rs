@@ -83,11 +83,13 @@ pub struct Opts {
     pub extra: Vec<String>,
     /// Give each node a data directory under this one (removed on drop).
     pub data_dir: Option<PathBuf>,
+    /// Listen on these ports (else free ones are picked).
+    pub ports: Option<Vec<u16>>,
 }
 
 impl Opts {
     pub fn new(nodes: usize, replicas: usize, k: usize) -> Opts {
-        Opts { nodes, replicas, k, extra: Vec::new(), data_dir: None }
+        Opts { nodes, replicas, k, extra: Vec::new(), data_dir: None, ports: None }
     }
 
     /// Each node keeps a write-ahead log in its own fresh directory.
@@ -230,7 +232,7 @@ impl Cluster {
     }
 
     fn try_start(opts: &Opts) -> Result<Cluster, (String, bool)> {
-        let ports = free_ports(opts.nodes);
+        let ports = opts.ports.clone().unwrap_or_else(|| free_ports(opts.nodes));
         let nodes = (0..ports.len()).map(|i| Cluster::spawn_node(opts, i, &ports)).collect();
         let mut cluster = Cluster { nodes, opts: opts.clone() };
         let deadline = Instant::now() + START_TIMEOUT;

@@ -1,0 +1,175 @@
+//! Several sites as real processes (each its own nodes, chains and
+//! coordinator) joined by emulated wide-area links, driven by a real Redis
+//! client. No timing thresholds: every wait is for a condition, with a
+//! generous deadline.
+
+mod common;
+
+use common::{eventually, free_ports, Cluster, Opts};
+use redis::Commands;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// `delays[a][b]`: the one-way delay from site a to site b, in ms.
+fn sites(delays: &[[u64; 3]; 3]) -> Vec<Cluster> {
+    let ports: Vec<Vec<u16>> = (0..3).map(|_| free_ports(3)).collect();
+    (0..3)
+        .map(|s| {
+            let mut opts = Opts::new(3, 3, 2).flag("--partitions", 8).flag("--site", s).flag("--wan-jitter-ms", 3);
+            let mut wan = Vec::new();
+            for t in (0..3).filter(|&t| t != s) {
+                let addrs: Vec<String> = ports[t].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+                opts = opts.flag("--remote-site", format!("{t}={}", addrs.join(",")));
+                wan.push(format!("{t}={}", delays[s][t]));
+            }
+            opts = opts.flag("--wan-delay", wan.join(","));
+            opts.ports = Some(ports[s].clone());
+            Cluster::start_with(opts)
+        })
+        .collect()
+}
+
+fn paper() -> [[u64; 3]; 3] {
+    [[0, 40, 40], [40, 0, 80], [40, 80, 0]]
+}
+
+fn get(c: &Cluster, node: usize, key: &str) -> Option<String> {
+    c.conn(node).get(key).ok().flatten()
+}
+
+/// Every site holds `value` for `key`, read at each node.
+fn everywhere(sites: &[Cluster], key: &str, value: &str) -> bool {
+    sites.iter().all(|c| (0..c.len()).all(|n| get(c, n, key).as_deref() == Some(value)))
+}
+
+/// A client in site 1 reads a write of site 0, then writes; site 2 hears
+/// from site 1 quickly and from site 0 slowly, so it often receives the
+/// second write first. It must never show it without the first: whoever in
+/// site 2 sees y{r} sees x{r} too.
+#[test]
+fn a_write_is_never_seen_before_what_its_writer_had_read_from_a_third_site() {
+    let mut delays = paper();
+    delays[0][2] = 400;
+    delays[2][0] = 400;
+    delays[1][2] = 10;
+    delays[2][1] = 10;
+    let sites = sites(&delays);
+    let (mut at0, mut at1, mut at2) = (sites[0].conn(0), sites[1].conn(1), sites[2].conn(2));
+    for r in 0..20 {
+        let (x, y) = (format!("x{r}"), format!("y{r}"));
+        let _: () = at0.set(&x, r).unwrap();
+        eventually(WAIT, "site 1 sees x", || (at1.get::<_, Option<i64>>(&x).unwrap() == Some(r)).then_some(()));
+        let _: () = at1.set(&y, r).unwrap();
+        eventually(WAIT, "site 2 sees y", || {
+            let got_y: Option<i64> = at2.get(&y).unwrap();
+            if got_y != Some(r) {
+                return None;
+            }
+            // y is here: x, which y's writer had read, must be too.
+            let got_x: Option<i64> = at2.get(&x).unwrap();
+            assert_eq!(got_x, Some(r), "round {r}: site 2 shows y{r} without x{r}");
+            Some(())
+        });
+    }
+    // y arrived ~390 ms before x each round, and waited for it.
+    let info: String = redis::cmd("CW.SITES").query(&mut at2).unwrap();
+    assert!(info.contains("site0:") && info.contains("site1:"), "{info}");
+}
+
+/// Clients in every site write the same keys at once; once quiet, every
+/// node of every site holds the same value for each key (last writer wins
+/// on (timestamp, site)), and the conflicts were counted.
+#[test]
+fn concurrent_writes_converge_everywhere() {
+    let sites = sites(&paper());
+    let writers: Vec<_> = (0..3)
+        .map(|s| {
+            let client = sites[s].client(s % 3);
+            std::thread::spawn(move || {
+                let mut con = client.get_connection().unwrap();
+                for i in 0..200 {
+                    let _: () = con.set(format!("k{}", i % 10), format!("s{s}-{i}")).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    for k in 0..10 {
+        let key = format!("k{k}");
+        eventually(WAIT, "every site agrees", || {
+            let first = get(&sites[0], 0, &key)?;
+            everywhere(&sites, &key, &first).then_some(())
+        });
+    }
+    let conflicts: u64 = sites
+        .iter()
+        .flat_map(|c| (0..c.len()).map(move |n| (c, n)))
+        .map(|(c, n)| {
+            let info: String = redis::cmd("CW.SITES").query(&mut c.conn(n)).unwrap();
+            info.lines().find_map(|l| l.strip_prefix("conflicts:")).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+        })
+        .sum();
+    assert!(conflicts > 0, "three sites writing ten keys at once must overwrite each other");
+}
+
+/// Site 2 is cut off: it keeps serving reads and writes, sees nothing of
+/// the others, and they nothing of it; once the link is back, every write
+/// from both sides of the cut is everywhere.
+#[test]
+fn a_site_cut_off_keeps_serving_and_catches_up() {
+    let sites = sites(&paper());
+    for n in 0..3 {
+        for other in [0, 1] {
+            let _: () = redis::cmd("CW.WAN").arg("CUT").arg(other).query(&mut sites[2].conn(n)).unwrap();
+        }
+    }
+    let mut at0 = sites[0].conn(0);
+    let mut at2 = sites[2].conn(0);
+    for i in 0..50 {
+        let _: () = at0.set(format!("a{i}"), i).unwrap();
+        let _: () = at2.set(format!("b{i}"), i).unwrap();
+    }
+    eventually(WAIT, "site 1 has site 0's writes", || everywhere(&sites[..2], "a49", "49").then_some(()));
+    assert_eq!(get(&sites[2], 1, "a49"), None, "site 2 is cut off");
+    assert_eq!(get(&sites[0], 1, "b49"), None, "site 2's writes cannot get out");
+    let status: String = redis::cmd("CW.SITES").query(&mut at2).unwrap();
+    assert!(status.contains("link=cut"), "{status}");
+    for n in 0..3 {
+        for other in [0, 1] {
+            let _: () = redis::cmd("CW.WAN").arg("RESTORE").arg(other).query(&mut sites[2].conn(n)).unwrap();
+        }
+    }
+    for i in 0..50 {
+        eventually(WAIT, "everything everywhere after the cut", || {
+            (everywhere(&sites, &format!("a{i}"), &i.to_string()) && everywhere(&sites, &format!("b{i}"), &i.to_string())).then_some(())
+        });
+    }
+}
+
+/// The node that leads site 0 (ships its updates, applies the others') is
+/// killed: another takes over, and writes on both sides keep flowing.
+#[test]
+fn the_leader_of_a_site_is_killed_and_replication_goes_on() {
+    let mut sites = sites(&paper());
+    let _: () = sites[0].conn(1).set("before", 1).unwrap();
+    eventually(WAIT, "the first write everywhere", || everywhere(&sites, "before", "1").then_some(()));
+    let status: String = redis::cmd("CW.SITES").query(&mut sites[0].conn(1)).unwrap();
+    assert!(status.contains("leader:0"), "node 0 leads a site that just started: {status}");
+    sites[0].kill(0);
+    let mut at0 = eventually(WAIT, "site 0 takes writes again", || {
+        let mut con = sites[0].conn(1);
+        con.set::<_, _, ()>("after", 2).ok().map(|()| con)
+    });
+    let _: () = at0.set("after2", 3).unwrap();
+    let _: () = sites[1].conn(0).set("from1", 4).unwrap();
+    let live0 = [1, 2];
+    eventually(WAIT, "site 0's writes reach the others", || {
+        sites[1..].iter().all(|c| (0..3).all(|n| get(c, n, "after2").as_deref() == Some("3"))).then_some(())
+    });
+    eventually(WAIT, "site 1's write reaches site 0 under its new leader", || {
+        live0.iter().all(|&n| get(&sites[0], n, "from1").as_deref() == Some("4")).then_some(())
+    });
+}

@@ -604,8 +604,10 @@ fn switching_to_linearizable_keeps_read_your_writes() {
 }
 
 /// A session token as `CW.SESSION EXPORT` makes it, for a session with no
-/// tracked keys and the given `max_ts` (bincode, varint integers: two empty
-/// maps, then the timestamp's physical milliseconds and logical counter).
+/// tracked keys whose past is the given `max_ts` in site 0 (bincode, varint
+/// integers: two empty maps, the past as a one-entry vector of the
+/// timestamp's physical milliseconds and logical counter, then an empty
+/// site-time vector).
 fn crafted_token(physical_ms: u64, logical: u32) -> String {
     fn varint(v: u64, out: &mut Vec<u8>) {
         match v {
@@ -624,9 +626,10 @@ fn crafted_token(physical_ms: u64, logical: u32) -> String {
             }
         }
     }
-    let mut b = vec![0u8, 0u8];
+    let mut b = vec![0u8, 0u8, 1u8];
     varint(physical_ms, &mut b);
     varint(logical as u64, &mut b);
+    b.push(0);
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

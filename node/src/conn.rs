@@ -92,6 +92,11 @@ impl Conn {
     /// Queues a data command's requests on the session.
     fn queue(&mut self, batch: Batch) {
         let level = batch.level.unwrap_or(self.driver.consistency());
+        if batch.requests.iter().any(|r| matches!(r, Request::MultiGet(_))) {
+            if let Some(site_time) = self.node.site_time() {
+                self.driver.observe_site_time(&site_time);
+            }
+        }
         self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer });
         let now = now_ms();
         for request in batch.requests {

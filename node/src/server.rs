@@ -318,6 +318,15 @@ impl Node {
         links
     }
 
+    /// What this site has applied of the others, as this node knows (with
+    /// several sites).
+    pub fn site_time(&self) -> Option<causeway_core::version::VersionVector> {
+        if self.sites.is_empty() {
+            return None;
+        }
+        self.core.lock().geo().map(|g| g.site_time().clone())
+    }
+
     /// Runs `f` on the node state machine (read-only).
     pub fn with_core<R>(&self, f: impl FnOnce(&core_node::Node) -> R) -> R {
         f(&self.core.lock())

@@ -14,6 +14,7 @@
 //! write: the write unavailability when a node is killed during the run.
 
 pub mod report;
+pub mod visibility;
 pub mod workload;
 
 use crate::resp_client::RespConn;
@@ -76,6 +77,16 @@ pub struct BenchArgs {
     /// Name for the target in the report (defaults to target@addr).
     #[arg(long)]
     label: Option<String>,
+    /// Measure remote visibility instead: write at --addr, poll this node of
+    /// another site until the write shows (see `visibility`).
+    #[arg(long)]
+    visible_at: Option<String>,
+    /// The one-way link delay between the two sites, subtracted (ms).
+    #[arg(long, default_value_t = 40)]
+    link_ms: u64,
+    /// Writes measured by --visible-at.
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
 }
 
 /// One benchmark connection.
@@ -118,6 +129,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 }
 
 async fn bench(args: BenchArgs) -> Result<(), String> {
+    if let Some(to) = &args.visible_at {
+        return visibility::run(&args.addr, to, args.link_ms, args.samples).await;
+    }
     if args.clients == 0 || args.records == 0 {
         return Err("--clients and --records must be at least 1".into());
     }

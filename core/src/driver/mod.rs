@@ -238,6 +238,13 @@ impl Driver {
         self.cx.session = s;
     }
 
+    /// What the site has applied of the other sites, as a node of it says
+    /// (the proxy session's node, before an MGET): its snapshots may
+    /// include other sites' writes up to there.
+    pub fn observe_site_time(&mut self, site_time: &crate::version::VersionVector) {
+        self.cx.session.observe_site_time(site_time);
+    }
+
     /// How long a request may take, from when it starts running, before
     /// `tick` gives up on it.
     pub fn set_timeout(&mut self, timeout_ms: u64) {

@@ -26,19 +26,20 @@ use std::collections::{BTreeMap, VecDeque};
 /// What geo-replication sends, between sites and inside one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum GeoMsg {
-    /// A partition's tail -> a stabilizer replica of its site.
-    Ids(IdBatch),
-    /// A stabilizer replica -> the tail of `ack.partition`.
-    IdsAck(IdsAck),
+    /// A node's tails -> a stabilizer replica of its site (one batch per
+    /// partition, all of a tick in one message).
+    Ids(Vec<IdBatch>),
+    /// A stabilizer replica -> the tail of each `ack.partition`.
+    IdsAcks(Vec<IdsAck>),
     /// A stabilizer leader -> another site, for its receiver.
     Ship(Ship),
     /// A receiver -> the origin site, for every stabilizer replica there.
     SiteAck(SiteAck),
-    /// A partition's tail -> another site, for its receiver: the
-    /// partition's values (data and metadata travel apart, Eunomia §5).
-    Values { origin: SiteId, batch: Batch<RemoteValue> },
-    /// A receiver -> the origin site, for the tail of `ack.partition` there.
-    ValuesAck(ValuesAck),
+    /// A node's tails -> another site, for its receiver: each partition's
+    /// values (data and metadata travel apart, Eunomia §5).
+    Values { origin: SiteId, batches: Vec<Batch<RemoteValue>> },
+    /// A receiver -> the origin site, for the tail of each `ack.partition`.
+    ValuesAcks(Vec<ValuesAck>),
     /// A receiver -> the head of the local chain of `write.partition`.
     Apply { epoch: u64, write: RemoteWrite, from: NodeId },
     /// A head -> the receiver on `from` of `Apply`: the write (or a later
@@ -209,18 +210,16 @@ impl Geo {
     /// Periodic work: reporters send their batches, the stabilizer ships,
     /// the receiver acknowledges and hands out again what is overdue.
     pub fn tick(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
-        let site = self.site;
+        let (mut ids, mut values) = (Vec::new(), Vec::new());
         for o in self.tails.values_mut() {
-            let mut ids = Vec::new();
             o.ids.tick(now_ms, &mut ids);
-            for (replica, batch) in ids {
-                send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batch)));
-            }
-            let mut values = Vec::new();
             o.values.tick(now_ms, &mut values);
-            for (to, batch) in values {
-                send(out, Dest::Site(to), Message::Geo(GeoMsg::Values { origin: site, batch }));
-            }
+        }
+        for (replica, batches) in group(ids) {
+            send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batches)));
+        }
+        for (to, batches) in group(values) {
+            send(out, Dest::Site(to), Message::Geo(GeoMsg::Values { origin: self.site, batches }));
         }
         if let Some(s) = &mut self.stabilizer {
             let mut sout = Vec::new();
@@ -248,16 +247,20 @@ impl Geo {
     /// another node of this site, so it is handled here or dropped.
     pub fn step(&mut self, msg: GeoMsg, relayed: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) {
         match msg {
-            GeoMsg::Ids(batch) => {
+            GeoMsg::Ids(batches) => {
                 if let Some(s) = &mut self.stabilizer {
                     let mut sout = Vec::new();
-                    s.step(StabilizerMsg::Ids(batch), now_ms, &mut sout);
+                    for batch in batches {
+                        s.step(StabilizerMsg::Ids(batch), now_ms, &mut sout);
+                    }
                     self.stabilizer_out(topology, sout, out);
                 }
             }
-            GeoMsg::IdsAck(ack) => {
-                if let Some(o) = self.tails.get_mut(&ack.partition) {
-                    ack.deliver(&mut o.ids, now_ms);
+            GeoMsg::IdsAcks(acks) => {
+                for ack in acks {
+                    if let Some(o) = self.tails.get_mut(&ack.partition) {
+                        ack.deliver(&mut o.ids, now_ms);
+                    }
                 }
             }
             GeoMsg::SiteAck(ack) => {
@@ -273,24 +276,26 @@ impl Geo {
                     }
                 }
             }
-            GeoMsg::ValuesAck(ack) => {
-                if !self.all.contains(&ack.from) || ack.origin != self.site {
-                    return;
-                }
-                match self.tails.get_mut(&ack.partition) {
-                    Some(o) => o.values.on_ack(ack.from, ack.received, ack.applied, ack.resend, now_ms),
-                    None if !relayed => {
-                        if let Some(&tail) = topology.chain(ack.partition).nodes.last() {
-                            send(out, Dest::Node(tail), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::ValuesAck(ack)))));
-                        }
+            GeoMsg::ValuesAcks(acks) => {
+                let mut elsewhere = Vec::new();
+                for ack in acks.into_iter().filter(|a| self.all.contains(&a.from) && a.origin == self.site) {
+                    match self.tails.get_mut(&ack.partition) {
+                        Some(o) => o.values.on_ack(ack.from, ack.received, ack.applied, ack.resend, now_ms),
+                        None if !relayed => elsewhere.extend(topology.chain(ack.partition).nodes.last().map(|&tail| (tail, ack))),
+                        None => {}
                     }
-                    None => {}
+                }
+                for (tail, acks) in group(elsewhere) {
+                    send(out, Dest::Node(tail), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::ValuesAcks(acks)))));
                 }
             }
-            GeoMsg::Ship(ship) => self.for_receiver(ReceiverMsg::Ship(ship), relayed, topology, out),
-            GeoMsg::Values { origin, batch } => self.for_receiver(ReceiverMsg::Values { origin, batch }, relayed, topology, out),
+            GeoMsg::Ship(_) | GeoMsg::Values { .. } => self.for_receiver(msg, relayed, topology, out),
             GeoMsg::Applied { origin, partition, ts } => {
-                self.for_receiver(ReceiverMsg::Applied { origin, partition, ts }, true, topology, out)
+                if let Some(r) = &mut self.receiver {
+                    let mut rout = Vec::new();
+                    r.step(ReceiverMsg::Applied { origin, partition, ts }, &mut rout);
+                    self.receiver_out(topology, rout, out);
+                }
             }
             GeoMsg::Relayed(inner) => {
                 if !relayed {
@@ -303,47 +308,53 @@ impl Geo {
         }
     }
 
-    fn for_receiver(&mut self, msg: ReceiverMsg, relayed: bool, topology: &Topology, out: &mut Outbox) {
+    /// Another site's shipment or values: to the receiver, here or (once)
+    /// on the leader.
+    fn for_receiver(&mut self, msg: GeoMsg, relayed: bool, topology: &Topology, out: &mut Outbox) {
         let origin = match &msg {
-            ReceiverMsg::Ship(s) => Some(s.origin),
-            ReceiverMsg::Values { origin, .. } => Some(*origin),
-            ReceiverMsg::Applied { .. } => None,
+            GeoMsg::Ship(s) => s.origin,
+            GeoMsg::Values { origin, .. } => *origin,
+            _ => return,
         };
-        if origin.is_some_and(|o| !self.others.contains(&o)) {
+        if !self.others.contains(&origin) {
             return; // never from a site not in the configuration
         }
         match (&mut self.receiver, self.leader) {
             (Some(r), _) => {
                 let mut rout = Vec::new();
-                r.step(msg, &mut rout);
+                match msg {
+                    GeoMsg::Ship(ship) => r.step(ReceiverMsg::Ship(ship), &mut rout),
+                    GeoMsg::Values { origin, batches } => {
+                        for batch in batches {
+                            r.step(ReceiverMsg::Values { origin, batch }, &mut rout);
+                        }
+                    }
+                    _ => {}
+                }
                 self.receiver_out(topology, rout, out);
             }
             (None, Some(leader)) if !relayed && leader != self.me => {
-                let inner = match msg {
-                    ReceiverMsg::Ship(s) => GeoMsg::Ship(s),
-                    ReceiverMsg::Values { origin, batch } => GeoMsg::Values { origin, batch },
-                    ReceiverMsg::Applied { .. } => return,
-                };
-                send(out, Dest::Node(leader), Message::Geo(GeoMsg::Relayed(Box::new(inner))));
+                send(out, Dest::Node(leader), Message::Geo(GeoMsg::Relayed(Box::new(msg))));
             }
             _ => {}
         }
     }
 
     fn stabilizer_out(&self, topology: &Topology, sout: Vec<StabilizerOut>, out: &mut Outbox) {
+        let mut acks = Vec::new();
         for o in sout {
             match o {
-                StabilizerOut::IdsAck(ack) => {
-                    if let Some(&tail) = topology.chain(ack.partition).nodes.last() {
-                        send(out, Dest::Node(tail), Message::Geo(GeoMsg::IdsAck(ack)));
-                    }
-                }
+                StabilizerOut::IdsAck(ack) => acks.extend(topology.chain(ack.partition).nodes.last().map(|&tail| (tail, ack))),
                 StabilizerOut::Ship(ship) => send(out, Dest::Site(ship.to), Message::Geo(GeoMsg::Ship(ship))),
             }
+        }
+        for (tail, acks) in group(acks) {
+            send(out, Dest::Node(tail), Message::Geo(GeoMsg::IdsAcks(acks)));
         }
     }
 
     fn receiver_out(&self, topology: &Topology, rout: Vec<ReceiverOut>, out: &mut Outbox) {
+        let mut value_acks = Vec::new();
         for o in rout {
             match o {
                 ReceiverOut::Apply(write) => {
@@ -353,8 +364,11 @@ impl Geo {
                     }
                 }
                 ReceiverOut::Ack(ack) => send(out, Dest::Site(ack.origin), Message::Geo(GeoMsg::SiteAck(ack))),
-                ReceiverOut::ValuesAck(ack) => send(out, Dest::Site(ack.origin), Message::Geo(GeoMsg::ValuesAck(ack))),
+                ReceiverOut::ValuesAck(ack) => value_acks.push((ack.origin, ack)),
             }
+        }
+        for (origin, acks) in group(value_acks) {
+            send(out, Dest::Site(origin), Message::Geo(GeoMsg::ValuesAcks(acks)));
         }
     }
 
@@ -411,4 +425,13 @@ impl Geo {
     pub fn stabilizer(&self) -> Option<&Stabilizer> {
         self.stabilizer.as_ref()
     }
+}
+
+/// Items by destination, in destination order.
+fn group<K: Ord, T>(items: Vec<(K, T)>) -> BTreeMap<K, Vec<T>> {
+    let mut by: BTreeMap<K, Vec<T>> = BTreeMap::new();
+    for (k, t) in items {
+        by.entry(k).or_default().push(t);
+    }
+    by
 }

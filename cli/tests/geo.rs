@@ -173,3 +173,36 @@ fn the_leader_of_a_site_is_killed_and_replication_goes_on() {
         live0.iter().all(|&n| get(&sites[0], n, "from1").as_deref() == Some("4")).then_some(())
     });
 }
+
+/// A session moves between sites (`CW.SESSION EXPORT` in one, `RESUME` in
+/// another): resuming waits until the new site has applied what the
+/// session wrote, so it reads its own writes there; `CW.WAIT` waits until
+/// a write is applied in another site, or names the sites it is missing.
+#[test]
+fn sessions_move_between_sites_and_wait_for_their_writes() {
+    let mut delays = paper();
+    delays[0][1] = 300;
+    delays[1][0] = 300;
+    let sites = sites(&delays);
+    let mut at0 = sites[0].conn(0);
+    let _: () = at0.set("x", "old").unwrap();
+    eventually(WAIT, "the first value everywhere", || everywhere(&sites, "x", "old").then_some(()));
+    // Acknowledged by the tail: stable, so the session keeps no entry for
+    // x, only its causal past (what the new site must wait for).
+    let _: () = redis::cmd("CW.WITH").arg("linearizable").arg("SET").arg("x").arg("new").query(&mut at0).unwrap();
+    let token: String = redis::cmd("CW.SESSION").arg("EXPORT").query(&mut at0).unwrap();
+    assert_eq!(get(&sites[1], 0, "x").as_deref(), Some("old"), "the write is still on its way (300 ms)");
+    let mut moved = sites[1].conn(1);
+    let _: () = redis::cmd("CW.SESSION").arg("RESUME").arg(&token).query(&mut moved).unwrap();
+    assert_eq!(moved.get::<_, Option<String>>("x").unwrap().as_deref(), Some("new"), "read-your-writes after moving");
+
+    let _: () = at0.set("y", 1).unwrap();
+    let _: () = redis::cmd("CW.WAIT").arg("SITE").arg(1).arg(10_000).query(&mut at0).unwrap();
+    assert_eq!(get(&sites[1], 2, "y").as_deref(), Some("1"), "CW.WAIT SITE 1 returned: site 1 has it");
+    for n in 0..3 {
+        let _: () = redis::cmd("CW.WAN").arg("CUT").arg(0).query(&mut sites[2].conn(n)).unwrap();
+    }
+    let _: () = at0.set("z", 1).unwrap();
+    let err = redis::cmd("CW.WAIT").arg("ALL").arg(500).query::<()>(&mut at0).unwrap_err();
+    assert!(err.to_string().contains("TIMEOUT") && err.to_string().contains('2'), "{err}");
+}

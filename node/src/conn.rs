@@ -93,7 +93,7 @@ impl Conn {
     fn queue(&mut self, batch: Batch) {
         let level = batch.level.unwrap_or(self.driver.consistency());
         if batch.requests.iter().any(|r| matches!(r, Request::MultiGet(_))) {
-            if let Some(site_time) = self.node.site_time() {
+            if let Some((site_time, _)) = self.node.geo_view() {
                 self.driver.observe_site_time(&site_time);
             }
         }

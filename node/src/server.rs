@@ -16,7 +16,7 @@ use ahash::AHashMap;
 use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
 use causeway_core::node::{self as core_node, Identity, Now};
 use causeway_core::ring::{NodeId, Topology};
-use causeway_core::version::SiteId;
+use causeway_core::version::{SiteId, VersionVector};
 use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
@@ -324,13 +324,13 @@ impl Node {
         links
     }
 
-    /// What this site has applied of the others, as this node knows (with
-    /// several sites).
-    pub fn site_time(&self) -> Option<causeway_core::version::VersionVector> {
+    /// With several sites, as this node knows: what this site has applied
+    /// of the others, and what each other site has applied of this one.
+    pub fn geo_view(&self) -> Option<(VersionVector, VersionVector)> {
         if self.sites.is_empty() {
             return None;
         }
-        self.core.lock().geo().map(|g| g.site_time().clone())
+        self.core.lock().geo().map(|g| (g.site_time().clone(), g.seen_by().clone()))
     }
 
     /// Runs `f` on the node state machine (read-only).

@@ -49,8 +49,10 @@ pub enum GeoMsg {
     /// (`ChainReplica::make_promise`).
     Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)> },
     /// The leader -> every node of its site: what the site has applied of
-    /// each other site (for get-transactions, `Message::SnapshotRead`).
-    SiteTime(VersionVector),
+    /// each other site (for get-transactions, `Message::SnapshotRead`), and
+    /// what each other site has applied of this one (`seen_by`, from its
+    /// acknowledgements: `CW.WAIT`).
+    SiteTime { applied: VersionVector, seen_by: VersionVector },
     /// Passed on inside a site by the node that received it from another
     /// site: handled where it lands, never passed on again.
     Relayed(Box<GeoMsg>),
@@ -128,6 +130,8 @@ pub struct Geo {
     /// What this site has applied of each other site, as last heard from
     /// the leader (or, on the leader, from its receiver).
     site_time: VersionVector,
+    /// What each other site has applied of this one, as last heard.
+    seen_by: VersionVector,
     /// Local updates a tail could not report in timestamp order (a head
     /// ordered a write below a promise it never saw). Should stay 0.
     out_of_order: u64,
@@ -149,6 +153,7 @@ impl Geo {
             leader: None,
             tails: BTreeMap::new(),
             site_time: VersionVector::default(),
+            seen_by: VersionVector::default(),
             out_of_order: 0,
         }
     }
@@ -230,9 +235,18 @@ impl Geo {
             let mut rout = Vec::new();
             r.tick(now_ms, &mut rout);
             self.site_time.merge(r.applied());
+            if let Some(s) = &self.stabilizer {
+                for &other in &self.others {
+                    let applied = s.acked(other).map_or(Timestamp::ZERO, |(_, applied)| applied.time());
+                    if applied > self.seen_by.get(other) {
+                        self.seen_by.set(other, applied);
+                    }
+                }
+            }
             self.receiver_out(topology, rout, out);
             for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
-                send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime(self.site_time.clone())));
+                let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
+                send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by }));
             }
         }
     }
@@ -240,6 +254,11 @@ impl Geo {
     /// What this site has applied of each other site, as this node knows.
     pub fn site_time(&self) -> &VersionVector {
         &self.site_time
+    }
+
+    /// What each other site has applied of this one, as this node knows.
+    pub fn seen_by(&self) -> &VersionVector {
+        &self.seen_by
     }
 
     /// A geo message that is not for a chain replica (those are `Apply`,
@@ -302,7 +321,10 @@ impl Geo {
                     self.step(*inner, true, topology, now_ms, out);
                 }
             }
-            GeoMsg::SiteTime(vv) => self.site_time.merge(&vv),
+            GeoMsg::SiteTime { applied, seen_by } => {
+                self.site_time.merge(&applied);
+                self.seen_by.merge(&seen_by);
+            }
             // The node's (chain) business.
             GeoMsg::Apply { .. } | GeoMsg::Promises { .. } => {}
         }

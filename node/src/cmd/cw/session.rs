@@ -20,8 +20,26 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
             .and_then(|b| Session::import(&b, crate::server::now_ms()))
         {
             Ok(s) => {
-                conn.driver.set_session(s);
-                Frame::ok()
+                // From another site: wait until this one has what the
+                // session saw there (ChainReaction §3.4.2's remote read).
+                let (own, past) = (conn.node.config.site, s.past().clone());
+                let waited = super::sites::wait_for(&conn.node, conn.node.config.request_timeout_ms, |applied, _| {
+                    let behind = |(site, ts): (usize, &causeway_core::hlc::Timestamp)| {
+                        let site = site as causeway_core::version::SiteId;
+                        (site != own && *ts > applied.get(site)).then_some(site)
+                    };
+                    past.0.iter().enumerate().filter_map(behind).collect()
+                })
+                .await;
+                match waited {
+                    Ok(()) => {
+                        conn.driver.set_session(s);
+                        Frame::ok()
+                    }
+                    Err(sites) => Frame::error(format!(
+                        "ERR the session depends on writes of site(s) {sites} this site has not applied yet; try again later"
+                    )),
+                }
             }
             Err(e) => Frame::error(format!("ERR {e}")),
         },

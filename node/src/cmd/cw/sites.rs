@@ -1,4 +1,5 @@
-//! CW.SITES, and CW.WAN CUT|RESTORE site | DELAY site ms
+//! CW.SITES, CW.WAIT SITE s|ALL timeout_ms, and CW.WAN CUT|RESTORE site |
+//! DELAY site ms
 //!
 //! CW.SITES: geo-replication as this node sees it, as `field:value` lines
 //! (the same as INFO's `geo` section): this site, every site, the leader
@@ -15,7 +16,7 @@ use crate::cmd::{syntax_error, Outcome};
 use crate::conn::Conn;
 use crate::server::{now_ms, Node};
 use bytes::Bytes;
-use causeway_core::version::SiteId;
+use causeway_core::version::{SiteId, VersionVector};
 use causeway_resp::Frame;
 
 pub async fn run(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
@@ -57,6 +58,52 @@ pub fn fields(node: &Node) -> Vec<(String, String)> {
         }
     });
     f
+}
+
+/// Waits, up to `timeout_ms`, until `missing(applied here, seen_by)` (see
+/// `Node::geo_view`) names no site; else the sites still missing, as text.
+/// A single site has nothing to wait for.
+pub async fn wait_for(node: &Node, timeout_ms: u64, missing: impl Fn(&VersionVector, &VersionVector) -> Vec<SiteId>) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
+    loop {
+        let Some((applied, seen_by)) = node.geo_view() else { return Ok(()) };
+        let sites = missing(&applied, &seen_by);
+        if sites.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(sites.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(","));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// CW.WAIT SITE s timeout_ms | CW.WAIT ALL timeout_ms: replies `+OK` once
+/// every write this session made (everything of this site in its causal
+/// past) is applied in site `s` (or every other site), or, at the timeout,
+/// `-TIMEOUT` with the sites still missing. Redis WAIT counts replicas;
+/// this counts sites, and survives a failover (the sites' acknowledgements
+/// are replicated with the stabilizer).
+pub async fn wait(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let word = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());
+    let (target, timeout) = match (word(1).as_deref(), args.len()) {
+        (Some("site"), 4) => (word(2).and_then(|s| s.parse::<SiteId>().ok()), word(3)),
+        (Some("all"), 3) => (None, word(2)),
+        _ => return syntax_error().into(),
+    };
+    let Some(timeout_ms) = timeout.and_then(|t| t.parse::<u64>().ok()) else { return syntax_error().into() };
+    let own = conn.node.config.site;
+    let sites: Vec<SiteId> = match (word(1).as_deref(), target) {
+        (Some("site"), Some(s)) if conn.node.site_link(s).is_some() => vec![s],
+        (Some("site"), _) => return Frame::error("ERR no such site in this node's configuration").into(),
+        _ => conn.node.site_links().iter().map(|l| l.site).collect(),
+    };
+    let mine = conn.driver.session().past().get(own);
+    match wait_for(&conn.node, timeout_ms, |_, seen_by| sites.iter().copied().filter(|&s| seen_by.get(s) < mine).collect()).await {
+        Ok(()) => Frame::ok(),
+        Err(missing) => Frame::error(format!("TIMEOUT not yet applied in site(s) {missing}")),
+    }
+    .into()
 }
 
 pub async fn wan(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {

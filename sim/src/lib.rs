@@ -115,6 +115,8 @@ struct SimClient {
     driver: Driver,
     /// Items from the replies to the request in flight.
     items: Vec<(bytes::Bytes, Item)>,
+    /// The op seq of the reply each of `items` came from.
+    item_seqs: Vec<u64>,
     /// Keys of the snapshot reads sent, by op seq.
     snapshot_keys: std::collections::HashMap<u64, Vec<bytes::Bytes>>,
     written: Option<causeway_core::version::Version>,
@@ -244,6 +246,7 @@ impl Sim {
         self.clients.push(SimClient {
             driver: Driver::new(id, self.topology.clone(), local, CLIENT_TIMEOUT_MS),
             items: Vec::new(),
+            item_seqs: Vec::new(),
             snapshot_keys: Default::default(),
             written: None,
             acked_at: None,
@@ -328,6 +331,7 @@ impl Sim {
     pub fn start(&mut self, client: usize, request: Request) -> Option<Completed> {
         let c = &mut self.clients[client];
         c.items.clear();
+        c.item_seqs.clear();
         c.snapshot_keys.clear();
         c.written = None;
         c.request = Some(request.clone());
@@ -421,8 +425,21 @@ impl Sim {
                 match (&env.msg, &c.request) {
                     (Message::Value { item, .. }, Some(Request::Get(key))) => c.items = vec![(key.clone(), item.clone())],
                     (Message::Snapshot { op, items, .. }, _) => {
+                        // A get-transaction that was refused somewhere
+                        // starts over with a new snapshot: a key's item is
+                        // the one of the latest attempt that read it (the
+                        // one the driver answers with).
                         if let Some(keys) = c.snapshot_keys.get(&op.seq) {
-                            c.items.extend(keys.iter().cloned().zip(items.iter().cloned()));
+                            for (key, item) in keys.iter().zip(items) {
+                                match c.items.iter().position(|(k, _)| k == key) {
+                                    Some(i) if c.item_seqs[i] > op.seq => {}
+                                    Some(i) => (c.items[i], c.item_seqs[i]) = ((key.clone(), item.clone()), op.seq),
+                                    None => {
+                                        c.items.push((key.clone(), item.clone()));
+                                        c.item_seqs.push(op.seq);
+                                    }
+                                }
+                            }
                         }
                     }
                     (Message::PutDone { version, chain_index, .. }, _) => {
@@ -468,6 +485,7 @@ impl Sim {
         let c = &mut self.clients[client];
         let request = c.request.take().expect("a request was in flight");
         let items = if result.is_ok() { std::mem::take(&mut c.items) } else { Vec::new() };
+        c.item_seqs.clear();
         let written = if matches!(result, Ok(Response::Written(true))) { c.written.clone() } else { None };
         Completed { client, request, result, items, written, acked_at: c.acked_at.take() }
     }

@@ -484,8 +484,9 @@ impl Sim {
     fn complete(&mut self, client: usize, result: Result<Response, Error>) -> Completed {
         let c = &mut self.clients[client];
         let request = c.request.take().expect("a request was in flight");
-        let items = if result.is_ok() { std::mem::take(&mut c.items) } else { Vec::new() };
+        let items = std::mem::take(&mut c.items);
         c.item_seqs.clear();
+        let items = if result.is_ok() { items } else { Vec::new() };
         let written = if matches!(result, Ok(Response::Written(true))) { c.written.clone() } else { None };
         Completed { client, request, result, items, written, acked_at: c.acked_at.take() }
     }

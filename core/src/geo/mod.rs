@@ -69,9 +69,36 @@ struct Outbound {
     seqs: VecDeque<(Timestamp, u64)>,
 }
 
+/// Promises alone go to stabilizer replicas that do not lead at most this
+/// often: only the leader's stable time makes remote writes visible; a
+/// follower needs them only to take over.
+const FOLLOWER_PROMISE_MS: u64 = 100;
+/// Promises alone go to other sites' receivers at most this often: values
+/// wait for their ids there anyway.
+const VALUE_PROMISE_MS: u64 = 250;
+/// How often the leader tells its site's nodes what the site has applied.
+const SITE_TIME_MS: u64 = 50;
+
 impl Outbound {
-    fn new(partition: PartitionId, replicas: &[NodeId], others: &[SiteId]) -> Outbound {
-        Outbound { partition, ids: Reporter::new(partition, replicas), values: Reporter::new(partition, others), seqs: VecDeque::new() }
+    fn new(partition: PartitionId, replicas: &[NodeId], others: &[SiteId], leader: Option<NodeId>) -> Outbound {
+        let mut o = Outbound {
+            partition,
+            ids: Reporter::new(partition, replicas),
+            values: Reporter::new(partition, others),
+            seqs: VecDeque::new(),
+        };
+        for &site in others {
+            o.values.set_idle_ms(site, VALUE_PROMISE_MS);
+        }
+        o.follow(replicas, leader);
+        o
+    }
+
+    /// Promises go to the leader every tick, to the other replicas rarely.
+    fn follow(&mut self, replicas: &[NodeId], leader: Option<NodeId>) {
+        for &r in replicas {
+            self.ids.set_idle_ms(r, if Some(r) == leader { 0 } else { FOLLOWER_PROMISE_MS });
+        }
     }
 
     /// Records a local update the tail applied; false if it is not after
@@ -132,8 +159,16 @@ pub struct Geo {
     site_time: VersionVector,
     /// What each other site has applied of this one, as last heard.
     seen_by: VersionVector,
-    /// Local updates a tail could not report in timestamp order (a head
-    /// ordered a write below a promise it never saw). Should stay 0.
+    site_time_sent_ms: u64,
+    /// Local updates a tail could not report in timestamp order. NOT
+    /// HANDLED YET (issue 8 note, session 6): a head that crashed with
+    /// unforwarded writes, restarted from a whole log and readmitted as the
+    /// longest log, brings back writes timestamped before promises its
+    /// successor made meanwhile; they are counted here and never shipped
+    /// (other sites converge only if the keys are written again). The fix
+    /// is a stream position apart from the version timestamp for such late
+    /// ids. `sim/tests/geo.rs` asserts 0; seed 98 of
+    /// `crashes_and_a_site_restart` hits it.
     out_of_order: u64,
 }
 
@@ -154,6 +189,7 @@ impl Geo {
             tails: BTreeMap::new(),
             site_time: VersionVector::default(),
             seen_by: VersionVector::default(),
+            site_time_sent_ms: 0,
             out_of_order: 0,
         }
     }
@@ -173,6 +209,9 @@ impl Geo {
         }
         if leader != self.leader {
             self.leader = leader;
+            for o in self.tails.values_mut() {
+                o.follow(&self.replicas, leader);
+            }
             self.receiver = (leader == Some(self.me)).then(|| Receiver::new(self.site, &self.all, &VersionVector::default()));
         }
     }
@@ -187,7 +226,8 @@ impl Geo {
             return None;
         };
         let fresh = !self.tails.contains_key(&partition);
-        let o = self.tails.entry(partition).or_insert_with(|| Outbound::new(partition, &self.replicas, &self.others));
+        let (replicas, others, leader) = (&self.replicas, &self.others, self.leader);
+        let o = self.tails.entry(partition).or_insert_with(|| Outbound::new(partition, replicas, others, leader));
         // A new tail starts from what the chain has not reported yet (which
         // includes what it just applied).
         let updates = match fresh {
@@ -244,9 +284,12 @@ impl Geo {
                 }
             }
             self.receiver_out(topology, rout, out);
-            for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
-                let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
-                send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by }));
+            if now_ms.saturating_sub(self.site_time_sent_ms) >= SITE_TIME_MS {
+                self.site_time_sent_ms = now_ms;
+                for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
+                    let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
+                    send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by }));
+                }
             }
         }
     }

@@ -61,6 +61,10 @@ struct Peer {
     applied: Timestamp,
     sent: Timestamp,
     progress_ms: u64,
+    /// A batch that only moves the promise goes out at most this often
+    /// (`set_idle_ms`), and when it last went.
+    idle_ms: u64,
+    last_ms: u64,
 }
 
 /// The sending side of one partition's stream to destinations `P`.
@@ -169,15 +173,27 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
             if end == start && up_to <= p.sent {
                 continue;
             }
+            if end == start && now_ms.saturating_sub(p.last_ms) < p.idle_ms {
+                continue; // only a promise, and one went out recently
+            }
             let items = self.items.range(start..end).cloned().collect();
             out.push((peer, Batch { partition: self.partition, prev: p.sent, items, up_to }));
             p.sent = p.sent.max(up_to);
+            p.last_ms = now_ms;
         }
     }
 
     /// Each destination's (received, applied, sent), for diagnostics.
     pub fn peers(&self) -> Vec<(P, Timestamp, Timestamp, Timestamp)> {
         self.peers.iter().map(|(&k, p)| (k, p.received, p.applied, p.sent)).collect()
+    }
+
+    /// Sends `peer` a batch that only moves the promise at most every
+    /// `ms` (0: every tick). Batches with items always go at once.
+    pub fn set_idle_ms(&mut self, peer: P, ms: u64) {
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.idle_ms = ms;
+        }
     }
 
     /// Items some destination has not applied yet.

@@ -146,21 +146,7 @@ pub fn run(args: DevArgs) -> Result<(), String> {
 /// pairs (both ways) over it.
 fn wan_delays(sites: u16, spec: Option<&str>) -> Result<Vec<Vec<u64>>, String> {
     let n = sites as usize;
-    let mut d: Vec<Vec<u64>> = (0..n)
-        .map(|a| {
-            (0..n)
-                .map(|b| {
-                    if a == b {
-                        0
-                    } else if a == 0 || b == 0 {
-                        40
-                    } else {
-                        80
-                    }
-                })
-                .collect()
-        })
-        .collect();
+    let mut d = causeway_core::geo::paper_delays(n);
     for pair in spec.unwrap_or("").split_whitespace().flat_map(|s| s.split(';')).filter(|p| !p.is_empty()) {
         let bad = || format!("expected a,b=ms, got '{pair}'");
         let (ab, ms) = pair.split_once('=').ok_or_else(bad)?;

@@ -26,22 +26,7 @@ impl Wan {
     /// The Eunomia paper's setup for `sites` sites: 40 ms between site 0 and
     /// each other site, 80 ms between two other sites.
     pub fn paper(sites: usize) -> Wan {
-        let delay_ms = (0..sites)
-            .map(|a| {
-                (0..sites)
-                    .map(|b| {
-                        if a == b {
-                            0
-                        } else if a == 0 || b == 0 {
-                            40
-                        } else {
-                            80
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        Wan { delay_ms, jitter_ms: 10, drop_rate: 0.0 }
+        Wan { delay_ms: causeway_core::geo::paper_delays(sites), jitter_ms: 10, drop_rate: 0.0 }
     }
 }
 

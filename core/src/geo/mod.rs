@@ -23,6 +23,18 @@ use serde::{Deserialize, Serialize};
 use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
 use std::collections::{BTreeMap, VecDeque};
 
+/// One-way delays in ms between `sites` sites as in the Eunomia paper's
+/// setup: 40 between site 0 and each other site, 80 between two others
+/// (`causeway dev --sites`, the simulator's `Wan::paper`).
+pub fn paper_delays(sites: usize) -> Vec<Vec<u64>> {
+    let delay = |a: usize, b: usize| match (a, b) {
+        _ if a == b => 0,
+        (0, _) | (_, 0) => 40,
+        _ => 80,
+    };
+    (0..sites).map(|a| (0..sites).map(|b| delay(a, b)).collect()).collect()
+}
+
 /// What geo-replication sends, between sites and inside one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum GeoMsg {

@@ -113,6 +113,18 @@ fn concurrent_writes_converge_everywhere() {
         })
         .sum();
     assert!(conflicts > 0, "three sites writing ten keys at once must overwrite each other");
+    // Each node lists the latest ones its heads resolved: key, kept, lost.
+    let listed: Vec<String> = sites
+        .iter()
+        .flat_map(|c| (0..c.len()).map(move |n| (c, n)))
+        .flat_map(|(c, n)| redis::cmd("CW.CONFLICTS").arg(5).query::<Vec<String>>(&mut c.conn(n)).unwrap())
+        .collect();
+    assert!(!listed.is_empty() && listed.len() <= 45, "{listed:?}");
+    for line in &listed {
+        let parts: Vec<&str> = line.split(' ').collect();
+        assert!(parts.len() == 3 && parts[0].starts_with('k') && parts[1].starts_with("kept=") && parts[2].starts_with("lost="), "{line}");
+        assert_ne!(parts[1][5..], parts[2][5..], "{line}");
+    }
 }
 
 /// Site 2 is cut off: it keeps serving reads and writes, sees nothing of

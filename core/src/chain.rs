@@ -205,8 +205,9 @@ pub struct ChainReplica {
     /// to report, once everything up to its seq is applied here.
     promise: Option<(u64, Timestamp)>,
     /// Concurrent writes of one key from different sites this head
-    /// resolved by last-writer-wins.
+    /// resolved by last-writer-wins, and the latest few of them.
     conflicts: u64,
+    recent_conflicts: VecDeque<Conflict>,
     /// Each session's last write applied here (sessions are sequential, so
     /// one per session), to apply a resent write only once.
     last_writes: AHashMap<ClientId, LastWrite>,
@@ -260,6 +261,7 @@ impl ChainReplica {
             reportable: Vec::new(),
             promise: None,
             conflicts: 0,
+            recent_conflicts: VecDeque::new(),
         }
     }
 
@@ -1142,8 +1144,16 @@ impl ChainReplica {
         if let Some(seq) = self.store.holds(&w.key, &w.version) {
             return self.when_stable(seq, reply, out);
         }
-        if self.store.latest(&w.key).is_some_and(|s| concurrent(&s.version, &w.version)) {
+        if let Some(latest) = self.store.latest(&w.key).filter(|s| concurrent(&s.version, &w.version)) {
             self.conflicts += 1;
+            let (kept, lost) = match latest.version < w.version {
+                true => (w.version.clone(), latest.version.clone()),
+                false => (latest.version.clone(), w.version.clone()),
+            };
+            if self.recent_conflicts.len() == RECENT_CONFLICTS {
+                self.recent_conflicts.pop_front();
+            }
+            self.recent_conflicts.push_back(Conflict { key: w.key.clone(), kept, lost, at_ms: now_ms });
         }
         let (key, version, value, expires_at_ms) = (w.key, w.version, w.value, w.expires_at_ms);
         let update = Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None };
@@ -1159,6 +1169,11 @@ impl ChainReplica {
     /// Concurrent writes of one key from different sites resolved here.
     pub fn conflicts(&self) -> u64 {
         self.conflicts
+    }
+
+    /// The latest of them, oldest first.
+    pub fn recent_conflicts(&self) -> impl Iterator<Item = &Conflict> {
+        self.recent_conflicts.iter()
     }
 
     /// What this replica holds, to compare replicas.
@@ -1181,6 +1196,20 @@ impl ChainReplica {
         self.history = xxhash_rust::xxh3::xxh3_64_with_seed(b"FLUSHALL", self.history);
         self.set_recent(VecDeque::new());
     }
+}
+
+/// How many resolved conflicts a head remembers (`CW.CONFLICTS`).
+pub const RECENT_CONFLICTS: usize = 16;
+
+/// Two writes of one key from different sites, neither aware of the other:
+/// last-writer-wins kept one and threw the other away.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub key: Bytes,
+    pub kept: Version,
+    pub lost: Version,
+    /// When the head resolved it (wall clock).
+    pub at_ms: u64,
 }
 
 /// Whether two versions of a key were written without either writer having

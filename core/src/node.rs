@@ -669,4 +669,12 @@ impl Node {
     pub fn conflicts(&self) -> u64 {
         self.parts.iter().flatten().map(|r| r.conflicts()).sum()
     }
+
+    /// The latest `n` of them, newest first.
+    pub fn recent_conflicts(&self, n: usize) -> Vec<crate::chain::Conflict> {
+        let mut all: Vec<crate::chain::Conflict> = self.parts.iter().flatten().flat_map(|r| r.recent_conflicts().cloned()).collect();
+        all.sort_by(|a, b| b.at_ms.cmp(&a.at_ms));
+        all.truncate(n);
+        all
+    }
 }

@@ -134,6 +134,7 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.sites", 1, false, cw::sites::run),
     command!("cw.wan", -3, false, cw::sites::wan),
     command!("cw.wait", -3, false, cw::sites::wait),
+    command!("cw.conflicts", -1, false, cw::sites::conflicts),
 ];
 
 fn lookup(name: &[u8]) -> Option<&'static Command> {

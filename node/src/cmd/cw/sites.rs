@@ -1,5 +1,5 @@
-//! CW.SITES, CW.WAIT SITE s|ALL timeout_ms, and CW.WAN CUT|RESTORE site |
-//! DELAY site ms
+//! CW.SITES, CW.WAIT SITE s|ALL timeout_ms, CW.CONFLICTS [count], and
+//! CW.WAN CUT|RESTORE site | DELAY site ms
 //!
 //! CW.SITES: geo-replication as this node sees it, as `field:value` lines
 //! (the same as INFO's `geo` section): this site, every site, the leader
@@ -104,6 +104,25 @@ pub async fn wait(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         Err(missing) => Frame::error(format!("TIMEOUT not yet applied in site(s) {missing}")),
     }
     .into()
+}
+
+/// CW.CONFLICTS [count]: the latest concurrent writes from different sites
+/// that the heads on this node resolved by last-writer-wins (at most 16 per
+/// partition, newest first, 10 by default), one line each: key, the
+/// version kept, the version thrown away (timestamp@site). The total is
+/// `conflicts` in CW.SITES.
+pub async fn conflicts(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let count = match args.get(1).map(|a| String::from_utf8_lossy(a).parse::<usize>()) {
+        None => 10,
+        Some(Ok(n)) if args.len() == 2 => n,
+        _ => return syntax_error().into(),
+    };
+    let lines = conn.node.with_core(|core| core.recent_conflicts(count));
+    let frames = lines
+        .into_iter()
+        .map(|c| Frame::Bulk(Bytes::from(format!("{} kept={} lost={}", String::from_utf8_lossy(&c.key), c.kept, c.lost))))
+        .collect();
+    Frame::Array(frames).into()
 }
 
 pub async fn wan(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {

@@ -673,7 +673,7 @@ impl Node {
     /// The latest `n` of them, newest first.
     pub fn recent_conflicts(&self, n: usize) -> Vec<crate::chain::Conflict> {
         let mut all: Vec<crate::chain::Conflict> = self.parts.iter().flatten().flat_map(|r| r.recent_conflicts().cloned()).collect();
-        all.sort_by(|a, b| b.at_ms.cmp(&a.at_ms));
+        all.sort_by_key(|c| std::cmp::Reverse(c.at_ms));
         all.truncate(n);
         all
     }

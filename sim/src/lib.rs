@@ -113,10 +113,9 @@ pub struct Completed {
 
 struct SimClient {
     driver: Driver,
-    /// Items from the replies to the request in flight.
-    items: Vec<(bytes::Bytes, Item)>,
-    /// The op seq of the reply each of `items` came from.
-    item_seqs: Vec<u64>,
+    /// Items from the replies to the request in flight, with the op seq of
+    /// the reply each came from.
+    items: Vec<(bytes::Bytes, Item, u64)>,
     /// Keys of the snapshot reads sent, by op seq.
     snapshot_keys: std::collections::HashMap<u64, Vec<bytes::Bytes>>,
     written: Option<causeway_core::version::Version>,
@@ -246,7 +245,6 @@ impl Sim {
         self.clients.push(SimClient {
             driver: Driver::new(id, self.topology.clone(), local, CLIENT_TIMEOUT_MS),
             items: Vec::new(),
-            item_seqs: Vec::new(),
             snapshot_keys: Default::default(),
             written: None,
             acked_at: None,
@@ -331,7 +329,6 @@ impl Sim {
     pub fn start(&mut self, client: usize, request: Request) -> Option<Completed> {
         let c = &mut self.clients[client];
         c.items.clear();
-        c.item_seqs.clear();
         c.snapshot_keys.clear();
         c.written = None;
         c.request = Some(request.clone());
@@ -423,7 +420,7 @@ impl Sim {
                 };
                 let c = &mut self.clients[i];
                 match (&env.msg, &c.request) {
-                    (Message::Value { item, .. }, Some(Request::Get(key))) => c.items = vec![(key.clone(), item.clone())],
+                    (Message::Value { item, .. }, Some(Request::Get(key))) => c.items = vec![(key.clone(), item.clone(), 0)],
                     (Message::Snapshot { op, items, .. }, _) => {
                         // A get-transaction that was refused somewhere
                         // starts over with a new snapshot: a key's item is
@@ -431,13 +428,10 @@ impl Sim {
                         // one the driver answers with).
                         if let Some(keys) = c.snapshot_keys.get(&op.seq) {
                             for (key, item) in keys.iter().zip(items) {
-                                match c.items.iter().position(|(k, _)| k == key) {
-                                    Some(i) if c.item_seqs[i] > op.seq => {}
-                                    Some(i) => (c.items[i], c.item_seqs[i]) = ((key.clone(), item.clone()), op.seq),
-                                    None => {
-                                        c.items.push((key.clone(), item.clone()));
-                                        c.item_seqs.push(op.seq);
-                                    }
+                                match c.items.iter_mut().find(|(k, _, _)| k == key) {
+                                    Some((_, _, seq)) if *seq > op.seq => {}
+                                    Some(slot) => *slot = (key.clone(), item.clone(), op.seq),
+                                    None => c.items.push((key.clone(), item.clone(), op.seq)),
                                 }
                             }
                         }
@@ -485,8 +479,7 @@ impl Sim {
         let c = &mut self.clients[client];
         let request = c.request.take().expect("a request was in flight");
         let items = std::mem::take(&mut c.items);
-        c.item_seqs.clear();
-        let items = if result.is_ok() { items } else { Vec::new() };
+        let items = if result.is_ok() { items.into_iter().map(|(k, item, _)| (k, item)).collect() } else { Vec::new() };
         let written = if matches!(result, Ok(Response::Written(true))) { c.written.clone() } else { None };
         Completed { client, request, result, items, written, acked_at: c.acked_at.take() }
     }

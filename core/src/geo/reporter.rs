@@ -35,6 +35,20 @@ pub const MAX_REPORT: usize = 4096;
 /// sends again from the destination's acknowledged point.
 pub const REPORT_RESEND_MS: u64 = 50;
 
+/// Where a stream continues to a destination that acknowledged `received`:
+/// never before it, and back to it when `resend_ms` passed without progress
+/// since `progress_ms` (a batch or its acknowledgement was lost). Shared by
+/// the reporters and the stabilizer's shipping.
+pub fn resume_point<T: Ord + Copy>(sent: &mut T, received: T, progress_ms: &mut u64, now_ms: u64, resend_ms: u64) {
+    if *sent < received {
+        *sent = received;
+    }
+    if *sent > received && now_ms.saturating_sub(*progress_ms) >= resend_ms {
+        *sent = received;
+        *progress_ms = now_ms;
+    }
+}
+
 /// What a stream carries: items in timestamp order.
 pub trait Stamped: Clone {
     fn ts(&self) -> Timestamp;
@@ -160,13 +174,7 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
     /// promise.
     pub fn tick(&mut self, now_ms: u64, out: &mut Vec<(P, Batch<T>)>) {
         for (&peer, p) in self.peers.iter_mut() {
-            if p.sent < p.received {
-                p.sent = p.received;
-            }
-            if p.sent > p.received && now_ms.saturating_sub(p.progress_ms) >= REPORT_RESEND_MS {
-                p.sent = p.received;
-                p.progress_ms = now_ms;
-            }
+            resume_point(&mut p.sent, p.received, &mut p.progress_ms, now_ms, REPORT_RESEND_MS);
             let start = self.items.partition_point(|i| i.ts() <= p.sent);
             let end = (start + MAX_REPORT).min(self.items.len());
             let up_to = if end == self.items.len() { self.promised } else { self.items[end - 1].ts() };

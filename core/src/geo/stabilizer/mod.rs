@@ -94,7 +94,7 @@ mod order;
 
 pub use order::OrderedIds;
 
-use crate::geo::reporter::{Batch, Reporter, Stamped};
+use crate::geo::reporter::{resume_point, Batch, Reporter, Stamped};
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId};
 use crate::version::SiteId;
@@ -466,13 +466,7 @@ impl Stabilizer {
     /// (one small message per site per tick).
     fn ship(&mut self, now_ms: u64, out: &mut Vec<StabilizerOut>) {
         for (&site, dest) in self.dests.iter_mut() {
-            if dest.sent < dest.received {
-                dest.sent = dest.received;
-            }
-            if dest.sent > dest.received && now_ms.saturating_sub(dest.progress_ms) >= SHIP_RESEND_MS {
-                dest.sent = dest.received;
-                dest.progress_ms = now_ms;
-            }
+            resume_point(&mut dest.sent, dest.received, &mut dest.progress_ms, now_ms, SHIP_RESEND_MS);
             let start = self.log.partition_point(|id| id.position() <= dest.sent);
             let acked = self.log.partition_point(|id| id.position() <= dest.received);
             let room = SHIP_WINDOW.saturating_sub(start - acked).min(MAX_SHIP);

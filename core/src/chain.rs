@@ -1012,6 +1012,15 @@ impl ChainReplica {
             self.request_state(out);
             return true;
         }
+        // What waits behind a gap, and a promise not passed on yet, came
+        // from the old order. Its head may have died with the missing
+        // update, and a new head orders a different update at that
+        // position: applied after it, the parked ones would splice two
+        // histories (and their timestamps would fall below the new head's
+        // promises). A predecessor that stays resends what is unstable.
+        self.early.clear();
+        self.gap_since_ms = None;
+        self.promise = None;
         // Moved up past nodes that may hold more than this replica (the
         // update invariant held in the old order, not necessarily in the
         // new one), or recovered from the log into a place it may not have
@@ -1296,6 +1305,36 @@ mod tests {
         // A different write from the same session is applied.
         middle.put(put(3, 3), 30, &mut out);
         assert_eq!(middle.digest().applied, 2);
+    }
+
+    #[test]
+    fn updates_parked_behind_a_gap_are_dropped_when_the_chain_changes() {
+        let (t, [a, b, c], [mut head, mut middle, mut tail]) = chain_of_three();
+        let mut out = Outbox::new();
+        head.put(put(1, 1), 10, &mut out);
+        take(&mut out, Dest::Node(b)); // seq 1 is lost on its way
+        head.put(put(2, 2), 11, &mut out);
+        let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the head forwards") };
+        assert_eq!(updates.iter().map(|u| u.seq).collect::<Vec<_>>(), [2]);
+        middle.forward(updates, 12, &mut out);
+        assert_eq!(middle.digest().applied, 0, "seq 2 waits behind the gap");
+        // The head dies with seq 1, and the tail moves to the head: [c, b].
+        // It has nothing to catch up, and orders a new seq 1.
+        out.clear();
+        let mut repaired = t.without(a);
+        repaired.chains[0].nodes = vec![c, b];
+        middle.reconfigure(&repaired, b, 20, &mut out);
+        tail.reconfigure(&repaired, c, 20, &mut out);
+        let Some(Message::CatchUp { epoch, from, after, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("asks its successor") };
+        middle.catch_up(epoch, from, after, &mut out);
+        let Some(Message::Suffix { updates, applied, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the successor answers") };
+        tail.suffix(epoch, updates, applied, None, Timestamp::ZERO, 21, &mut out);
+        let mut other = put(3, 1);
+        other.key = Bytes::from("new");
+        tail.put(other, 22, &mut out);
+        let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the new head forwards") };
+        middle.forward(updates, 23, &mut out);
+        assert_eq!(middle.digest().applied, 1, "the dead head's seq 2 is not spliced after the new seq 1");
     }
 
     #[test]

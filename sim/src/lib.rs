@@ -530,12 +530,12 @@ impl Sim {
             s.observe(now, true);
             let next = s.next(&self.topology, now);
             if let (Some(w), true) = (s.waiting(), std::env::var_os("SIM_TRACE").is_some()) {
-                eprintln!("{now} ms: coordinator: {w}");
+                eprintln!("s{} {now} ms: coordinator: {w}", self.site);
             }
             if let Some(change) = next {
                 let line = format!("epoch {}: {}", change.topology.epoch, change.why);
                 if std::env::var_os("SIM_TRACE").is_some() {
-                    eprintln!("{now} ms: {line}");
+                    eprintln!("s{} {now} ms: {line}", self.site);
                     if let Some(p) = std::env::var("SIM_TRACE_PARTITION").ok().and_then(|p| p.parse().ok()) {
                         eprintln!("    p{p}: {:?}", change.topology.chain(p).nodes);
                     }
@@ -568,7 +568,7 @@ impl Sim {
         let n = &mut self.nodes[node as usize];
         n.crashed = true;
         if std::env::var_os("SIM_TRACE").is_some() {
-            eprintln!("{} ms: node {node} crashes: {} of {} log records synced", self.now_ms, n.synced, n.disk.len());
+            eprintln!("s{} {} ms: node {node} crashes: {} of {} log records synced", self.site, self.now_ms, n.synced, n.disk.len());
         }
         n.disk.truncate(n.synced);
     }
@@ -585,7 +585,7 @@ impl Sim {
         if std::env::var_os("SIM_TRACE").is_some() {
             let applied: Vec<String> =
                 (0..self.topology.shape.partitions).map(|p| format!("{p}:{:?}", core.digest(p).map(|d| d.applied))).collect();
-            eprintln!("{} ms: node {node} restarts: {report:?}, applied {}", self.now_ms, applied.join(" "));
+            eprintln!("s{} {} ms: node {node} restarts: {report:?}, applied {}", self.site, self.now_ms, applied.join(" "));
         }
         n.core = core;
         n.crashed = false;

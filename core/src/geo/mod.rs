@@ -172,15 +172,12 @@ pub struct Geo {
     /// What each other site has applied of this one, as last heard.
     seen_by: VersionVector,
     site_time_sent_ms: u64,
-    /// Local updates a tail could not report in timestamp order. NOT
-    /// HANDLED YET (issue 8 note, session 6): a head that crashed with
-    /// unforwarded writes, restarted from a whole log and readmitted as the
-    /// longest log, brings back writes timestamped before promises its
-    /// successor made meanwhile; they are counted here and never shipped
-    /// (other sites converge only if the keys are written again). The fix
-    /// is a stream position apart from the version timestamp for such late
-    /// ids. `sim/tests/geo.rs` asserts 0; seed 98 of
-    /// `crashes_and_a_site_restart` hits it.
+    /// Local updates a tail could not report in timestamp order (never
+    /// shipped). None should ever be: every head orders above the promises
+    /// its chain passed on, and a replica drops updates parked behind a gap
+    /// when its chain changes (`ChainReplica::reconfigure`; session 7 found
+    /// them spliced after a new head's update at the gap). The simulator
+    /// asserts 0.
     out_of_order: u64,
 }
 

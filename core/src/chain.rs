@@ -177,6 +177,9 @@ pub struct ChainReplica {
     recent_bytes: usize,
     /// Highest seq known to have reached the tail.
     stable: u64,
+    /// Highest seq known to be on k replicas (`durable`), as the
+    /// successors said; kept by replicas before the k-th only.
+    durable: u64,
     /// Applied here, forwarded, not yet known stable: resent on silence.
     unstable: VecDeque<Update>,
     /// Arrived ahead of a gap.
@@ -256,6 +259,7 @@ impl ChainReplica {
             pruned_ms: 0,
             last_progress_ms: 0,
             gap_since_ms: None,
+            durable: 0,
             reported: None,
             outgoing: VecDeque::new(),
             reportable: Vec::new(),
@@ -576,6 +580,9 @@ impl ChainReplica {
         if forward.is_empty() {
             return;
         }
+        if self.predecessor_waits_durable() {
+            self.ack_upwards(out);
+        }
         if self.unstable.is_empty() {
             self.last_progress_ms = now_ms;
         }
@@ -593,20 +600,49 @@ impl ChainReplica {
     fn ack_upwards(&self, out: &mut Outbox) {
         if let Some(prev) = self.predecessor() {
             let (epoch, partition, seq, reported) = (self.epoch, self.partition, self.stable, self.reported.unwrap_or(0));
-            send(out, Dest::Node(prev), Message::StableUpTo { epoch, partition, seq, reported });
+            let durable = self.durable();
+            send(out, Dest::Node(prev), Message::StableUpTo { epoch, partition, seq, reported, durable });
         }
+    }
+
+    /// Everything up to here is on at least k replicas of the chain: a
+    /// write the chain acknowledges, which no failure of fewer than k
+    /// replicas loses. The k-th replica and those after it hold only such
+    /// updates (each replica holds what its successors hold); replicas
+    /// before it learn it from `StableUpTo::durable`. Reads by other
+    /// sessions are answered only with durable versions (`node`): a version
+    /// read at a head that then crashed with it would be a cause its
+    /// readers' later writes lose.
+    pub fn durable(&self) -> u64 {
+        match self.index + 1 >= self.k || self.is_tail() {
+            true => self.applied,
+            false => self.durable.max(self.stable).min(self.applied),
+        }
+    }
+
+    /// Whether this replica's predecessor learns durability from it (it is
+    /// before the k-th replica).
+    fn predecessor_waits_durable(&self) -> bool {
+        self.index > 0 && self.index < self.k
     }
 
     /// The successor says everything up to `seq` reached the tail (and up
     /// to `reported` every stabilizer replica and site).
-    pub fn stable_up_to(&mut self, seq: u64, reported: u64, now_ms: u64, out: &mut Outbox) {
+    pub fn stable_up_to(&mut self, seq: u64, reported: u64, durable: u64, now_ms: u64, out: &mut Outbox) {
         let more_reported = self.reported.is_some_and(|r| reported > r);
         if more_reported {
             self.set_reported(reported, out);
         }
         if seq <= self.stable {
+            if durable > self.durable {
+                self.durable = durable.min(self.applied);
+                if self.predecessor_waits_durable() {
+                    self.ack_upwards(out);
+                }
+            }
             return;
         }
+        self.durable = self.durable.max(durable.min(self.applied));
         self.stable = seq.min(self.applied);
         while self.unstable.front().is_some_and(|u| u.seq <= self.stable) {
             self.unstable.pop_front();
@@ -651,24 +687,24 @@ impl ChainReplica {
         }
     }
 
-    /// A client read of the latest version held here.
-    pub fn get(&self, op: OpId, key: &[u8], min: Option<&Version>, now_ms: u64, out: &mut Outbox) {
+    /// A client read of the latest version held here, and this replica's
+    /// position in the chain. The node answers once the version is
+    /// `durable`.
+    pub fn get(&self, key: &[u8], min: Option<&Version>, now_ms: u64) -> Result<(Item, u8), Refusal> {
         if self.joining {
-            return self.refuse(out, op, Refusal::Behind);
+            return Err(Refusal::Behind);
         }
         if self.catching_up {
             // Below this position may be versions a session saw: not yet here.
-            let reason = if self.index == 0 { Refusal::NotResponsible { epoch: self.epoch } } else { Refusal::Behind };
-            return self.refuse(out, op, reason);
+            return Err(if self.index == 0 { Refusal::NotResponsible { epoch: self.epoch } } else { Refusal::Behind });
         }
         let latest = self.store.latest(key);
         if let Some(min) = min {
             if latest.is_none_or(|s| s.version < *min) {
-                return self.refuse(out, op, Refusal::Behind);
+                return Err(Refusal::Behind);
             }
         }
-        let item = self.item(latest, now_ms);
-        send(out, Dest::Client(op.client), Message::Value { op, item, chain_index: self.index as u8 });
+        Ok((self.item(latest, now_ms), self.index as u8))
     }
 
     fn item(&self, stored: Option<&Stored>, now_ms: u64) -> Item {
@@ -767,6 +803,12 @@ impl ChainReplica {
             r.history = old.history;
             r.stable = old.stable.min(old.applied);
             r.last_writes = old.last_writes;
+            // Its updates not yet reported to every site: if it becomes the
+            // tail, its reporter starts from them (the predecessor sends
+            // only what came after, and a tail that started without them
+            // would declare them reported).
+            r.outgoing = old.outgoing;
+            r.reported = old.reported;
         }
         r.joining = true;
         r.last_progress_ms = now_ms;
@@ -1296,7 +1338,7 @@ mod tests {
         tail.forward(updates, 22, &mut out);
         take(&mut out, Dest::Client(9));
         let Some(Message::StableUpTo { seq, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the tail acknowledges") };
-        middle.stable_up_to(seq, 0, 23, &mut out);
+        middle.stable_up_to(seq, 0, seq, 23, &mut out);
         let replies = take(&mut out, Dest::Client(9));
         assert!(
             matches!(&replies[..], [Message::PutDone { op: OpId { seq: 1, .. }, seq: 1, stable: true, .. }]),
@@ -1338,6 +1380,23 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_that_returns_keeps_what_it_has_not_reported_to_other_sites() {
+        let (t, [a, b, c], [mut head, _, _]) = chain_of_three();
+        head.enable_geo();
+        let mut out = Outbox::new();
+        head.put(put(1, 1), 10, &mut out);
+        assert_eq!(head.unreported().len(), 1);
+        // The head is removed while alive, then placed back at the tail: it
+        // keeps its data and asks its predecessor only for what came after.
+        let mut back = t.without(a);
+        back.epoch = 3;
+        back.chains[0].nodes = vec![b, c, a];
+        let mut returned = ChainReplica::joining(&back, 0, a, 0, Some(head), 20, &mut out).expect("in the chain");
+        returned.enable_geo();
+        assert_eq!(returned.unreported().iter().map(|u| u.seq).collect::<Vec<_>>(), [1], "a new tail reports it");
+    }
+
+    #[test]
     fn a_tail_moved_to_the_head_catches_up_before_it_serves() {
         let (t, [a, b, c], [mut head, mut middle, mut tail]) = chain_of_three();
         let mut out = Outbox::new();
@@ -1358,9 +1417,9 @@ mod tests {
         }
         // Until it has caught up it takes no writes and serves no reads.
         tail.put(put(3, 3), 21, &mut out);
-        tail.get(OpId { client: 9, seq: 4 }, b"k", None, 21, &mut out);
+        assert!(matches!(tail.get(b"k", None, 21), Err(Refusal::NotResponsible { .. })));
         let refused = take(&mut out, Dest::Client(9));
-        assert_eq!(refused.iter().filter(|m| matches!(m, Message::Refused { .. })).count(), 2, "{refused:?}");
+        assert_eq!(refused.iter().filter(|m| matches!(m, Message::Refused { .. })).count(), 1, "{refused:?}");
         let to_a = take(&mut out, Dest::Node(a));
         let Some(&Message::CatchUp { epoch, from, after, .. }) = to_a.iter().find(|m| matches!(m, Message::CatchUp { .. })) else {
             panic!("asks its new successor, the old head: {to_a:?}")
@@ -1383,7 +1442,7 @@ mod tests {
         head.put(put(1, 1), 10, &mut out);
         let first = logged(&mut head);
         head.put(put(2, 2), 11, &mut out);
-        head.stable_up_to(2, 0, 12, &mut out);
+        head.stable_up_to(2, 0, 2, 12, &mut out);
         out.clear();
         // c recovers a log with only the first write, and a reorder that
         // was committed while the site was down puts it at the head.

@@ -304,11 +304,15 @@ pub enum Message {
     /// several sites, everything up to `reported` has also reached every
     /// stabilizer replica and every other site (`geo`): before that, every
     /// replica keeps it among its recent updates, for a new tail to send.
+    /// Also, everything up to `durable` is on k replicas
+    /// (`ChainReplica::durable`): sent by the replicas up to the k-th as
+    /// soon as they apply updates, for the heads before them.
     StableUpTo {
         epoch: u64,
         partition: PartitionId,
         seq: u64,
         reported: u64,
+        durable: u64,
     },
 
     // ---- geo-replication (between sites, and inside one for geo) --------

@@ -32,7 +32,7 @@
 use crate::chain::{ChainReplica, Digest, PutRequest};
 use crate::geo::{Geo, GeoMsg};
 use crate::hlc::Timestamp;
-use crate::message::{send, Dest, Keyspace, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, Dest, Envelope, Keyspace, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::SiteId;
@@ -153,6 +153,9 @@ pub struct Node {
     lease: Option<(u64, u64)>,
     /// With several sites: this node's part in geo-replication.
     geo: Option<Geo>,
+    /// Read replies waiting for what they return to be durable
+    /// (`ChainReplica::durable`): for each, the (partition, seq) pairs.
+    parked: Vec<(Vec<(PartitionId, u64)>, Envelope)>,
 }
 
 impl Node {
@@ -175,6 +178,7 @@ impl Node {
             last_beat_ms: None,
             lease: None,
             geo: None,
+            parked: Vec::new(),
         };
         if node.id.sites.len() > 1 {
             let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32);
@@ -293,8 +297,20 @@ impl Node {
                 if leased && !self.has_lease(now.mono_ms) {
                     return send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NoLease });
                 }
-                if stale(epoch) || self.with(partition, |r| r.get(op, &key, min.as_ref(), now_ms, out)).is_none() {
-                    self.not_responsible(op, out);
+                if stale(epoch) {
+                    return self.not_responsible(op, out);
+                }
+                match self.with(partition, |r| r.get(&key, min.as_ref(), now_ms)) {
+                    None => self.not_responsible(op, out),
+                    Some(Err(reason)) => send(out, Dest::Client(op.client), Message::Refused { op, reason }),
+                    Some(Ok((item, chain_index))) => {
+                        // A version the session already depends on needs
+                        // no wait: it cannot be lost to this reader.
+                        let vouched = min.is_some_and(|m| item.version.as_ref() == Some(&m));
+                        let needs = if vouched { Vec::new() } else { vec![(partition, item.seq)] };
+                        let reply = Envelope { to: Dest::Client(op.client), msg: Message::Value { op, item, chain_index } };
+                        self.when_durable(needs, reply, out);
+                    }
                 }
             }
             Message::WaitStable { op, epoch, partition, seq } => {
@@ -307,15 +323,20 @@ impl Node {
                     return self.not_responsible(op, out);
                 }
                 let mut items = Vec::with_capacity(keys.len());
+                let mut needs = Vec::with_capacity(keys.len());
                 for (partition, key) in keys {
                     match self.with(partition, |r| r.snapshot_read(&key, at, &remote, now_ms)) {
-                        Some(Ok(item)) => items.push(item),
+                        Some(Ok(item)) => {
+                            needs.push((partition, item.seq));
+                            items.push(item);
+                        }
                         Some(Err(reason)) => return send(out, Dest::Client(op.client), Message::Refused { op, reason }),
                         None => return self.not_responsible(op, out),
                     }
                 }
                 let site_time = self.geo.as_ref().map(|g| g.site_time().clone()).unwrap_or_default();
-                send(out, Dest::Client(op.client), Message::Snapshot { op, items, site_time });
+                let reply = Envelope { to: Dest::Client(op.client), msg: Message::Snapshot { op, items, site_time } };
+                self.when_durable(needs, reply, out);
             }
             Message::Count { op, epoch, partitions } => {
                 if stale(epoch) {
@@ -359,9 +380,10 @@ impl Node {
                     }
                 }
             }
-            Message::StableUpTo { epoch, partition, seq, reported } => {
+            Message::StableUpTo { epoch, partition, seq, reported, durable } => {
                 if !stale(epoch) {
-                    self.with(partition, |r| r.stable_up_to(seq, reported, now_ms, out));
+                    self.with(partition, |r| r.stable_up_to(seq, reported, durable, now_ms, out));
+                    self.wake_parked(out);
                 }
             }
             Message::Geo(msg) => self.geo_step(msg, now_ms, out),
@@ -517,6 +539,39 @@ impl Node {
             geo.configure(&self.topology, now_ms);
         }
         self.geo_replicas(out);
+        self.wake_parked(out);
+    }
+
+    /// Sends `reply` once every (partition, seq) in `needs` is durable here
+    /// (`ChainReplica::durable`).
+    fn when_durable(&mut self, needs: Vec<(PartitionId, u64)>, reply: Envelope, out: &mut Outbox) {
+        self.parked.push((needs, reply));
+        self.wake_parked(out);
+    }
+
+    /// Sends the parked replies that are due, and refuses those whose
+    /// replica left this node (the client asks again elsewhere).
+    fn wake_parked(&mut self, out: &mut Outbox) {
+        for (mut needs, reply) in std::mem::take(&mut self.parked) {
+            let mut gone = false;
+            needs.retain(|&(p, seq)| match self.parts.get(p as usize).and_then(Option::as_ref) {
+                Some(r) => r.durable() < seq,
+                None => {
+                    gone = true;
+                    false
+                }
+            });
+            if gone {
+                if let Some(op) = reply.msg.op() {
+                    let reason = Refusal::NotResponsible { epoch: self.topology.epoch };
+                    out.push(Envelope { to: reply.to, msg: Message::Refused { op, reason } });
+                }
+            } else if needs.is_empty() {
+                out.push(reply);
+            } else {
+                self.parked.push((needs, reply));
+            }
+        }
     }
 
     /// Drops this node's replica of `partition`, in the log too.

@@ -89,14 +89,14 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
         to_client.extend(take(&mut out, Dest::Client(9)));
         for m in take(&mut out, Dest::Node(b)) {
             match m {
-                Message::StableUpTo { seq, reported, .. } => rb.stable_up_to(seq, reported, now, &mut out),
+                Message::StableUpTo { seq, reported, durable, .. } => rb.stable_up_to(seq, reported, durable, now, &mut out),
                 Message::Forward { updates, .. } => rb.forward(updates, now, &mut out),
                 _ => {}
             }
         }
         for m in take(&mut out, Dest::Node(a)) {
-            if let Message::StableUpTo { seq, reported, .. } = m {
-                ra.stable_up_to(seq, reported, now, &mut out)
+            if let Message::StableUpTo { seq, reported, durable, .. } = m {
+                ra.stable_up_to(seq, reported, durable, now, &mut out)
             }
         }
         for m in take(&mut out, Dest::Node(d)) {

@@ -18,13 +18,11 @@ pub struct Run {
 /// Drives `clients` random clients over `keys` keys for `duration_ms` of
 /// virtual time, then lets the network settle and checks everything.
 pub fn run(seed: u64, shape: Shape, nodes: u16, network: Network, keys: usize, duration_ms: u64) -> Run {
-    run_with_faults(seed, shape, nodes, network, keys, duration_ms, true, |_| {})
+    run_with_faults(seed, shape, nodes, network, keys, duration_ms, |_| {})
 }
 
 /// `run`, calling `faults` between steps so a test can crash nodes and
-/// install configurations; `check_causal` off skips the causal+ check (for
-/// faults that may lose writes nobody acknowledged).
-#[allow(clippy::too_many_arguments)]
+/// install configurations.
 pub fn run_with_faults(
     seed: u64,
     shape: Shape,
@@ -32,10 +30,9 @@ pub fn run_with_faults(
     network: Network,
     keys: usize,
     duration_ms: u64,
-    check_causal: bool,
     faults: impl FnMut(&mut Sim),
 ) -> Run {
-    let site = Site { shape, nodes, network, keys, duration_ms, check_causal, coordinator: false, fsync: Fsync::Always };
+    let site = Site { shape, nodes, network, keys, duration_ms, check_causal: true, coordinator: false, fsync: Fsync::Always };
     run_site(seed, &site, faults, |_, _| {})
 }
 
@@ -127,12 +124,12 @@ pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowe
         assert!(sim.healed(), "seed {seed}: the site did not heal by itself; the coordinator did:\n{}", sim.history());
     }
     allowed_loss(&sim, &mut checker);
-    if check_causal {
-        assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
-    }
     let digests = sim.digests();
     if let Err(e) = check::converged(&digests).and_then(|()| check::durable(&digests, &checker.acknowledged)) {
         panic!("seed {seed}: {e}");
+    }
+    if check_causal {
+        assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
     }
     Run { checker, completed, failed }
 }

@@ -28,10 +28,6 @@ struct Geo {
     network: Network,
     duration_ms: u64,
     faults: Faults,
-    /// Off only where the single-site campaigns have it off too: a head
-    /// that crashes may have served a write it never forwarded (README,
-    /// "Not yet").
-    check_causal: bool,
 }
 
 /// Which faults strike while clients run.
@@ -156,9 +152,7 @@ fn run(seed: u64, geo: &Geo) {
             assert_eq!(out_of_order, 0, "seed {seed}: site {i} node {n} could not report updates in timestamp order");
         }
     }
-    if geo.check_causal {
-        assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
-    }
+    assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
     let data: Vec<BTreeMap<Bytes, (Version, Option<Bytes>)>> = world
         .sites
         .iter()
@@ -203,8 +197,7 @@ fn geo_state(world: &World) -> String {
 
 #[test]
 fn three_sites_converge_causally() {
-    let geo =
-        Geo { wan: Wan::paper(SITES), network: Network::default(), duration_ms: 2_000, faults: Faults::default(), check_causal: true };
+    let geo = Geo { wan: Wan::paper(SITES), network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -217,7 +210,7 @@ fn three_sites_converge_causally() {
 fn a_write_waits_for_its_dependency_from_a_third_site() {
     let mut wan = Wan::paper(SITES);
     wan.delay_ms = vec![vec![0, 10, 300], vec![10, 0, 10], vec![300, 10, 0]];
-    let geo = Geo { wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default(), check_causal: true };
+    let geo = Geo { wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -226,13 +219,7 @@ fn a_write_waits_for_its_dependency_from_a_third_site() {
 /// Messages lost inside sites and between them, links between sites cut.
 #[test]
 fn lossy_links_and_cuts() {
-    let geo = Geo {
-        wan: lossy_wan(),
-        network: lossy_network(),
-        duration_ms: 4_000,
-        faults: Faults { cuts: true, ..Faults::default() },
-        check_causal: true,
-    };
+    let geo = Geo { wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults: Faults { cuts: true, ..Faults::default() } };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -243,7 +230,7 @@ fn lossy_links_and_cuts() {
 #[test]
 fn crashes_and_a_site_restart() {
     let faults = Faults { cuts: true, crashes: true, site_restart: true };
-    let geo = Geo { wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, check_causal: false };
+    let geo = Geo { wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }

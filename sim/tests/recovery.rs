@@ -10,17 +10,16 @@ use causeway_sim::{Fsync, Network, Sim, FAILURE_TIMEOUT_MS};
 
 const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2 };
 
-fn site(nodes: u16, fsync: Fsync, check_causal: bool) -> Site {
+fn site(nodes: u16, fsync: Fsync) -> Site {
     Site {
         shape: SHAPE,
         nodes,
-        // No message loss where causal+ is checked: a head whose forward
-        // was lost and that then dies loses a write a client may have read
-        // (the README's "Not yet"; sim/tests/campaign.rs covers losses).
-        network: Network { min_delay_ms: 0, max_delay_ms: 6, drop_rate: if check_causal { 0.0 } else { 0.01 } },
+        network: Network { min_delay_ms: 0, max_delay_ms: 6, drop_rate: 0.01 },
         keys: 100,
         duration_ms: 4_000,
-        check_causal,
+        // With `everysec` a whole-site crash loses the last second's
+        // acknowledged writes, which clients may have read.
+        check_causal: fsync == Fsync::Always,
         coordinator: true,
         fsync,
     }
@@ -54,7 +53,7 @@ fn whole_site_crash_with_fsync_always_loses_nothing_acknowledged() {
             (crash_at, Box::new(|sim: &mut Sim| (0..3).for_each(|n| sim.crash(n)))),
             (crash_at + 50 + seed % 200, Box::new(|sim: &mut Sim| (0..3).for_each(|n| sim.restart(n)))),
         ]);
-        let run = run_site(seed, &site(3, Fsync::Always, true), faults, |_, _| {});
+        let run = run_site(seed, &site(3, Fsync::Always), faults, |_, _| {});
         assert!(run.checker.acknowledged.len() > 100, "seed {seed}: only {} acknowledged writes", run.checker.acknowledged.len());
     }
 }
@@ -70,7 +69,7 @@ fn whole_site_crash_with_fsync_everysec_loses_at_most_the_last_second() {
             (crash_at, Box::new(|sim: &mut Sim| (0..3).for_each(|n| sim.crash(n)))),
             (crash_at + 100, Box::new(|sim: &mut Sim| (0..3).for_each(|n| sim.restart(n)))),
         ]);
-        let run = run_site(seed, &site(3, Fsync::EverySec, false), faults, |_, checker| {
+        let run = run_site(seed, &site(3, Fsync::EverySec), faults, |_, checker| {
             // Disks are synced at every whole second of virtual time; runs
             // start at 1000 ms, and the crash comes at or just after
             // `crash_at`.
@@ -95,7 +94,7 @@ fn a_node_restarted_without_its_data_rejoins_by_state_transfer() {
             (at, Box::new(move |sim: &mut Sim| sim.crash(victim))),
             (at + 30, Box::new(move |sim: &mut Sim| sim.restart_without_data(victim))),
         ]);
-        run_site(seed, &site(4, Fsync::Always, true), faults, |_, _| {});
+        run_site(seed, &site(4, Fsync::Always), faults, |_, _| {});
     }
 }
 
@@ -111,7 +110,7 @@ fn a_node_restarted_from_its_log_resumes_or_returns() {
             (at, Box::new(move |sim: &mut Sim| sim.crash(victim))),
             (at + down, Box::new(move |sim: &mut Sim| sim.restart(victim))),
         ]);
-        run_site(seed, &site(4, Fsync::Always, true), faults, |_, _| {});
+        run_site(seed, &site(4, Fsync::Always), faults, |_, _| {});
     }
 }
 
@@ -129,7 +128,7 @@ fn pause_a_node_then_the_coordinator_and_the_site_heals() {
             (2_500, Box::new(|sim: &mut Sim| sim.pause_coordinator(FAILURE_TIMEOUT_MS * 3))),
         ]);
         let mut sim_changes = Vec::new();
-        let run = run_site(seed, &site(4, Fsync::Always, true), faults, |sim, _| sim_changes = sim.changes.clone());
+        let run = run_site(seed, &site(4, Fsync::Always), faults, |sim, _| sim_changes = sim.changes.clone());
         let after_pause: Vec<_> = sim_changes.iter().filter(|(at, _)| *at >= 1_000 + 2_500).collect();
         assert!(
             after_pause.iter().all(|(_, what)| !what.contains("silent")),

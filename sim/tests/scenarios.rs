@@ -270,7 +270,17 @@ impl goldenscript::Runner for Scenario {
                     writeln!(out, "p{p}: {}", replicas.join(", "))?;
                 }
             }
-            Command::Check => self.check(&mut out)?,
+            Command::Check => {
+                // Heartbeats may be on their way: let what is in flight land.
+                for _ in 0..100 {
+                    let sim = self.sim.as_ref().expect("site");
+                    if sim.settled() {
+                        break;
+                    }
+                    self.record(sim.now_ms + 1);
+                }
+                self.check(&mut out)?
+            }
         }
         // What the coordinator did meanwhile came first.
         let mut changes = String::new();

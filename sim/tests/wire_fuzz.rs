@@ -63,7 +63,7 @@ fn corpus() -> Vec<Vec<u8>> {
         Message::Transfer { epoch: 4, partition: 2, state: None, updates: vec![update], history_before: 17, clock: Timestamp::ZERO },
         Message::Fetch { epoch: 4, partition: 2, from: 1, have: Some((3, 17)) },
         Message::Reconfigure { topology },
-        Message::StableUpTo { epoch: 4, partition: 0, seq: 9, reported: 3 },
+        Message::StableUpTo { epoch: 4, partition: 0, seq: 9, reported: 3, durable: 9 },
     ];
     let mut out = Vec::new();
     for m in &messages {

@@ -363,6 +363,7 @@ impl ChainReplica {
             return send(out, Dest::Client(req.op.client), msg);
         }
         let ts = self.clock.tick(now_ms, req.past.max());
+        let local_dep = req.past.get(self.site);
         let mut vv = req.past;
         vv.set(self.site, ts);
         let update = Update {
@@ -372,6 +373,7 @@ impl ChainReplica {
             value: req.value,
             expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
             ack: Some((write, req.ack_at)),
+            local_dep,
         };
         let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);
@@ -1207,7 +1209,7 @@ impl ChainReplica {
             self.recent_conflicts.push_back(Conflict { key: w.key.clone(), kept, lost, at_ms: now_ms });
         }
         let (key, version, value, expires_at_ms) = (w.key, w.version, w.value, w.expires_at_ms);
-        let update = Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None };
+        let update = Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None, local_dep: Timestamp::ZERO };
         let seq = update.seq;
         let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);

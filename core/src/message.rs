@@ -58,6 +58,12 @@ pub struct Update {
     /// Who to answer (the client and its write id), and at which chain
     /// position (k-1 for causal writes).
     pub ack: Option<(OpId, u8)>,
+    /// The writer's causal past in this site when it wrote (its session's
+    /// entry for this site): the update depends on no other update of this
+    /// site after it. Other sites apply concurrent updates of this site in
+    /// parallel thanks to it (`geo::receiver`). Zero for other sites'
+    /// updates applied here.
+    pub local_dep: Timestamp,
 }
 
 /// A value as read, with what the client library needs to keep its metadata.

@@ -22,6 +22,7 @@ fn corpus() -> Vec<Vec<u8>> {
         value: Some(Bytes::from("v")),
         expires_at_ms: Some(5),
         ack: Some((op, 1)),
+        local_dep: Timestamp::new(990, 0),
     };
     let topology =
         Topology::new(4, Shape { partitions: 4, replicas: 2, k: 1 }, (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect())

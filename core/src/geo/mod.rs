@@ -119,7 +119,7 @@ impl Outbound {
     fn record(&mut self, site: SiteId, u: &Update) -> bool {
         let (partition, ts) = (self.partition, u.version.ts);
         let vv = u.version.vv.0.iter().copied().collect();
-        if !self.ids.record(UpdateId { partition, ts, local_dep: ts.just_before(), vv }) {
+        if !self.ids.record(UpdateId { partition, ts, local_dep: u.local_dep, vv }) {
             return false;
         }
         let (key, value, expires_at_ms) = (u.key.clone(), u.value.clone(), u.expires_at_ms);

@@ -2,6 +2,11 @@
 //! commands, sent as `CW.CLUSTER` over the Redis protocol. Membership
 //! changes must reach the coordinator leader; this tries the site's nodes
 //! until the leader accepts.
+//!
+//! `causeway cluster link cut|restore SITE | delay SITE MS`: the emulated
+//! wide-area link between the site of `--addr` and site SITE, changed on
+//! every node of the site (`CW.WAN`): every message between the two sites
+//! passes through one of them, so the link is cut both ways.
 
 use crate::resp_client::RespConn;
 use causeway_resp::Frame;
@@ -24,6 +29,27 @@ enum Action {
     Add { id: u16, addr: String },
     /// Drain a node: it leaves every chain, which grow back on the others.
     Remove { id: u16 },
+    /// The emulated wide-area link from this site to another one.
+    Link {
+        #[command(subcommand)]
+        change: Link,
+    },
+}
+
+#[derive(Subcommand)]
+enum Link {
+    /// Drop everything between the two sites until `restore`.
+    Cut {
+        site: u16,
+    },
+    Restore {
+        site: u16,
+    },
+    /// Set the one-way delay of the link, in milliseconds.
+    Delay {
+        site: u16,
+        ms: u64,
+    },
 }
 
 pub fn run(args: ClusterArgs) -> Result<(), String> {
@@ -39,11 +65,24 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
                 vec![b"CW.CLUSTER".to_vec(), b"ADD".to_vec(), id.to_string().into_bytes(), addr.clone().into_bytes()]
             }
             Action::Remove { id } => vec![b"CW.CLUSTER".to_vec(), b"REMOVE".to_vec(), id.to_string().into_bytes()],
+            Action::Link { change } => {
+                let args: Vec<String> = match change {
+                    Link::Cut { site } => vec!["CUT".into(), site.to_string()],
+                    Link::Restore { site } => vec!["RESTORE".into(), site.to_string()],
+                    Link::Delay { site, ms } => vec!["DELAY".into(), site.to_string(), ms.to_string()],
+                };
+                let request: Vec<&[u8]> = std::iter::once(&b"CW.WAN"[..]).chain(args.iter().map(|a| a.as_bytes())).collect();
+                for addr in node_addrs(&status) {
+                    call(&addr, &request).await.map_err(|e| format!("{addr}: {e}"))?;
+                }
+                println!("OK (every node of the site)");
+                return Ok(());
+            }
         };
         let request: Vec<&[u8]> = change.iter().map(|a| a.as_slice()).collect();
         // Every node's address is in the status; the leader takes the change.
         let mut last = String::new();
-        for addr in status.lines().filter_map(|l| l.split("addr=").nth(1)).map(|r| r.split(',').next().unwrap_or("").to_string()) {
+        for addr in node_addrs(&status) {
             match call(&addr, &request).await {
                 Ok(_) => {
                     println!("OK (accepted by {addr}); watch it with `causeway cluster status`");
@@ -54,6 +93,11 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
         }
         Err(format!("no coordinator leader accepted the change: {last}"))
     })
+}
+
+/// Every node's address, from `CW.CLUSTER STATUS`.
+fn node_addrs(status: &str) -> Vec<String> {
+    status.lines().filter_map(|l| l.split("addr=").nth(1)).map(|r| r.split(',').next().unwrap_or("").to_string()).collect()
 }
 
 async fn call(addr: &str, request: &[&[u8]]) -> Result<String, String> {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{eventually, free_ports, Cluster, Opts};
+use common::{eventually, free_ports, run_causeway, Cluster, Opts};
 use redis::Commands;
 use std::time::Duration;
 
@@ -132,17 +132,22 @@ fn concurrent_writes_converge_everywhere() {
     }
 }
 
-/// Site 2 is cut off: it keeps serving reads and writes, sees nothing of
-/// the others, and they nothing of it; once the link is back, every write
-/// from both sides of the cut is everywhere.
+/// Site 2 is cut off (`causeway cluster link cut`, at its nodes only): it
+/// keeps serving reads and writes, sees nothing of the others, and they
+/// nothing of it; once the link is back, every write from both sides of
+/// the cut is everywhere.
 #[test]
 fn a_site_cut_off_keeps_serving_and_catches_up() {
     let sites = sites(&paper());
-    for n in 0..3 {
-        for other in [0, 1] {
-            let _: () = redis::cmd("CW.WAN").arg("CUT").arg(other).query(&mut sites[2].conn(n)).unwrap();
-        }
-    }
+    let link = |change: &str, other: u16| {
+        let (addr, other) = (sites[2].addr(1), other.to_string());
+        let (ok, out, err) = run_causeway(&["cluster", "--addr", &addr, "link", change, &other]);
+        assert!(ok && out.contains("OK"), "causeway cluster link {change} {other}: {out}{err}");
+    };
+    link("cut", 0);
+    link("cut", 1);
+    let (ok, _, err) = run_causeway(&["cluster", "--addr", &sites[2].addr(0), "link", "cut", "9"]);
+    assert!(!ok && err.contains("site"), "a site not in the configuration is refused: {err}");
     let mut at0 = sites[0].conn(0);
     let mut at2 = sites[2].conn(0);
     for i in 0..50 {
@@ -154,11 +159,8 @@ fn a_site_cut_off_keeps_serving_and_catches_up() {
     assert_eq!(get(&sites[0], 1, "b49"), None, "site 2's writes cannot get out");
     let status: String = redis::cmd("CW.SITES").query(&mut at2).unwrap();
     assert!(status.contains("link=cut"), "{status}");
-    for n in 0..3 {
-        for other in [0, 1] {
-            let _: () = redis::cmd("CW.WAN").arg("RESTORE").arg(other).query(&mut sites[2].conn(n)).unwrap();
-        }
-    }
+    link("restore", 0);
+    link("restore", 1);
     for i in 0..50 {
         eventually(WAIT, "everything everywhere after the cut", || {
             (everywhere(&sites, &format!("a{i}"), &i.to_string()) && everywhere(&sites, &format!("b{i}"), &i.to_string())).then_some(())

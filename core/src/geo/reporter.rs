@@ -13,9 +13,11 @@
 //! suffix every time: each batch says where it continues from
 //! (`Batch::prev`), a destination refuses a batch that would leave a gap,
 //! and the reporter goes back to the destination's acknowledged point when
-//! refused or when `REPORT_RESEND_MS` pass without progress. Batches are
-//! sent on `tick` (Eunomia §5: batch at partitions, about every
-//! millisecond).
+//! refused or when `REPORT_RESEND_MS` pass without progress (doubling while
+//! nothing comes back, `Resend`). At most `REPORT_WINDOW` items are in
+//! flight beyond the acknowledged point, so a site that is cut off costs
+//! its origin nothing but memory. Batches are sent on `tick` (Eunomia §5:
+//! batch at partitions, about every millisecond).
 //!
 //! Acknowledgements carry two points: *received* (what need not be sent
 //! again) and *applied* (what may be forgotten: a receiver that fails over
@@ -35,17 +37,46 @@ pub const MAX_REPORT: usize = 4096;
 /// sends again from the destination's acknowledged point.
 pub const REPORT_RESEND_MS: u64 = 50;
 
-/// Where a stream continues to a destination that acknowledged `received`:
-/// never before it, and back to it when `resend_ms` passed without progress
-/// since `progress_ms` (a batch or its acknowledgement was lost). Shared by
-/// the reporters and the stabilizer's shipping.
-pub fn resume_point<T: Ord + Copy>(sent: &mut T, received: T, progress_ms: &mut u64, now_ms: u64, resend_ms: u64) {
-    if *sent < received {
-        *sent = received;
+/// At most this many items beyond what a destination acknowledged are in
+/// flight to it: a destination that is cut off is not streamed the whole
+/// backlog over and over.
+pub const REPORT_WINDOW: usize = 4 * MAX_REPORT;
+
+/// Resends to a silent destination back off: each one that brings no
+/// progress doubles the wait, up to this.
+pub const MAX_RESEND_MS: u64 = 2_000;
+
+/// When a stream goes again from a destination's acknowledged point: after
+/// a silence (a batch or its acknowledgement was lost), a longer one each
+/// time nothing came back. Shared by the reporters and the stabilizer's
+/// shipping.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Resend {
+    progress_ms: u64,
+    misses: u32,
+}
+
+impl Resend {
+    /// The destination made progress (or answered) at `now_ms`.
+    pub fn progress(&mut self, now_ms: u64) {
+        self.progress_ms = now_ms;
+        self.misses = 0;
     }
-    if *sent > received && now_ms.saturating_sub(*progress_ms) >= resend_ms {
-        *sent = received;
-        *progress_ms = now_ms;
+
+    /// Where the stream continues to a destination that acknowledged
+    /// `received`: never before it, and back to it once the silence since
+    /// the last progress or resend reached `base_ms`, doubled for each
+    /// resend in a row that brought nothing (at most `MAX_RESEND_MS`).
+    pub fn resume<T: Ord + Copy>(&mut self, sent: &mut T, received: T, now_ms: u64, base_ms: u64) {
+        if *sent < received {
+            *sent = received;
+        }
+        let wait = base_ms.saturating_mul(1 << self.misses.min(16)).min(MAX_RESEND_MS.max(base_ms));
+        if *sent > received && now_ms.saturating_sub(self.progress_ms) >= wait {
+            *sent = received;
+            self.progress_ms = now_ms;
+            self.misses += 1;
+        }
     }
 }
 
@@ -74,7 +105,7 @@ struct Peer {
     received: Timestamp,
     applied: Timestamp,
     sent: Timestamp,
-    progress_ms: u64,
+    resend: Resend,
     /// A batch that only moves the promise goes out at most this often
     /// (`set_idle_ms`), and when it last went.
     idle_ms: u64,
@@ -136,13 +167,13 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
         let Some(p) = self.peers.get_mut(&peer) else { return };
         if received > p.received {
             p.received = received;
-            p.progress_ms = now_ms;
+            p.resend.progress(now_ms);
         }
         p.applied = p.applied.max(applied);
         if resend {
             p.received = received;
             p.sent = received;
-            p.progress_ms = now_ms;
+            p.resend.progress(now_ms);
         }
         self.collect_garbage();
     }
@@ -174,9 +205,11 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
     /// promise.
     pub fn tick(&mut self, now_ms: u64, out: &mut Vec<(P, Batch<T>)>) {
         for (&peer, p) in self.peers.iter_mut() {
-            resume_point(&mut p.sent, p.received, &mut p.progress_ms, now_ms, REPORT_RESEND_MS);
+            p.resend.resume(&mut p.sent, p.received, now_ms, REPORT_RESEND_MS);
             let start = self.items.partition_point(|i| i.ts() <= p.sent);
-            let end = (start + MAX_REPORT).min(self.items.len());
+            let acked = self.items.partition_point(|i| i.ts() <= p.received);
+            let room = REPORT_WINDOW.saturating_sub(start - acked).min(MAX_REPORT);
+            let end = (start + room).min(self.items.len());
             let up_to = if end == self.items.len() { self.promised } else { self.items[end - 1].ts() };
             if end == start && up_to <= p.sent {
                 continue;
@@ -207,5 +240,49 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
     /// Items some destination has not applied yet.
     pub fn unacked(&self) -> usize {
         self.items.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    struct Item(u64);
+
+    impl Stamped for Item {
+        fn ts(&self) -> Timestamp {
+            Timestamp::new(self.0, 0)
+        }
+    }
+
+    /// A destination that never answers (a site cut off) is sent one window
+    /// beyond what it acknowledged, again after a silence that doubles each
+    /// time: not the whole backlog every tick.
+    #[test]
+    fn a_silent_destination_gets_a_window_and_backed_off_resends() {
+        let mut r: Reporter<u16, Item> = Reporter::new(0, &[1]);
+        for t in 1..=100_000 {
+            assert!(r.record(Item(t)));
+        }
+        let (mut items, mut resends, mut last_start) = (0, Vec::new(), None);
+        for now in (0..10_000).step_by(5) {
+            let mut out = Vec::new();
+            r.tick(now, &mut out);
+            for (_, batch) in out {
+                items += batch.items.len();
+                if batch.prev == Timestamp::ZERO && last_start != Some(now) {
+                    resends.push(now);
+                    last_start = Some(now);
+                }
+            }
+        }
+        assert_eq!(resends, [0, 50, 150, 350, 750, 1550, 3150, 5150, 7150, 9150]);
+        assert_eq!(items, resends.len() * REPORT_WINDOW, "one window per round");
+        // It answers: the stream goes on from there at once.
+        r.on_ack(1, Timestamp::new(REPORT_WINDOW as u64, 0), Timestamp::ZERO, false, 10_000);
+        let mut out = Vec::new();
+        r.tick(10_005, &mut out);
+        assert_eq!(out[0].1.prev, Timestamp::new(REPORT_WINDOW as u64, 0));
     }
 }

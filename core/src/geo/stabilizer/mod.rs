@@ -94,7 +94,7 @@ mod order;
 
 pub use order::OrderedIds;
 
-use crate::geo::reporter::{resume_point, Batch, Reporter, Stamped};
+use crate::geo::reporter::{Batch, Reporter, Resend, Stamped};
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId};
 use crate::version::SiteId;
@@ -288,8 +288,8 @@ struct Destination {
     applied: Position,
     /// Shipped up to here (by this replica, while leader).
     sent: Position,
-    /// When `received` last moved, or shipping last restarted from it.
-    progress_ms: u64,
+    /// When to ship again from `received`.
+    resend: Resend,
 }
 
 /// One replica of a site's stabilizer (Eunomia Alg. 4, replica `e_f`).
@@ -316,7 +316,7 @@ impl Stabilizer {
     /// Replica `me` of site `site`'s stabilizer, for partitions
     /// `0..partitions`, shipping to every site of `sites` but its own.
     pub fn new(site: SiteId, me: ReplicaId, partitions: u32, sites: &[SiteId]) -> Stabilizer {
-        let dest = Destination { received: Position::START, applied: Position::START, sent: Position::START, progress_ms: 0 };
+        let dest = Destination { received: Position::START, applied: Position::START, sent: Position::START, resend: Resend::default() };
         Stabilizer {
             site,
             me,
@@ -405,7 +405,7 @@ impl Stabilizer {
         let Some(dest) = self.dests.get_mut(&ack.from) else { return };
         if ack.received > dest.received {
             dest.received = ack.received;
-            dest.progress_ms = now_ms;
+            dest.resend.progress(now_ms);
         }
         dest.applied = dest.applied.max(ack.applied);
         if ack.resend {
@@ -413,7 +413,7 @@ impl Stabilizer {
             // than before if its receiver started anew).
             dest.received = ack.received;
             dest.sent = ack.received;
-            dest.progress_ms = now_ms;
+            dest.resend.progress(now_ms);
         }
     }
 
@@ -429,7 +429,7 @@ impl Stabilizer {
         if self.is_leader() && !was_leader {
             for dest in self.dests.values_mut() {
                 dest.sent = dest.received;
-                dest.progress_ms = now_ms;
+                dest.resend.progress(now_ms);
             }
         }
     }
@@ -466,7 +466,7 @@ impl Stabilizer {
     /// (one small message per site per tick).
     fn ship(&mut self, now_ms: u64, out: &mut Vec<StabilizerOut>) {
         for (&site, dest) in self.dests.iter_mut() {
-            resume_point(&mut dest.sent, dest.received, &mut dest.progress_ms, now_ms, SHIP_RESEND_MS);
+            dest.resend.resume(&mut dest.sent, dest.received, now_ms, SHIP_RESEND_MS);
             let start = self.log.partition_point(|id| id.position() <= dest.sent);
             let acked = self.log.partition_point(|id| id.position() <= dest.received);
             let room = SHIP_WINDOW.saturating_sub(start - acked).min(MAX_SHIP);

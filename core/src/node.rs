@@ -543,10 +543,14 @@ impl Node {
     }
 
     /// Sends `reply` once every (partition, seq) in `needs` is durable here
-    /// (`ChainReplica::durable`).
+    /// (`ChainReplica::durable`): at once, nearly always.
     fn when_durable(&mut self, needs: Vec<(PartitionId, u64)>, reply: Envelope, out: &mut Outbox) {
-        self.parked.push((needs, reply));
-        self.wake_parked(out);
+        let durable =
+            |&(p, seq): &(PartitionId, u64)| self.parts.get(p as usize).and_then(Option::as_ref).is_some_and(|r| r.durable() >= seq);
+        match needs.iter().all(durable) {
+            true => out.push(reply),
+            false => self.parked.push((needs, reply)),
+        }
     }
 
     /// Sends the parked replies that are due, and refuses those whose

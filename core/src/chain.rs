@@ -635,16 +635,15 @@ impl ChainReplica {
         if more_reported {
             self.set_reported(reported, out);
         }
+        let durable = durable.min(self.applied);
+        let more_durable = durable > self.durable;
+        self.durable = self.durable.max(durable);
         if seq <= self.stable {
-            if durable > self.durable {
-                self.durable = durable.min(self.applied);
-                if self.predecessor_waits_durable() {
-                    self.ack_upwards(out);
-                }
+            if more_durable && self.predecessor_waits_durable() {
+                self.ack_upwards(out);
             }
             return;
         }
-        self.durable = self.durable.max(durable.min(self.applied));
         self.stable = seq.min(self.applied);
         while self.unstable.front().is_some_and(|u| u.seq <= self.stable) {
             self.unstable.pop_front();

@@ -290,7 +290,10 @@ impl Node {
             Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write } => {
                 let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write };
                 if stale(epoch) || self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
-                    self.not_responsible(op, out);
+                    return self.not_responsible(op, out);
+                }
+                if let Some(geo) = &mut self.geo {
+                    geo.wrote(&self.topology, now_ms, out);
                 }
             }
             Message::Get { op, epoch, partition, key, min, leased } => {
@@ -648,19 +651,28 @@ impl Node {
         if self.geo.is_none() {
             return;
         }
-        let mut promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>> = BTreeMap::new();
+        let due = self.geo.as_mut().is_some_and(|g| g.promises_due(now_ms));
+        self.promise(due, now_ms, out);
         for p in 0..self.parts.len() as PartitionId {
-            if let Some(r) = &mut self.parts[p as usize] {
-                r.make_promise(now_ms);
-            }
-            self.pass_promise(p, &mut promises);
             self.geo_tail(p, out);
         }
-        self.send_promises(promises, out);
         let topology = self.topology.clone();
         if let Some(geo) = &mut self.geo {
             geo.tick(&topology, now_ms, out);
         }
+    }
+
+    /// Heads make a promise (if `make`), and every replica passes on the
+    /// promise it has all updates for.
+    fn promise(&mut self, make: bool, now_ms: u64, out: &mut Outbox) {
+        let mut promises = BTreeMap::new();
+        for p in 0..self.parts.len() as PartitionId {
+            if let Some(r) = self.parts[p as usize].as_mut().filter(|_| make) {
+                r.make_promise(now_ms);
+            }
+            self.pass_promise(p, &mut promises);
+        }
+        self.send_promises(promises, out);
     }
 
     /// Passes `partition`'s promise on once this replica has what it covers:
@@ -699,6 +711,12 @@ impl Node {
                 self.send_promises(promises, out);
             }
             GeoMsg::Promises { .. } => {}
+            GeoMsg::Busy => {
+                if let Some(geo) = &mut self.geo {
+                    geo.busy(now_ms);
+                }
+                self.promise(true, now_ms, out);
+            }
             GeoMsg::Apply { epoch: e, write, from } => {
                 if e != epoch {
                     return;

@@ -309,3 +309,60 @@ fn a_site_cut_off_catches_up() {
         );
     }
 }
+
+/// Remote visibility in the simulator (no CPU contention: only the
+/// protocol's ticks and hops): a write at site 0, read at site 1, after a
+/// random pause (so writes find the site idle or busy). Prints the
+/// delay beyond the 40 ms link, and the messages each site delivers per
+/// second while idle. Asserts only that every write shows.
+#[test]
+fn remote_visibility_and_idle_traffic() {
+    for seed in seeds(0..1) {
+        let shape = Shape { partitions: 64, replicas: 3, k: 2 };
+        let wan = Wan { jitter_ms: 0, ..Wan::paper(SITES) };
+        let mut world = World::new(seed, SITES, 3, shape, 1, Network::default(), wan);
+        let mut rng = Rng::new(seed ^ 0x715);
+        let settled = world.now_ms() + 3_000;
+        world.run_until(settled);
+        let delivered = |w: &World| w.sites.iter().map(|s| s.delivered).sum::<u64>();
+        let (before, idle_ms) = (delivered(&world), 2_000);
+        world.run_until(settled + idle_ms);
+        let idle = (delivered(&world) - before) * 1_000 / idle_ms / SITES as u64;
+        let mut extra = Vec::new();
+        for i in 0..60 {
+            // Up to twice `Busy`'s second: about half the writes find the
+            // site idle.
+            let pause = world.now_ms() + rng.below(2_000);
+            world.run_until(pause);
+            let (key, value) = (Bytes::from(format!("key{}", i % 8)), Bytes::from(format!("v{i}")));
+            let put = Request::Put { key: key.clone(), value: Some(value.clone()), ttl_ms: None, condition: Condition::Always };
+            let start = world.now_ms();
+            world.sites[0].start(0, put);
+            loop {
+                if world.sites[1].is_idle(0) {
+                    world.sites[1].start(0, Request::Get(key.clone()));
+                }
+                let step = world.now_ms() + 1;
+                let done = world.run_until(step);
+                let seen = done.iter().any(|(site, c)| {
+                    *site == 1 && matches!(&c.result, Ok(causeway_core::driver::Response::Read { value: Some(v), .. }) if *v == value)
+                });
+                if seen {
+                    break;
+                }
+                assert!(world.now_ms() < start + 10_000, "seed {seed}: write {i} not visible at site 1 after 10 s");
+            }
+            extra.push(world.now_ms() - start - 40);
+        }
+        extra.sort();
+        let q = |p: usize| extra[(extra.len() * p / 100).min(extra.len() - 1)];
+        println!(
+            "seed {seed}: extra delay at site 1 (ms): p50 {} p90 {} p95 {} p99 {} max {}; idle: {idle} messages per site per second",
+            q(50),
+            q(90),
+            q(95),
+            q(99),
+            extra[extra.len() - 1]
+        );
+    }
+}

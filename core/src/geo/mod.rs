@@ -68,6 +68,12 @@ pub enum GeoMsg {
     /// Passed on inside a site by the node that received it from another
     /// site: handled where it lands, never passed on again.
     Relayed(Box<GeoMsg>),
+    /// A node whose head took a client write -> every node of its site:
+    /// the write's id needs every partition's promise past it to become
+    /// stable, so heads promise at once and then every tick for `BUSY_MS`
+    /// (`Geo::promises_due`). Sent alongside the write's own trip down its
+    /// chain, it adds no delay.
+    Busy,
 }
 
 /// A tail's outgoing streams for one partition.
@@ -84,12 +90,22 @@ struct Outbound {
 /// Promises alone go to stabilizer replicas that do not lead at most this
 /// often: only the leader's stable time makes remote writes visible; a
 /// follower needs them only to take over.
-const FOLLOWER_PROMISE_MS: u64 = 100;
+const FOLLOWER_PROMISE_MS: u64 = 500;
 /// Promises alone go to other sites' receivers at most this often: values
 /// wait for their ids there anyway.
 const VALUE_PROMISE_MS: u64 = 250;
 /// How often the leader tells its site's nodes what the site has applied.
 const SITE_TIME_MS: u64 = 50;
+/// Heads promise this often while their site is idle: promises only move
+/// the stable time, which matters once some head takes a write (and says
+/// the site is `Busy`). Each promise costs a message
+/// down every chain, to the stabilizer and on to every site: at every
+/// 5 ms tick, nine idle geo nodes used more than a core of two.
+const IDLE_PROMISE_MS: u64 = 100;
+/// After a `Busy`, heads promise every tick for this long.
+const BUSY_MS: u64 = 1000;
+/// A node taking writes says `Busy` again this often.
+const BUSY_REFRESH_MS: u64 = 250;
 
 impl Outbound {
     fn new(partition: PartitionId, replicas: &[NodeId], others: &[SiteId], leader: Option<NodeId>) -> Outbound {
@@ -172,6 +188,11 @@ pub struct Geo {
     /// What each other site has applied of this one, as last heard.
     seen_by: VersionVector,
     site_time_sent_ms: u64,
+    /// Heads here promise every tick until then (`GeoMsg::Busy`).
+    busy_until_ms: u64,
+    /// When heads here last promised, and when this node last said `Busy`.
+    promised_ms: u64,
+    busy_sent_ms: Option<u64>,
     /// Local updates a tail could not report in timestamp order (never
     /// shipped). None should ever be: every head orders above the promises
     /// its chain passed on, and a replica drops updates parked behind a gap
@@ -199,6 +220,9 @@ impl Geo {
             site_time: VersionVector::default(),
             seen_by: VersionVector::default(),
             site_time_sent_ms: 0,
+            busy_until_ms: 0,
+            promised_ms: 0,
+            busy_sent_ms: None,
             out_of_order: 0,
         }
     }
@@ -258,6 +282,36 @@ impl Geo {
     pub fn promise(&mut self, partition: PartitionId, ts: Timestamp) {
         if let Some(o) = self.tails.get_mut(&partition) {
             o.promise(ts);
+        }
+    }
+
+    /// Whether this node's heads promise at this tick: every tick while
+    /// the site is busy, every `IDLE_PROMISE_MS` otherwise.
+    pub fn promises_due(&mut self, now_ms: u64) -> bool {
+        let due = now_ms < self.busy_until_ms || now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS;
+        if due {
+            self.promised_ms = now_ms;
+        }
+        due
+    }
+
+    /// The site is busy (`GeoMsg::Busy`): heads promise every tick for a
+    /// while, starting now (the caller promises at once).
+    pub fn busy(&mut self, now_ms: u64) {
+        self.busy_until_ms = now_ms + BUSY_MS;
+        self.promised_ms = now_ms;
+    }
+
+    /// A head here took a client write: tells every other node of the site
+    /// that it is busy (at most every `BUSY_REFRESH_MS`).
+    pub fn wrote(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        if self.busy_sent_ms.is_some_and(|at| now_ms.saturating_sub(at) < BUSY_REFRESH_MS) {
+            return;
+        }
+        self.busy_sent_ms = Some(now_ms);
+        self.busy_until_ms = now_ms + BUSY_MS;
+        for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
+            send(out, Dest::Node(n), Message::Geo(GeoMsg::Busy));
         }
     }
 
@@ -378,7 +432,7 @@ impl Geo {
                 self.seen_by.merge(&seen_by);
             }
             // The node's (chain) business.
-            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } => {}
+            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } | GeoMsg::Busy => {}
         }
     }
 

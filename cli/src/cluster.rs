@@ -7,6 +7,9 @@
 //! wide-area link between the site of `--addr` and site SITE, changed on
 //! every node of the site (`CW.WAN`): every message between the two sites
 //! passes through one of them, so the link is cut both ways.
+//!
+//! `causeway cluster clock skew MS`: every node of the site's wall clock
+//! put MS ahead (negative: behind; 0: right again), `CW.CLOCK`.
 
 use crate::resp_client::RespConn;
 use causeway_resp::Frame;
@@ -33,6 +36,20 @@ enum Action {
     Link {
         #[command(subcommand)]
         change: Link,
+    },
+    /// Emulated clock faults of the whole site.
+    Clock {
+        #[command(subcommand)]
+        change: Clock,
+    },
+}
+
+#[derive(Subcommand)]
+enum Clock {
+    /// Put every node's wall clock MS ahead (negative: behind; 0: right).
+    Skew {
+        #[arg(allow_hyphen_values = true)]
+        ms: i64,
     },
 }
 
@@ -65,13 +82,17 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
                 vec![b"CW.CLUSTER".to_vec(), b"ADD".to_vec(), id.to_string().into_bytes(), addr.clone().into_bytes()]
             }
             Action::Remove { id } => vec![b"CW.CLUSTER".to_vec(), b"REMOVE".to_vec(), id.to_string().into_bytes()],
-            Action::Link { change } => {
-                let args: Vec<String> = match change {
-                    Link::Cut { site } => vec!["CUT".into(), site.to_string()],
-                    Link::Restore { site } => vec!["RESTORE".into(), site.to_string()],
-                    Link::Delay { site, ms } => vec!["DELAY".into(), site.to_string(), ms.to_string()],
+            Action::Link { .. } | Action::Clock { .. } => {
+                let args: Vec<String> = match &args.action {
+                    Action::Link { change: Link::Cut { site } } => vec!["CW.WAN".into(), "CUT".into(), site.to_string()],
+                    Action::Link { change: Link::Restore { site } } => vec!["CW.WAN".into(), "RESTORE".into(), site.to_string()],
+                    Action::Link { change: Link::Delay { site, ms } } => {
+                        vec!["CW.WAN".into(), "DELAY".into(), site.to_string(), ms.to_string()]
+                    }
+                    Action::Clock { change: Clock::Skew { ms } } => vec!["CW.CLOCK".into(), "SKEW".into(), ms.to_string()],
+                    _ => unreachable!(),
                 };
-                let request: Vec<&[u8]> = std::iter::once(&b"CW.WAN"[..]).chain(args.iter().map(|a| a.as_bytes())).collect();
+                let request: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
                 for addr in node_addrs(&status) {
                     call(&addr, &request).await.map_err(|e| format!("{addr}: {e}"))?;
                 }

@@ -3,7 +3,7 @@
 //! `--sites N`, N such sites, active-active (geo-replication), joined by
 //! emulated wide-area links.
 
-use crate::site::{Shape, Site};
+use crate::site::{start_sites, Shape, Site};
 use clap::Args;
 use std::time::{Duration, Instant};
 
@@ -47,46 +47,17 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         return Err("with several sites, at most 10 nodes per site (site s uses ports port+10*s ..)".into());
     }
     let delays = wan_delays(args.sites, args.wan.as_deref())?;
-    // Sites authenticate each other with the secret their nodes share.
-    let secret = format!("{:032x}", rand::random::<u128>());
-    let ports = |s: u16| (0..args.nodes).map(|i| args.port + 10 * s + i).collect::<Vec<u16>>();
-    let mut sites: Vec<Site> = Vec::new();
-    for s in 0..args.sites {
-        let mut node_args = args.node_args.clone();
-        if args.sites > 1 {
-            node_args.extend(["--site".to_string(), s.to_string(), "--cluster-secret".to_string(), secret.clone()]);
-            node_args.extend(["--wan-jitter-ms".to_string(), args.wan_jitter_ms.to_string()]);
-            let mut wan = Vec::new();
-            for t in (0..args.sites).filter(|&t| t != s) {
-                let addrs: Vec<String> = ports(t).iter().map(|p| format!("127.0.0.1:{p}")).collect();
-                node_args.extend(["--remote-site".to_string(), format!("{t}={}", addrs.join(","))]);
-                wan.push(format!("{t}={}", delays[s as usize][t as usize]));
-            }
-            node_args.extend(["--wan-delay".to_string(), wan.join(",")]);
-        }
-        let data_dir = match (&args.data_dir, args.sites) {
-            (Some(d), 1) => Some(d.clone()),
-            (Some(d), _) => Some(format!("{d}/site-{s}")),
-            (None, _) => None,
-        };
-        let shape = Shape {
-            port: args.port,
-            nodes: args.nodes,
-            replicas: args.replicas,
-            k: args.k,
-            partitions: args.partitions,
-            data_dir,
-            node_args,
-            logs: None,
-        };
-        match Site::start_on(shape, ports(s)) {
-            Ok(site) => sites.push(site),
-            Err(e) => {
-                sites.iter_mut().for_each(Site::stop);
-                return Err(e);
-            }
-        }
-    }
+    let ports: Vec<Vec<u16>> = (0..args.sites).map(|s| (0..args.nodes).map(|i| args.port + 10 * s + i).collect()).collect();
+    let shape = Shape {
+        nodes: args.nodes,
+        replicas: args.replicas,
+        k: args.k,
+        partitions: args.partitions,
+        data_dir: args.data_dir.clone(),
+        node_args: args.node_args.clone(),
+        logs: None,
+    };
+    let mut sites = start_sites(&shape, &ports, &delays, args.wan_jitter_ms)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     // A node serves once the coordinator has admitted it (a Raft election,
     // then one decision): wait for that, so the first request succeeds.

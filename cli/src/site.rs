@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 /// The shape of a local site.
 #[derive(Clone, Debug)]
 pub struct Shape {
-    /// Node i listens on `port + i`; 0: on ports the system picks.
-    pub port: u16,
     pub nodes: u16,
     pub replicas: usize,
     pub k: usize,
@@ -35,16 +33,8 @@ pub struct Site {
 }
 
 impl Site {
-    /// Starts every node and waits until each accepts connections.
-    pub fn start(shape: Shape) -> Result<Site, String> {
-        let ports = match shape.port {
-            0 => free_ports(shape.nodes)?,
-            p => (0..shape.nodes).map(|i| p + i).collect(),
-        };
-        Site::start_on(shape, ports)
-    }
-
-    /// `start`, node i listening on `ports[i]`.
+    /// Starts every node, node i listening on `ports[i]`, and waits until
+    /// each accepts connections.
     pub fn start_on(shape: Shape, ports: Vec<u16>) -> Result<Site, String> {
         causeway_core::ring::Shape { partitions: shape.partitions, replicas: shape.replicas, k: shape.k }.validate(shape.nodes as usize)?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -175,8 +165,46 @@ impl Site {
     }
 }
 
+/// Starts `ports.len()` sites of `shape`, active-active: site s's node i
+/// on `ports[s][i]`, its log in `DATA/site-s/node-i` and its stderr in
+/// `LOGS/site-s/`, one-way delays `delays[s][t]` ms plus up to `jitter_ms`
+/// between sites, one shared cluster secret (sites authenticate each
+/// other with it). One site: `start_on`, unchanged.
+pub fn start_sites(shape: &Shape, ports: &[Vec<u16>], delays: &[Vec<u64>], jitter_ms: u64) -> Result<Vec<Site>, String> {
+    if ports.len() == 1 {
+        return Ok(vec![Site::start_on(shape.clone(), ports[0].clone())?]);
+    }
+    let secret = format!("{:032x}", rand::random::<u128>());
+    let mut sites: Vec<Site> = Vec::new();
+    for s in 0..ports.len() {
+        let mut shape = shape.clone();
+        shape.node_args.extend(["--site".to_string(), s.to_string(), "--cluster-secret".to_string(), secret.clone()]);
+        shape.node_args.extend(["--wan-jitter-ms".to_string(), jitter_ms.to_string()]);
+        let mut wan = Vec::new();
+        for t in (0..ports.len()).filter(|&t| t != s) {
+            let addrs: Vec<String> = ports[t].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+            shape.node_args.extend(["--remote-site".to_string(), format!("{t}={}", addrs.join(","))]);
+            wan.push(format!("{t}={}", delays[s][t]));
+        }
+        shape.node_args.extend(["--wan-delay".to_string(), wan.join(",")]);
+        shape.data_dir = shape.data_dir.map(|d| format!("{d}/site-{s}"));
+        if let Some(logs) = &mut shape.logs {
+            logs.push(format!("site-{s}"));
+            std::fs::create_dir_all(&*logs).map_err(|e| e.to_string())?;
+        }
+        match Site::start_on(shape, ports[s].clone()) {
+            Ok(site) => sites.push(site),
+            Err(e) => {
+                sites.iter_mut().for_each(Site::stop);
+                return Err(e);
+            }
+        }
+    }
+    Ok(sites)
+}
+
 /// `n` ports free a moment ago (bound to port 0, then released).
-fn free_ports(n: u16) -> Result<Vec<u16>, String> {
+pub fn free_ports(n: u16) -> Result<Vec<u16>, String> {
     let listeners: Vec<std::net::TcpListener> =
         (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
     listeners.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())).collect()

@@ -21,7 +21,7 @@ use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::{TcpListener, TcpStream};
@@ -37,9 +37,19 @@ const TICK: Duration = Duration::from_millis(20);
 /// better with nine nodes on two cores (BENCHMARKS.md).
 const GEO_TICK: Duration = Duration::from_millis(5);
 
+/// Added to this process's wall clock: a clock fault, emulated
+/// (`CW.CLOCK SKEW`, `causeway torture --sites`).
+static SKEW_MS: AtomicI64 = AtomicI64::new(0);
+
 /// Wall-clock milliseconds: the physical part of hybrid timestamps.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    (wall + SKEW_MS.load(Ordering::Relaxed)).max(0) as u64
+}
+
+/// Sets how far this node's wall clock is off (0: not at all).
+pub fn set_skew_ms(ms: i64) {
+    SKEW_MS.store(ms, Ordering::Relaxed);
 }
 
 /// Monotonic milliseconds since the process started: failure detection,

@@ -85,6 +85,16 @@ struct SimNode {
     crashed: bool,
     /// Paused (SIGSTOP) until then: messages wait, no ticks.
     paused_until: u64,
+    /// How far its wall clock is off (`Sim::skew_clocks`; a restart sets it
+    /// right, as a new process on a fixed machine).
+    skew_ms: i64,
+}
+
+impl SimNode {
+    /// Its clocks at virtual time `ms`: the wall clock skewed.
+    fn now(&self, ms: u64) -> Now {
+        Now { wall_ms: (ms as i64 + self.skew_ms).max(0) as u64, mono_ms: ms }
+    }
 }
 
 /// When simulated disks are synced.
@@ -200,7 +210,7 @@ impl Sim {
             .map(|me| {
                 let mut core = Node::new(identity(me, me as u64 + 1, site, sites, nodes), topology.clone());
                 let disk = core.take_log();
-                SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0 }
+                SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0, skew_ms: 0 }
             })
             .collect();
         let mut sim = Sim {
@@ -412,7 +422,8 @@ impl Sim {
                     let at_ms = node.paused_until + self.rng.below(3);
                     return self.enqueue_at(env, at_ms);
                 }
-                self.step_node(n as usize, |core, out| core.step(env.msg, Now::at(now), out));
+                let now = node.now(now);
+                self.step_node(n as usize, |core, out| core.step(env.msg, now, out));
             }
             Dest::Client(id) => {
                 let Some(i) = self.clients.iter().position(|c| c.driver.id() == id) else {
@@ -507,7 +518,8 @@ impl Sim {
             if self.nodes[n].crashed || self.nodes[n].paused_until > now {
                 continue;
             }
-            self.step_node(n, |core, out| core.tick(Now::at(now), out));
+            let now = self.nodes[n].now(now);
+            self.step_node(n, |core, out| core.tick(now, out));
         }
         for i in 0..self.clients.len() {
             let progress = self.clients[i].driver.tick(now);
@@ -589,6 +601,7 @@ impl Sim {
         }
         n.core = core;
         n.crashed = false;
+        n.skew_ms = 0;
     }
 
     /// Starts a crashed `node` again with nothing: no log, no saved
@@ -616,7 +629,7 @@ impl Sim {
         self.incarnations += 1;
         let saved = (*self.topology).clone();
         let core = Node::new(identity(id, self.incarnations, self.site, &self.sites, self.nodes.len() as u16), saved.clone());
-        self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0 });
+        self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0, skew_ms: 0 });
         self.supervisor.as_mut().expect("joins need the coordinator").add(NodeInfo { id, addr: format!("sim-{id}") });
         id
     }
@@ -631,6 +644,14 @@ impl Sim {
 
     /// Pauses `node` (SIGSTOP) for `ms`: it handles nothing meanwhile and
     /// finds its messages waiting when it resumes.
+    /// Puts the wall clock of every node of the site `ms` ahead (negative:
+    /// behind), as of now: a jump, then a steady offset.
+    pub fn skew_clocks(&mut self, ms: i64) {
+        for n in &mut self.nodes {
+            n.skew_ms = ms;
+        }
+    }
+
     pub fn pause(&mut self, node: NodeId, ms: u64) {
         self.nodes[node as usize].paused_until = self.now_ms + ms;
     }

@@ -40,6 +40,9 @@ struct Faults {
     crashes: bool,
     /// A whole site killed and restarted from its logs.
     site_restart: bool,
+    /// A site's clocks jump up to 3 s ahead or behind, and stay so (until
+    /// its nodes restart).
+    skews: bool,
 }
 
 /// Faults in flight: nodes to restart, by when.
@@ -69,6 +72,10 @@ impl Striking {
                 world.sites[site].crash(node);
                 self.restarts.push((now + 200 + rng.below(1_500), site, node));
             }
+        }
+        if f.skews && rng.chance(0.002) {
+            let site = rng.below(SITES as u64) as usize;
+            world.sites[site].skew_clocks(rng.below(6_001) as i64 - 3_000);
         }
         if f.site_restart && !self.site_restarted && rng.chance(0.001) && self.restarts.is_empty() {
             self.site_restarted = true;
@@ -236,7 +243,19 @@ fn lossy_links_and_cuts() {
 /// receivers among them) and a whole site restarted from its logs.
 #[test]
 fn crashes_and_a_site_restart() {
-    let faults = Faults { cuts: true, crashes: true, site_restart: true };
+    let faults = Faults { cuts: true, crashes: true, site_restart: true, skews: false };
+    let geo = Geo { wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
+    for seed in seeds(0..5) {
+        run(seed, &geo);
+    }
+}
+
+/// Sites' clocks jump ahead and behind (and stay off) while links are cut
+/// and nodes crash: hybrid timestamps keep causality, last-writer-wins
+/// still converges, and nothing acknowledged is lost.
+#[test]
+fn skewed_clocks() {
+    let faults = Faults { cuts: true, crashes: true, site_restart: false, skews: true };
     let geo = Geo { wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
     for seed in seeds(0..5) {
         run(seed, &geo);

@@ -133,6 +133,7 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.cluster", -2, false, cw::cluster::run),
     command!("cw.sites", 1, false, cw::sites::run),
     command!("cw.wan", -3, false, cw::sites::wan),
+    command!("cw.clock", 3, false, cw::sites::clock),
     command!("cw.wait", -3, false, cw::sites::wait),
     command!("cw.conflicts", -1, false, cw::sites::conflicts),
 ];

@@ -1,5 +1,5 @@
-//! CW.SITES, CW.WAIT SITE s|ALL timeout_ms, CW.CONFLICTS [count], and
-//! CW.WAN CUT|RESTORE site | DELAY site ms
+//! CW.SITES, CW.WAIT SITE s|ALL timeout_ms, CW.CONFLICTS [count],
+//! CW.WAN CUT|RESTORE site | DELAY site ms, and CW.CLOCK SKEW ms
 //!
 //! CW.SITES: geo-replication as this node sees it, as `field:value` lines
 //! (the same as INFO's `geo` section): this site, every site, the leader
@@ -11,10 +11,15 @@
 //! CW.WAN changes this node's emulated wide-area link to a site (`peer::
 //! wan`): CUT drops everything to and from it until RESTORE; DELAY sets its
 //! one-way delay. Replies `+OK`; an unknown site is an error.
+//!
+//! CW.CLOCK SKEW ms puts this node's wall clock `ms` ahead (negative:
+//! behind; 0: right again), the way a machine's clock drifts: the hybrid
+//! clocks must keep causality and last-writer-wins sane across sites
+//! (`causeway torture --sites`).
 
 use crate::cmd::{syntax_error, Outcome};
 use crate::conn::Conn;
-use crate::server::{now_ms, Node};
+use crate::server::{now_ms, set_skew_ms, Node};
 use bytes::Bytes;
 use causeway_core::version::{SiteId, VersionVector};
 use causeway_resp::Frame;
@@ -37,6 +42,9 @@ pub fn fields(node: &Node) -> Vec<(String, String)> {
         f.push(("conflicts".into(), core.conflicts().to_string()));
         f.push(("remote_backlog".into(), geo.backlog().to_string()));
         f.push(("unreported".into(), geo.unreported().to_string()));
+        // Local updates a tail could not report in timestamp order, so never
+        // shipped: always 0 unless a bug loses writes for other sites.
+        f.push(("out_of_order".into(), geo.out_of_order().to_string()));
         for link in node.site_links() {
             let applied = geo.site_time().get(link.site).physical_ms;
             let state = if link.is_cut() {
@@ -141,4 +149,15 @@ pub async fn wan(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         _ => return syntax_error().into(),
     }
     Frame::ok().into()
+}
+
+pub async fn clock(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let skew = String::from_utf8_lossy(&args[1]).eq_ignore_ascii_case("skew");
+    match std::str::from_utf8(&args[2]).ok().and_then(|ms| ms.parse::<i64>().ok()) {
+        Some(ms) if skew => {
+            set_skew_ms(ms);
+            Frame::ok().into()
+        }
+        _ => syntax_error().into(),
+    }
 }

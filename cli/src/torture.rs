@@ -127,7 +127,7 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
     let delays = causeway_core::geo::paper_delays(args.sites as usize);
     let mut sites = start_sites(&shape, &ports, &delays, 2)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
-    let verdict = runtime.block_on(campaign(&mut sites, &args, seed));
+    let verdict = runtime.block_on(campaign(&mut sites, &args, seed, &dir));
     sites.iter_mut().for_each(Site::stop);
     match verdict {
         Ok(summary) => {
@@ -139,7 +139,7 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
     }
 }
 
-async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64) -> Result<String, String> {
+async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::path::Path) -> Result<String, String> {
     for site in sites.iter() {
         site.wait_serving(Duration::from_secs(30)).await?;
     }
@@ -195,7 +195,13 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64) -> Result<S
         return Err("no write was acknowledged in the second after the sites healed".into());
     }
     let writes = Arc::try_unwrap(writes).map_err(|_| "writers still running")?.into_inner().unwrap();
-    let history = check_history(&writes.history, &args.consistency, n)?;
+    let history = check_history(&writes.history, &args.consistency, n).inspect_err(|_| {
+        // For a closer look: one operation per line, in call order.
+        let mut ops: Vec<&Op> = writes.history.iter().collect();
+        ops.sort_by_key(|op| op.call);
+        let lines: String = ops.iter().map(|op| format!("{op:?}\n")).collect();
+        let _ = std::fs::write(dir.join("history.txt"), lines);
+    })?;
     let mut checked = 0;
     let mut partitions = 0;
     for site in sites.iter() {

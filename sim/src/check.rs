@@ -201,13 +201,13 @@ pub fn causal_values(history: &[Op], order: impl Fn(&str) -> Option<u64>) -> Vec
     let mut past: Vec<Vec<u32>> = vec![vec![0; sessions.len()]; sessions.len()];
     let mut past_of: HashMap<&str, Vec<u32>> = HashMap::new();
     let mut violations = Vec::new();
-    // The newest write to `key` in a past.
-    let newest = |key: &str, past: &[u32]| -> Option<u64> {
+    // The newest write to `key` in a past: its place, and its session.
+    let newest = |key: &str, past: &[u32]| -> Option<(u64, usize)> {
         let per = writes_of.get(key)?;
         per.iter()
             .filter_map(|(ws, list)| {
                 let before = list.partition_point(|&(idx, _)| (idx as u32) < past[*ws]);
-                before.checked_sub(1).map(|j| list[j].1)
+                before.checked_sub(1).map(|j| (list[j].1, sessions[*ws]))
             })
             .max()
     };
@@ -231,7 +231,7 @@ pub fn causal_values(history: &[Op], order: impl Fn(&str) -> Option<u64>) -> Vec
                 for &(key, v) in &pairs {
                     let Some(theirs) = past_of.get(v) else { continue };
                     for &(other, w) in pairs.iter().filter(|(k, _)| *k != key) {
-                        let Some(need) = newest(other, theirs) else { continue };
+                        let Some((need, _)) = newest(other, theirs) else { continue };
                         if !failed.contains(w) && order(w).is_none_or(|p| p < need) {
                             violations.push(format!(
                                 "session {} MGET fractured: {key}={v} was written after {other}'s write #{need}, but the snapshot has {other}={w:?}",
@@ -242,12 +242,16 @@ pub fn causal_values(history: &[Op], order: impl Fn(&str) -> Option<u64>) -> Vec
                 }
                 // Each value is no older than the read's past demands.
                 for &(key, v) in &pairs {
-                    let Some(need) = newest(key, &past[s]) else { continue };
+                    let Some((need, by)) = newest(key, &past[s]) else { continue };
                     match order(v) {
-                        _ if v.is_empty() => violations
-                            .push(format!("session {} read nothing for {key}, but its causal past has its write #{need}", op.client)),
-                        Some(place) if place < need && !failed.contains(v) => violations
-                            .push(format!("session {} read {v} for {key}, older than write #{need} in its causal past", op.client)),
+                        _ if v.is_empty() => violations.push(format!(
+                            "session {} read nothing for {key} at {}, but its causal past has its write #{need} (by session {by})",
+                            op.client, op.call
+                        )),
+                        Some(place) if place < need && !failed.contains(v) => violations.push(format!(
+                            "session {} read {v} for {key} at {}, older than write #{need} (by session {by}) in its causal past",
+                            op.client, op.call
+                        )),
                         _ => {}
                     }
                 }

@@ -378,6 +378,12 @@ impl Geo {
                     for batch in batches {
                         s.step(StabilizerMsg::Ids(batch), now_ms, &mut sout);
                     }
+                    if s.is_leader() {
+                        // Ship what became stable now rather than at the
+                        // next tick (Eunomia's `process_stable`, driven by
+                        // arrivals: a tick's wait less of visibility delay).
+                        s.tick(now_ms, &mut sout);
+                    }
                     self.stabilizer_out(topology, sout, out);
                 }
             }

@@ -137,6 +137,10 @@ pub struct LastWrite {
     at_ms: u64,
 }
 
+/// How far ahead of a promise the logged clock ceiling goes
+/// (`ChainReplica::cover`): one log record per partition per this much.
+const CEILING_MS: u64 = 1_000;
+
 /// This node's replica of one partition.
 #[derive(Debug)]
 pub struct ChainReplica {
@@ -165,6 +169,9 @@ pub struct ChainReplica {
     store: PartitionStore,
     /// Orders writes at the head.
     clock: Clock,
+    /// No promise this replica made or passed on is above this, and the
+    /// log holds it (`LogRecord::Clock`, `cover`).
+    ceiling: Timestamp,
     /// Highest seq applied (all below it are applied too).
     applied: u64,
     /// A hash of every update applied, in order (`chain_history`): two
@@ -245,6 +252,7 @@ impl ChainReplica {
             owed: None,
             store: PartitionStore::default(),
             clock: Clock::default(),
+            ceiling: Timestamp::ZERO,
             applied: 0,
             history: 0,
             recent: VecDeque::new(),
@@ -477,7 +485,8 @@ impl ChainReplica {
         let state = LogRecord::State { partition: self.partition, state: self.state() };
         let unstable = LogRecord::Updates { partition: self.partition, updates: self.unstable.iter().cloned().collect() };
         let behind = LogRecord::Behind { partition: self.partition, behind: self.catching_up };
-        vec![state, unstable, behind]
+        let clock = LogRecord::Clock { partition: self.partition, ceiling: self.ceiling };
+        vec![state, unstable, behind, clock]
     }
 
     fn state(&self) -> PartitionState {
@@ -800,6 +809,7 @@ impl ChainReplica {
         if let Some(old) = retained {
             r.store = old.store;
             r.clock = old.clock;
+            r.ceiling = old.ceiling;
             r.applied = old.applied;
             r.history = old.history;
             r.stable = old.stable.min(old.applied);
@@ -1179,7 +1189,29 @@ impl ChainReplica {
         }
         self.promise = None;
         self.clock.observe(ts);
+        self.cover(ts);
         Some(ts)
+    }
+
+    /// Logs a ceiling above `ts` before a promise of `ts` leaves this
+    /// replica. A promise lets the stabilizer, and then other sites, count
+    /// everything up to it as stable. A node whose clock ran ahead and
+    /// restarts with it set right again must still never order a write
+    /// below a promise its chain passed on (the stabilizer would drop the
+    /// write's id, and updates that depend on it would be applied
+    /// elsewhere without it): recovery starts the clock at the ceiling.
+    /// One record per `CEILING_MS` of promises.
+    fn cover(&mut self, ts: Timestamp) {
+        if ts > self.ceiling {
+            self.ceiling = Timestamp::new(ts.physical_ms + CEILING_MS, 0);
+            self.log.push(LogRecord::Clock { partition: self.partition, ceiling: self.ceiling });
+        }
+    }
+
+    /// After recovery: the clock starts above every promise made before.
+    pub fn observe_ceiling(&mut self, ceiling: Timestamp) {
+        self.ceiling = self.ceiling.max(ceiling);
+        self.clock.observe(ceiling);
     }
 
     /// At the head: another site's update, from this site's receiver, to be
@@ -1475,9 +1507,33 @@ mod tests {
             .into_iter()
             .flat_map(|rec| match rec {
                 LogRecord::Updates { updates, .. } => updates,
-                LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } => Vec::new(),
+                LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } | LogRecord::Clock { .. } => Vec::new(),
             })
             .collect()
+    }
+
+    /// A head whose clock ran 3 s ahead promises; restarted with the clock
+    /// right again, it recovers the logged ceiling and orders its next
+    /// write above the promise (before the fix it ordered it 3 s below).
+    #[test]
+    fn a_promise_leaves_only_under_a_logged_ceiling() {
+        let (t, [head, ..], [mut r, _, _]) = chain_of_three();
+        r.make_promise(13_000);
+        let promised = r.take_promise().expect("a head promises at once");
+        let ceiling = r
+            .take_log()
+            .into_iter()
+            .find_map(|rec| match rec {
+                LogRecord::Clock { ceiling, .. } => Some(ceiling),
+                _ => None,
+            })
+            .expect("the ceiling is logged before the promise leaves");
+        assert!(ceiling > promised);
+        let mut back = ChainReplica::new(&t, 0, head, 0).unwrap();
+        back.observe_ceiling(ceiling);
+        let mut out = Outbox::new();
+        back.put(put(1, 1), 10_000, &mut out);
+        assert!(logged(&mut back)[0].version.ts > promised);
     }
 
     /// The whole-site restart bug: two connections writing through one head

@@ -222,6 +222,7 @@ impl Node {
         // Per partition: the last state, and the updates logged after it.
         let mut segments: BTreeMap<PartitionId, (Option<crate::chain::PartitionState>, Vec<Update>)> = BTreeMap::new();
         let mut behind: BTreeSet<PartitionId> = BTreeSet::new();
+        let mut ceilings: BTreeMap<PartitionId, Timestamp> = BTreeMap::new();
         for record in records {
             report.records += 1;
             match record {
@@ -240,6 +241,10 @@ impl Node {
                 LogRecord::Behind { partition, behind: false } => {
                     behind.remove(&partition);
                 }
+                LogRecord::Clock { partition, ceiling } => {
+                    let c = ceilings.entry(partition).or_insert(ceiling);
+                    *c = (*c).max(ceiling);
+                }
             }
         }
         report.behind = behind.into_iter().filter(|p| segments.get(p).is_some_and(|(s, _)| s.is_some())).collect();
@@ -256,6 +261,9 @@ impl Node {
                 r.enable_geo();
             }
             r.restore(state, now_ms);
+            if let Some(&ceiling) = ceilings.get(&p) {
+                r.observe_ceiling(ceiling);
+            }
             if let Some(missing) = r.replay(updates, now_ms) {
                 report.gaps.push((p, missing));
             }
@@ -680,6 +688,8 @@ impl Node {
     fn pass_promise(&mut self, partition: PartitionId, to: &mut BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>) {
         let Some(r) = &mut self.parts[partition as usize] else { return };
         let Some(ts) = r.take_promise() else { return };
+        // Its clock ceiling is durable before the promise leaves.
+        self.log.extend(r.take_log());
         match r.next() {
             Some(next) => to.entry(next).or_default().push((partition, r.applied(), ts)),
             None if r.reports() => {

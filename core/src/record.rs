@@ -12,13 +12,14 @@
 
 use crate::chain::PartitionState;
 use crate::error::Error;
+use crate::hlc::Timestamp;
 use crate::message::Update;
 use crate::ring::PartitionId;
 use serde::{Deserialize, Serialize};
 
 /// The version of the record encoding. A log written by another version is
 /// refused at start with a clear error rather than misread.
-pub const FORMAT: u8 = 4;
+pub const FORMAT: u8 = 5;
 
 /// One write-ahead log record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,6 +38,9 @@ pub enum LogRecord {
     /// caught up: a replica that restarts while behind does not have all
     /// its position needs, so its log is not whole (see `node::Recovery`).
     Behind { partition: PartitionId, behind: bool },
+    /// The replica made or passed on no promise above `ceiling`
+    /// (`ChainReplica::cover`): after a restart its clock starts there.
+    Clock { partition: PartitionId, ceiling: Timestamp },
 }
 
 impl LogRecord {
@@ -45,7 +49,8 @@ impl LogRecord {
             LogRecord::Updates { partition, .. }
             | LogRecord::State { partition, .. }
             | LogRecord::Dropped { partition }
-            | LogRecord::Behind { partition, .. } => *partition,
+            | LogRecord::Behind { partition, .. }
+            | LogRecord::Clock { partition, .. } => *partition,
         }
     }
 

@@ -142,7 +142,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         .into_iter()
         .flat_map(|r| match r {
             LogRecord::Updates { updates, .. } => updates,
-            LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } => vec![],
+            LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } | LogRecord::Clock { .. } => vec![],
         })
         .collect();
     // Restart 1: the plain log.
@@ -158,6 +158,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         match m {
             LogRecord::State { state, .. } => restored.restore(state, 20),
             LogRecord::Updates { updates, .. } => assert_eq!(restored.replay(updates, 20), None),
+            LogRecord::Clock { ceiling, .. } => restored.observe_ceiling(ceiling),
             LogRecord::Dropped { .. } | LogRecord::Behind { .. } => {}
         }
     }
@@ -174,6 +175,7 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
         match m {
             LogRecord::State { state, .. } => restored2.restore(state, 20),
             LogRecord::Updates { updates, .. } => assert_eq!(restored2.replay(updates, 20), None),
+            LogRecord::Clock { ceiling, .. } => restored2.observe_ceiling(ceiling),
             LogRecord::Dropped { .. } | LogRecord::Behind { .. } => {}
         }
     }

@@ -98,9 +98,9 @@ const VALUE_PROMISE_MS: u64 = 250;
 const SITE_TIME_MS: u64 = 50;
 /// Heads promise this often while their site is idle: promises only move
 /// the stable time, which matters once some head takes a write (and says
-/// the site is `Busy`). Each promise costs a message
-/// down every chain, to the stabilizer and on to every site: at every
-/// 5 ms tick, nine idle geo nodes used more than a core of two.
+/// the site is `Busy`). Each promise costs a message down every chain, to
+/// the stabilizer and on to every site: at every 5 ms tick, nine idle geo
+/// nodes used more than a core of two.
 const IDLE_PROMISE_MS: u64 = 100;
 /// After a `Busy`, heads promise every tick for this long.
 const BUSY_MS: u64 = 1000;

@@ -970,6 +970,9 @@ impl ChainReplica {
             return;
         }
         self.clock.observe(clock);
+        // The sender's clock covers promises this replica never saw: it
+        // must survive a restart here too.
+        self.cover(clock);
         if let Some(state) = state.filter(|s| s.applied > self.applied) {
             self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
             let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
@@ -1004,6 +1007,7 @@ impl ChainReplica {
             return false;
         }
         self.clock.observe(clock);
+        self.cover(clock);
         if !self.joining {
             // The answer to a fetch for a gap (`tick`): only what extends
             // this replica.
@@ -1200,7 +1204,8 @@ impl ChainReplica {
     /// below a promise its chain passed on (the stabilizer would drop the
     /// write's id, and updates that depend on it would be applied
     /// elsewhere without it): recovery starts the clock at the ceiling.
-    /// One record per `CEILING_MS` of promises.
+    /// One record per `CEILING_MS` of promises. State transfers cover the
+    /// sender's clock the same way.
     fn cover(&mut self, ts: Timestamp) {
         if ts > self.ceiling {
             self.ceiling = Timestamp::new(ts.physical_ms + CEILING_MS, 0);

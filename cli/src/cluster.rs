@@ -82,22 +82,16 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
                 vec![b"CW.CLUSTER".to_vec(), b"ADD".to_vec(), id.to_string().into_bytes(), addr.clone().into_bytes()]
             }
             Action::Remove { id } => vec![b"CW.CLUSTER".to_vec(), b"REMOVE".to_vec(), id.to_string().into_bytes()],
-            Action::Link { .. } | Action::Clock { .. } => {
-                let args: Vec<String> = match &args.action {
-                    Action::Link { change: Link::Cut { site } } => vec!["CW.WAN".into(), "CUT".into(), site.to_string()],
-                    Action::Link { change: Link::Restore { site } } => vec!["CW.WAN".into(), "RESTORE".into(), site.to_string()],
-                    Action::Link { change: Link::Delay { site, ms } } => {
-                        vec!["CW.WAN".into(), "DELAY".into(), site.to_string(), ms.to_string()]
-                    }
-                    Action::Clock { change: Clock::Skew { ms } } => vec!["CW.CLOCK".into(), "SKEW".into(), ms.to_string()],
-                    _ => unreachable!(),
+            Action::Link { change } => {
+                let command: Vec<String> = match change {
+                    Link::Cut { site } => vec!["CW.WAN".into(), "CUT".into(), site.to_string()],
+                    Link::Restore { site } => vec!["CW.WAN".into(), "RESTORE".into(), site.to_string()],
+                    Link::Delay { site, ms } => vec!["CW.WAN".into(), "DELAY".into(), site.to_string(), ms.to_string()],
                 };
-                let request: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-                for addr in node_addrs(&status) {
-                    call(&addr, &request).await.map_err(|e| format!("{addr}: {e}"))?;
-                }
-                println!("OK (every node of the site)");
-                return Ok(());
+                return every_node(&status, &command).await;
+            }
+            Action::Clock { change: Clock::Skew { ms } } => {
+                return every_node(&status, &["CW.CLOCK".into(), "SKEW".into(), ms.to_string()]).await;
             }
         };
         let request: Vec<&[u8]> = change.iter().map(|a| a.as_slice()).collect();
@@ -114,6 +108,17 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
         }
         Err(format!("no coordinator leader accepted the change: {last}"))
     })
+}
+
+/// Sends `command` to every node of the site (emulated faults: each node
+/// keeps its own link and clock).
+async fn every_node(status: &str, command: &[String]) -> Result<(), String> {
+    let request: Vec<&[u8]> = command.iter().map(|a| a.as_bytes()).collect();
+    for addr in node_addrs(status) {
+        call(&addr, &request).await.map_err(|e| format!("{addr}: {e}"))?;
+    }
+    println!("OK (every node of the site)");
+    Ok(())
 }
 
 /// Every node's address, from `CW.CLUSTER STATUS`.

@@ -309,9 +309,7 @@ async fn on_every_node(site: &Site, command: &[&str]) -> Result<(), String> {
     let args: Vec<&[u8]> = command.iter().map(|a| a.as_bytes()).collect();
     for i in 0..site.shape.nodes {
         let mut c = RespConn::connect(&site.addr(i)).await?;
-        if let Frame::Error(e) = c.call(&args).await? {
-            return Err(format!("{} on node {i}: {e}", command.join(" ")));
-        }
+        c.call(&args).await.map_err(|e| format!("{} on {}: {e}", command.join(" "), site.addr(i)))?;
     }
     Ok(())
 }

@@ -969,7 +969,6 @@ impl ChainReplica {
         if epoch != self.epoch || !self.catching_up {
             return;
         }
-        self.clock.observe(clock);
         // The sender's clock covers promises this replica never saw: it
         // must survive a restart here too.
         self.cover(clock);
@@ -1006,7 +1005,6 @@ impl ChainReplica {
         if epoch != self.epoch {
             return false;
         }
-        self.clock.observe(clock);
         self.cover(clock);
         if !self.joining {
             // The answer to a fetch for a gap (`tick`): only what extends
@@ -1192,13 +1190,12 @@ impl ChainReplica {
             return None;
         }
         self.promise = None;
-        self.clock.observe(ts);
         self.cover(ts);
         Some(ts)
     }
 
-    /// Logs a ceiling above `ts` before a promise of `ts` leaves this
-    /// replica. A promise lets the stabilizer, and then other sites, count
+    /// Moves the clock past `ts` and logs a ceiling above it, before a
+    /// promise of `ts` leaves this replica. A promise lets the stabilizer, and then other sites, count
     /// everything up to it as stable. A node whose clock ran ahead and
     /// restarts with it set right again must still never order a write
     /// below a promise its chain passed on (the stabilizer would drop the
@@ -1207,6 +1204,7 @@ impl ChainReplica {
     /// One record per `CEILING_MS` of promises. State transfers cover the
     /// sender's clock the same way.
     fn cover(&mut self, ts: Timestamp) {
+        self.clock.observe(ts);
         if ts > self.ceiling {
             self.ceiling = Timestamp::new(ts.physical_ms + CEILING_MS, 0);
             self.log.push(LogRecord::Clock { partition: self.partition, ceiling: self.ceiling });

@@ -14,6 +14,7 @@ mod resp_client;
 mod site;
 mod torture;
 
+use causeway_core::geo::Replication;
 use causeway_node::config::{parse_nodes, parse_remote_sites, NodeConfig};
 use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;
@@ -107,6 +108,11 @@ struct NodeArgs {
     /// Up to this much more delay, at random, on each message to another site.
     #[arg(long, default_value_t = 0)]
     wan_jitter_ms: u64,
+    /// How sites replicate: causal (Eunomia), or a baseline to measure it
+    /// against: eventual (no causal order) or sequenced (a synchronous site
+    /// sequencer in the write path). The same at every site.
+    #[arg(long, default_value = "causal")]
+    replication: Replication,
 }
 
 impl NodeArgs {
@@ -130,6 +136,7 @@ impl NodeArgs {
             site: self.site,
             remote_sites,
             wan_jitter_ms: self.wan_jitter_ms,
+            replication: self.replication,
             requirepass: self.requirepass,
             cluster_secret: self.cluster_secret,
             max_bulk_len: self.max_value_bytes,

@@ -30,7 +30,7 @@
 //! back through a state transfer instead of guessing.
 
 use crate::chain::{ChainReplica, Digest, PutRequest};
-use crate::geo::{Geo, GeoMsg};
+use crate::geo::{Geo, GeoMsg, Replication};
 use crate::hlc::Timestamp;
 use crate::message::{send, Dest, Envelope, Keyspace, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
@@ -113,6 +113,8 @@ pub struct Identity {
     /// Every site of the deployment (this one included); one site, or
     /// none listed, is a single-site deployment.
     pub sites: Vec<SiteId>,
+    /// How sites replicate to each other (the same at every site).
+    pub replication: Replication,
 }
 
 /// What `recover` found in the log.
@@ -181,7 +183,7 @@ impl Node {
             parked: Vec::new(),
         };
         if node.id.sites.len() > 1 {
-            let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32);
+            let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32, node.id.replication);
             geo.configure(&node.topology, 0);
             node.geo = Some(geo);
         }

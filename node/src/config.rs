@@ -1,6 +1,7 @@
 //! A node's configuration: from flags (`causeway node --id 0 --listen ...`)
 //! or a TOML file with the same field names.
 
+use causeway_core::geo::Replication;
 use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
 use causeway_core::version::SiteId;
 use causeway_resp::Limits;
@@ -33,6 +34,11 @@ pub struct NodeConfig {
     /// site (emulated jitter; order is kept, as on a TCP connection).
     #[serde(default)]
     pub wan_jitter_ms: u64,
+    /// How sites replicate to each other: causal (Eunomia), or one of the
+    /// baselines it is measured against (`eventual`, `sequenced`); the same
+    /// at every site.
+    #[serde(default)]
+    pub replication: Replication,
     /// Like Redis' `requirepass`: clients must AUTH first.
     #[serde(default)]
     pub requirepass: Option<String>,

@@ -383,6 +383,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         incarnation,
         coordinators: config.coordinators(),
         sites: config.sites(),
+        replication: config.replication,
     };
     let secret: Option<Arc<str>> = config.cluster_secret.as_deref().map(Arc::from);
     if secret.is_none() {

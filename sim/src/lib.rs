@@ -21,6 +21,7 @@ pub mod world;
 
 use causeway_core::driver::{Driver, Request, Response};
 use causeway_core::error::Error;
+use causeway_core::geo::Replication;
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
 use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
@@ -182,6 +183,7 @@ pub struct Sim {
     /// This site, and every site of the deployment (`world` runs several).
     site: SiteId,
     sites: Vec<SiteId>,
+    replication: Replication,
     /// Messages for other sites, for `world::World` to carry.
     pub outgoing: Vec<(SiteId, Message)>,
 }
@@ -197,18 +199,28 @@ const COORDINATOR: NodeId = 0;
 
 impl Sim {
     pub fn new(seed: u64, nodes: u16, shape: Shape, clients: usize, network: Network) -> Sim {
-        Sim::site(seed, 0, &[0], nodes, shape, clients, network)
+        Sim::site(seed, 0, &[0], Replication::Causal, nodes, shape, clients, network)
     }
 
     /// Site `site` of a deployment of `sites` (see `world`).
-    pub fn site(seed: u64, site: SiteId, sites: &[SiteId], nodes: u16, shape: Shape, clients: usize, network: Network) -> Sim {
+    #[allow(clippy::too_many_arguments)]
+    pub fn site(
+        seed: u64,
+        site: SiteId,
+        sites: &[SiteId],
+        replication: Replication,
+        nodes: u16,
+        shape: Shape,
+        clients: usize,
+        network: Network,
+    ) -> Sim {
         let infos = (0..nodes).map(|id| NodeInfo { id, addr: format!("sim-{id}") }).collect();
         let mut topology = Topology::new(1, shape, infos).expect("valid shape");
         // The site is born with every node admitted (incarnations 1..=n).
         topology.admitted = (0..nodes).map(|id| (id, id as u64 + 1)).collect();
         let nodes = (0..nodes)
             .map(|me| {
-                let mut core = Node::new(identity(me, me as u64 + 1, site, sites, nodes), topology.clone());
+                let mut core = Node::new(identity(me, me as u64 + 1, site, sites, replication, nodes), topology.clone());
                 let disk = core.take_log();
                 SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0, skew_ms: 0 }
             })
@@ -235,6 +247,7 @@ impl Sim {
             changes: Vec::new(),
             site,
             sites: sites.to_vec(),
+            replication,
             outgoing: Vec::new(),
         };
         for i in 0..clients {
@@ -589,7 +602,7 @@ impl Sim {
     /// it recovers its replicas from the log and waits to be admitted.
     pub fn restart(&mut self, node: NodeId) {
         self.incarnations += 1;
-        let identity = identity(node, self.incarnations, self.site, &self.sites, self.nodes.len() as u16);
+        let identity = identity(node, self.incarnations, self.site, &self.sites, self.replication, self.nodes.len() as u16);
         let n = &mut self.nodes[node as usize];
         assert!(n.crashed, "restart a crashed node");
         let mut core = Node::new(identity, n.saved.clone());
@@ -628,7 +641,8 @@ impl Sim {
         let id = self.nodes.len() as NodeId;
         self.incarnations += 1;
         let saved = (*self.topology).clone();
-        let core = Node::new(identity(id, self.incarnations, self.site, &self.sites, self.nodes.len() as u16), saved.clone());
+        let core =
+            Node::new(identity(id, self.incarnations, self.site, &self.sites, self.replication, self.nodes.len() as u16), saved.clone());
         self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0, skew_ms: 0 });
         self.supervisor.as_mut().expect("joins need the coordinator").add(NodeInfo { id, addr: format!("sim-{id}") });
         id
@@ -781,7 +795,7 @@ impl Sim {
 /// Simulated node `me` of site `site`: heartbeats go to the (simulated)
 /// coordinator. With several sites the first three nodes are the
 /// coordinator's members, and so the stabilizer's replicas.
-fn identity(me: NodeId, incarnation: u64, site: SiteId, sites: &[SiteId], nodes: u16) -> Identity {
+fn identity(me: NodeId, incarnation: u64, site: SiteId, sites: &[SiteId], replication: Replication, nodes: u16) -> Identity {
     let coordinators = if sites.len() > 1 { (0..nodes.min(3)).collect() } else { vec![COORDINATOR] };
-    Identity { me, site, addr: format!("sim-{me}"), incarnation, coordinators, sites: sites.to_vec() }
+    Identity { me, site, addr: format!("sim-{me}"), incarnation, coordinators, sites: sites.to_vec(), replication }
 }

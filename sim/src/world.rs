@@ -8,6 +8,7 @@
 //! lands in the past.
 
 use crate::{Completed, Network, Rng, Sim};
+use causeway_core::geo::Replication;
 use causeway_core::ring::Shape;
 use causeway_core::version::SiteId;
 
@@ -45,12 +46,26 @@ pub struct World {
 impl World {
     /// `sites` sites of `nodes` nodes each, every one running the real
     /// coordinator, with `clients` clients each.
-    pub fn new(seed: u64, sites: usize, nodes: u16, shape: Shape, clients: usize, network: Network, wan: Wan) -> World {
+    /// `sites` sites of `nodes` nodes replicating to each other as
+    /// `replication` says (`Replication::Causal` but to measure or check a
+    /// baseline).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        seed: u64,
+        sites: usize,
+        replication: Replication,
+        nodes: u16,
+        shape: Shape,
+        clients: usize,
+        network: Network,
+        wan: Wan,
+    ) -> World {
         let ids: Vec<SiteId> = (0..sites as SiteId).collect();
         let sites = ids
             .iter()
             .map(|&s| {
-                Sim::site(seed.wrapping_mul(31).wrapping_add(s as u64), s, &ids, nodes, shape, clients, network.clone()).with_coordinator()
+                let seed = seed.wrapping_mul(31).wrapping_add(s as u64);
+                Sim::site(seed, s, &ids, replication, nodes, shape, clients, network.clone()).with_coordinator()
             })
             .collect::<Vec<_>>();
         let n = sites.len();

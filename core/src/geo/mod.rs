@@ -23,6 +23,44 @@ use serde::{Deserialize, Serialize};
 use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
 use std::collections::{BTreeMap, VecDeque};
 
+/// How a deployment replicates between sites (`causeway node --replication`).
+/// Every site of a deployment must use the same. The two baselines exist to
+/// measure what causality costs (Eunomia §6, Figures 2 and 5): they are not
+/// modes to run a store in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Replication {
+    /// Eunomia: tails report ids to the site stabilizer, which ships them in
+    /// timestamp order; receivers apply an update once its dependencies are
+    /// stable here. Causal+ everywhere.
+    #[default]
+    Causal,
+    /// Baseline: no causal order. Tails send values to the other sites and
+    /// nothing else (no ids, no stabilizer); a receiver applies each value
+    /// as it arrives, last-writer-wins. Converges, but a reader may see an
+    /// effect before its cause.
+    Eventual,
+    /// Baseline S-Seq: as `Causal`, plus a synchronous round trip from the
+    /// head to the site's sequencer (on the stabilizer leader) before every
+    /// write is ordered, as designs that put a sequencer in the critical
+    /// path do (`sequencer`). Shipping stays Eunomia's, so this measures
+    /// the cost of the sequencer in the write path, not a whole S-Seq
+    /// system.
+    Sequenced,
+}
+
+impl std::str::FromStr for Replication {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "causal" => Ok(Replication::Causal),
+            "eventual" => Ok(Replication::Eventual),
+            "sequenced" => Ok(Replication::Sequenced),
+            _ => Err(format!("unknown replication '{s}' (causal, eventual or sequenced)")),
+        }
+    }
+}
+
 /// One-way delays in ms between `sites` sites as in the Eunomia paper's
 /// setup: 40 between site 0 and each other site, 80 between two others
 /// (`causeway dev --sites`, the simulator's `Wan::paper`).
@@ -85,6 +123,8 @@ struct Outbound {
     /// (timestamp, seq) of every update recorded and not yet applied
     /// everywhere: what `reported` is computed from.
     seqs: VecDeque<(Timestamp, u64)>,
+    /// Ids go to the stabilizer (not with `Replication::Eventual`).
+    report_ids: bool,
 }
 
 /// Promises alone go to stabilizer replicas that do not lead at most this
@@ -108,12 +148,14 @@ const BUSY_MS: u64 = 1000;
 const BUSY_REFRESH_MS: u64 = 250;
 
 impl Outbound {
+    /// No `replicas`: ids are not reported at all (values only).
     fn new(partition: PartitionId, replicas: &[NodeId], others: &[SiteId], leader: Option<NodeId>) -> Outbound {
         let mut o = Outbound {
             partition,
             ids: Reporter::new(partition, replicas),
             values: Reporter::new(partition, others),
             seqs: VecDeque::new(),
+            report_ids: !replicas.is_empty(),
         };
         for &site in others {
             o.values.set_idle_ms(site, VALUE_PROMISE_MS);
@@ -134,12 +176,16 @@ impl Outbound {
     /// destination relies on: counted, never shipped).
     fn record(&mut self, site: SiteId, u: &Update) -> bool {
         let (partition, ts) = (self.partition, u.version.ts);
-        let vv = u.version.vv.0.iter().copied().collect();
-        if !self.ids.record(UpdateId { partition, ts, local_dep: u.local_dep, vv }) {
-            return false;
+        if self.report_ids {
+            let vv = u.version.vv.0.iter().copied().collect();
+            if !self.ids.record(UpdateId { partition, ts, local_dep: u.local_dep, vv }) {
+                return false;
+            }
         }
         let (key, value, expires_at_ms) = (u.key.clone(), u.value.clone(), u.expires_at_ms);
-        self.values.record(RemoteValue { origin: site, partition, ts, key, value, expires_at_ms });
+        if !self.values.record(RemoteValue { origin: site, partition, ts, key, value, expires_at_ms }) {
+            return false;
+        }
         self.seqs.push_back((ts, u.seq));
         true
     }
@@ -173,6 +219,8 @@ impl Outbound {
 pub struct Geo {
     site: SiteId,
     me: NodeId,
+    replication: Replication,
+    partitions: u32,
     /// Every other site.
     others: Vec<SiteId>,
     all: Vec<SiteId>,
@@ -205,11 +253,17 @@ pub struct Geo {
 impl Geo {
     /// `me`'s part in site `site` of a deployment of `sites`, whose
     /// stabilizer replicas are `replicas`.
-    pub fn new(site: SiteId, sites: &[SiteId], me: NodeId, replicas: &[NodeId], partitions: u32) -> Geo {
-        let stabilizer = replicas.contains(&me).then(|| Stabilizer::new(site, me, partitions, sites));
+    ///
+    /// With `Replication::Eventual` there is no stabilizer: ids are never
+    /// reported, and the receiver applies values as they arrive.
+    pub fn new(site: SiteId, sites: &[SiteId], me: NodeId, replicas: &[NodeId], partitions: u32, replication: Replication) -> Geo {
+        let causal = replication != Replication::Eventual;
+        let stabilizer = (causal && replicas.contains(&me)).then(|| Stabilizer::new(site, me, partitions, sites));
         Geo {
             site,
             me,
+            replication,
+            partitions,
             others: sites.iter().copied().filter(|&s| s != site).collect(),
             all: sites.to_vec(),
             replicas: replicas.to_vec(),
@@ -245,7 +299,10 @@ impl Geo {
             for o in self.tails.values_mut() {
                 o.follow(&self.replicas, leader);
             }
-            self.receiver = (leader == Some(self.me)).then(|| Receiver::new(self.site, &self.all, &VersionVector::default()));
+            self.receiver = (leader == Some(self.me)).then(|| match self.replication {
+                Replication::Eventual => Receiver::eventual(self.site, &self.all, self.partitions),
+                _ => Receiver::new(self.site, &self.all, &VersionVector::default()),
+            });
         }
     }
 
@@ -259,7 +316,8 @@ impl Geo {
             return None;
         };
         let fresh = !self.tails.contains_key(&partition);
-        let (replicas, others, leader) = (&self.replicas, &self.others, self.leader);
+        let replicas: &[NodeId] = if self.replication == Replication::Eventual { &[] } else { &self.replicas };
+        let (others, leader) = (&self.others, self.leader);
         let o = self.tails.entry(partition).or_insert_with(|| Outbound::new(partition, replicas, others, leader));
         // A new tail starts from what the chain has not reported yet (which
         // includes what it just applied).

@@ -159,11 +159,22 @@ impl Stamped for RemoteValue {
 }
 
 /// One sibling partition's value stream, as received here.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct ValueStream {
     received: Timestamp,
     due: bool,
     resend: bool,
+    /// `Receiver::eventual`: values handed out and not reported stable,
+    /// with when they were last handed out.
+    applying: BTreeMap<Timestamp, (RemoteWrite, Option<u64>)>,
+}
+
+impl ValueStream {
+    /// `Receiver::eventual`: every value of the stream up to here is
+    /// stable in this site's chains.
+    fn applied(&self) -> Timestamp {
+        self.applying.keys().next().map_or(self.received, |ts| ts.just_before())
+    }
 }
 
 /// A remote update handed out and not reported stable yet.
@@ -214,6 +225,8 @@ pub struct Receiver {
     site_time: VersionVector,
     /// Values whose update has not been handed out.
     values: AHashMap<(SiteId, PartitionId, Timestamp), RemoteValue>,
+    /// `Some(partitions)`: the eventual baseline (`Receiver::eventual`).
+    eventual: Option<u32>,
 }
 
 impl Receiver {
@@ -243,13 +256,25 @@ impl Receiver {
                 (s, origin)
             })
             .collect();
-        Receiver { me, origins, site_time, values: AHashMap::new() }
+        Receiver { me, origins, site_time, values: AHashMap::new(), eventual: None }
+    }
+
+    /// The baseline without causal order (`geo::Replication::Eventual`):
+    /// no ids are shipped; each value is handed out as soon as it arrives,
+    /// in any order, and resent until reported stable. Each origin's entry
+    /// of `applied()` is still exact (the minimum over its `partitions`
+    /// value streams of what is stable here), so lag and `CW.WAIT` keep
+    /// their meaning; only the order of visibility is given up.
+    pub fn eventual(me: SiteId, sites: &[SiteId], partitions: u32) -> Receiver {
+        let mut r = Receiver::new(me, sites, &VersionVector::default());
+        r.eventual = Some(partitions);
+        r
     }
 
     pub fn step(&mut self, msg: ReceiverMsg, out: &mut Vec<ReceiverOut>) {
         match msg {
             ReceiverMsg::Ship(ship) => self.new_updates(ship),
-            ReceiverMsg::Values { origin, batch } => self.new_values(origin, batch),
+            ReceiverMsg::Values { origin, batch } => self.new_values(origin, batch, out),
             ReceiverMsg::Applied { origin, partition, ts } => self.stable_locally(origin, Position { ts, partition }),
         }
         self.flush(out);
@@ -272,16 +297,34 @@ impl Receiver {
                     Some(_) => {}
                 }
             }
+            for (write, sent_ms) in o.streams.values_mut().flat_map(|v| v.applying.values_mut()) {
+                match sent_ms {
+                    None => *sent_ms = Some(now_ms),
+                    Some(at) if now_ms.saturating_sub(*at) >= APPLY_RESEND_MS => {
+                        *sent_ms = Some(now_ms);
+                        out.push(ReceiverOut::Apply(write.clone()));
+                    }
+                    Some(_) => {}
+                }
+            }
         }
         for (&origin, o) in self.origins.iter_mut() {
             let refresh = now_ms.saturating_sub(o.acked_ms) >= SITE_ACK_REFRESH_MS;
             for (&partition, v) in o.streams.iter_mut().filter(|(_, v)| v.due || refresh) {
                 // Everything of this partition at or before the applied point.
-                let applied = if o.applied.partition >= partition { o.applied.ts } else { o.applied.ts.just_before() };
+                let applied = match self.eventual {
+                    Some(_) => v.applied(),
+                    None if o.applied.partition >= partition => o.applied.ts,
+                    None => o.applied.ts.just_before(),
+                };
                 let ack = ValuesAck { from: self.me, origin, partition, received: v.received, applied, resend: v.resend };
                 out.push(ReceiverOut::ValuesAck(ack));
                 v.due = false;
                 v.resend = false;
+            }
+            if self.eventual.is_some() {
+                o.acked_ms = now_ms;
+                continue; // no stabilizer to acknowledge to
             }
             if !o.ack_due && !refresh {
                 continue;
@@ -307,7 +350,7 @@ impl Receiver {
 
     /// Remote updates handed out and not reported stable yet.
     pub fn in_flight(&self) -> usize {
-        self.origins.values().map(|o| o.in_flight.len()).sum()
+        self.origins.values().map(|o| o.in_flight.len() + o.streams.values().map(|v| v.applying.len()).sum::<usize>()).sum()
     }
 
     /// Each origin's stream here, one line each (diagnostics).
@@ -370,8 +413,9 @@ impl Receiver {
     }
 
     /// A sibling partition's values: keeps what extends its stream and was
-    /// not handed out yet, refuses a gap.
-    fn new_values(&mut self, origin: SiteId, batch: Batch<RemoteValue>) {
+    /// not handed out yet, refuses a gap. The eventual baseline hands each
+    /// one out at once.
+    fn new_values(&mut self, origin: SiteId, batch: Batch<RemoteValue>, out: &mut Vec<ReceiverOut>) {
         let Some(o) = self.origins.get_mut(&origin) else { return };
         let stream = o.streams.entry(batch.partition).or_default();
         stream.due = true;
@@ -382,16 +426,35 @@ impl Receiver {
         for value in batch.items {
             if value.ts > stream.received && value.origin == origin && value.partition == batch.partition {
                 stream.received = value.ts;
-                if (Position { ts: value.ts, partition: value.partition }) > o.handed_out {
+                if self.eventual.is_some() {
+                    let write = RemoteWrite {
+                        partition: value.partition,
+                        key: value.key,
+                        value: value.value,
+                        expires_at_ms: value.expires_at_ms,
+                        version: Version::local(origin, value.ts),
+                    };
+                    out.push(ReceiverOut::Apply(write.clone()));
+                    stream.applying.insert(value.ts, (write, None));
+                } else if (Position { ts: value.ts, partition: value.partition }) > o.handed_out {
                     self.values.insert((value.origin, value.partition, value.ts), value);
                 }
             }
         }
         stream.received = stream.received.max(batch.up_to);
+        if self.eventual.is_some() {
+            self.settle(origin);
+        }
     }
 
     fn stable_locally(&mut self, origin: SiteId, pos: Position) {
         let Some(o) = self.origins.get_mut(&origin) else { return };
+        if self.eventual.is_some() {
+            if let Some(v) = o.streams.get_mut(&pos.partition) {
+                v.due |= v.applying.remove(&pos.ts).is_some();
+            }
+            return self.settle(origin);
+        }
         if let Ok(i) = o.in_flight.binary_search_by_key(&pos, |f| f.pos) {
             o.in_flight[i].stable = true;
         }
@@ -405,6 +468,15 @@ impl Receiver {
     /// before the first update of it that is not stable here.
     fn settle(&mut self, origin: SiteId) {
         let o = self.origins.get_mut(&origin).expect("settle a known origin");
+        if let Some(partitions) = self.eventual {
+            // Every partition of the origin must have been heard from.
+            if o.streams.len() == partitions as usize {
+                let applied = o.streams.values().map(ValueStream::applied).min().unwrap_or(Timestamp::ZERO);
+                let entry = &mut self.site_time.0[origin as usize];
+                *entry = (*entry).max(applied);
+            }
+            return;
+        }
         let first_missing = o.in_flight.front().map(|f| f.pos).or_else(|| o.pending.front().map(UpdateId::position));
         let applied = first_missing.map_or(o.received, Position::before);
         if applied > o.applied {

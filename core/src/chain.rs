@@ -331,6 +331,11 @@ impl ChainReplica {
         self.refuse(out, op, Refusal::NotResponsible { epoch: self.epoch });
     }
 
+    /// Whether this replica heads its chain (client writes are ordered here).
+    pub fn is_head(&self) -> bool {
+        self.index == 0
+    }
+
     /// A write at the head: order it, apply it, start it down the chain.
     pub fn put(&mut self, req: PutRequest, now_ms: u64, out: &mut Outbox) {
         if self.index != 0 || self.catching_up {

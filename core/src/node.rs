@@ -299,11 +299,16 @@ impl Node {
         match msg {
             Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write } => {
                 let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write };
-                if stale(epoch) || self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
+                let head = self.parts.get(partition as usize).and_then(Option::as_ref).is_some_and(ChainReplica::is_head);
+                if stale(epoch) || !head {
                     return self.not_responsible(op, out);
                 }
-                if let Some(geo) = &mut self.geo {
-                    geo.wrote(&self.topology, now_ms, out);
+                let req = match &mut self.geo {
+                    Some(geo) => geo.sequence(partition, req, now_ms, out),
+                    None => Some(req),
+                };
+                if let Some(req) = req {
+                    self.put(partition, req, now_ms, out);
                 }
             }
             Message::Get { op, epoch, partition, key, min, leased } => {
@@ -418,6 +423,17 @@ impl Node {
             | Message::Flushed { .. }
             | Message::TopologyIs { .. }
             | Message::Refused { .. } => {}
+        }
+    }
+
+    /// A client write at the head of `partition`, to order now.
+    fn put(&mut self, partition: PartitionId, req: PutRequest, now_ms: u64, out: &mut Outbox) {
+        let op = req.op;
+        if self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
+            return self.not_responsible(op, out);
+        }
+        if let Some(geo) = &mut self.geo {
+            geo.wrote(&self.topology, now_ms, out);
         }
     }
 
@@ -661,6 +677,9 @@ impl Node {
         if self.geo.is_none() {
             return;
         }
+        for op in self.geo.as_mut().map(|g| g.unsequenced(now_ms)).unwrap_or_default() {
+            self.not_responsible(op, out);
+        }
         let due = self.geo.as_mut().is_some_and(|g| g.promises_due(now_ms));
         self.promise(due, now_ms, out);
         for p in 0..self.parts.len() as PartitionId {
@@ -728,6 +747,11 @@ impl Node {
                     geo.busy(now_ms);
                 }
                 self.promise(true, now_ms, out);
+            }
+            GeoMsg::Sequenced(reply) => {
+                if let Some((partition, req)) = self.geo.as_mut().and_then(|g| g.sequenced(reply)) {
+                    self.put(partition, req, now_ms, out);
+                }
             }
             GeoMsg::Apply { epoch: e, write, from } => {
                 if e != epoch {

@@ -11,14 +11,17 @@
 
 pub mod receiver;
 pub mod reporter;
+pub mod sequencer;
 pub mod stabilizer;
 
+use crate::chain::PutRequest;
 use crate::hlc::Timestamp;
-use crate::message::{send, Dest, Message, Outbox, Update};
+use crate::message::{send, Dest, Message, OpId, Outbox, Update};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::{SiteId, VersionVector};
 use receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue, RemoteWrite, ValuesAck};
 use reporter::{Batch, Reporter};
+use sequencer::{SeqReply, SeqRequest, Sequencer};
 use serde::{Deserialize, Serialize};
 use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
 use std::collections::{BTreeMap, VecDeque};
@@ -112,6 +115,11 @@ pub enum GeoMsg {
     /// (`Geo::promises_due`). Sent alongside the write's own trip down its
     /// chain, it adds no delay.
     Busy,
+    /// `Replication::Sequenced`: a head -> the stabilizer leader, for the
+    /// write's number before the head orders it.
+    Sequence { from: NodeId, req: SeqRequest },
+    /// The leader's answer.
+    Sequenced(SeqReply),
 }
 
 /// A tail's outgoing streams for one partition.
@@ -146,6 +154,10 @@ const IDLE_PROMISE_MS: u64 = 100;
 const BUSY_MS: u64 = 1000;
 /// A node taking writes says `Busy` again this often.
 const BUSY_REFRESH_MS: u64 = 250;
+/// `Replication::Sequenced`: a write whose number has not come back this
+/// long after it was asked for is refused (the client retries; the leader
+/// may have changed or the message been lost).
+const SEQUENCE_TIMEOUT_MS: u64 = 1_000;
 
 impl Outbound {
     /// No `replicas`: ids are not reported at all (values only).
@@ -248,6 +260,12 @@ pub struct Geo {
     /// them spliced after a new head's update at the gap). The simulator
     /// asserts 0.
     out_of_order: u64,
+    /// `Replication::Sequenced`: the site's sequencer (on stabilizer
+    /// replicas; the leader's answers), and the writes heads here wait to
+    /// order, by tag, with the partition and when they were parked.
+    sequencer: Option<Sequencer>,
+    sequencing: BTreeMap<u64, (PartitionId, PutRequest, u64)>,
+    next_tag: u64,
 }
 
 impl Geo {
@@ -278,6 +296,9 @@ impl Geo {
             promised_ms: 0,
             busy_sent_ms: None,
             out_of_order: 0,
+            sequencer: (replication == Replication::Sequenced && replicas.contains(&me)).then(Sequencer::new),
+            sequencing: BTreeMap::new(),
+            next_tag: 0,
         }
     }
 
@@ -371,6 +392,51 @@ impl Geo {
         for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
             send(out, Dest::Node(n), Message::Geo(GeoMsg::Busy));
         }
+    }
+
+    /// `Replication::Sequenced`: a write `req` at the head of `partition`
+    /// asks the site's sequencer for its number and waits here (returned
+    /// at once, numbered, when this node is the leader: no round trip).
+    /// `None`: parked until `sequenced`. Other modes: returned as it is.
+    pub fn sequence(&mut self, partition: PartitionId, req: PutRequest, now_ms: u64, out: &mut Outbox) -> Option<PutRequest> {
+        if self.replication != Replication::Sequenced {
+            return Some(req);
+        }
+        self.next_tag += 1;
+        let ask = SeqRequest { partition, tag: self.next_tag };
+        match (self.leader, &mut self.sequencer) {
+            (Some(l), Some(s)) if l == self.me => {
+                s.step(ask);
+                Some(req)
+            }
+            (Some(l), _) => {
+                self.sequencing.insert(ask.tag, (partition, req, now_ms));
+                send(out, Dest::Node(l), Message::Geo(GeoMsg::Sequence { from: self.me, req: ask }));
+                None
+            }
+            // No leader: the write is refused when the timeout passes.
+            (None, _) => {
+                self.sequencing.insert(ask.tag, (partition, req, now_ms));
+                None
+            }
+        }
+    }
+
+    /// A number came back: the write it was for, to order now.
+    pub fn sequenced(&mut self, reply: SeqReply) -> Option<(PartitionId, PutRequest)> {
+        self.sequencing.remove(&reply.tag).map(|(p, req, _)| (p, req))
+    }
+
+    /// Writes whose number did not come back in time, to refuse.
+    pub fn unsequenced(&mut self, now_ms: u64) -> Vec<OpId> {
+        let late: Vec<u64> =
+            self.sequencing.iter().filter(|(_, (_, _, at))| now_ms.saturating_sub(*at) >= SEQUENCE_TIMEOUT_MS).map(|(&t, _)| t).collect();
+        late.into_iter().filter_map(|t| self.sequencing.remove(&t)).map(|(_, req, _)| req.op).collect()
+    }
+
+    /// Numbers handed out by the sequencer here.
+    pub fn sequenced_count(&self) -> u64 {
+        self.sequencer.as_ref().map_or(0, Sequencer::served)
     }
 
     /// Periodic work: reporters send their batches, the stabilizer ships,
@@ -495,8 +561,13 @@ impl Geo {
                 self.site_time.merge(&applied);
                 self.seen_by.merge(&seen_by);
             }
+            GeoMsg::Sequence { from, req } => {
+                if let (Some(s), true) = (&mut self.sequencer, self.leader == Some(self.me)) {
+                    send(out, Dest::Node(from), Message::Geo(GeoMsg::Sequenced(s.step(req))));
+                }
+            }
             // The node's (chain) business.
-            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } | GeoMsg::Busy => {}
+            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } | GeoMsg::Busy | GeoMsg::Sequenced(_) => {}
         }
     }
 

@@ -11,6 +11,7 @@
 
 pub mod receiver;
 pub mod reporter;
+pub mod sequencer;
 pub mod stabilizer;
 
 use crate::hlc::Timestamp;

@@ -416,7 +416,9 @@ fn wide_area_metadata_per_update_at_three_sites() {
 /// Every message is bincode-encoded and decoded (`wire`, as peers send
 /// them) and both ends' work counts: the sender's encoding and the
 /// receiver's decoding. Only the time spent on messages and state
-/// machines is counted; building the partitions' ids is not.
+/// machines is counted; building the partitions' ids is not. A last column
+/// runs the stabilizer again with messages handed over unencoded, to show
+/// what the wire format costs.
 ///
 /// What it leaves out: no network, no syscalls, no framing, no other
 /// threads. Each side runs on one thread, and everything is in one
@@ -452,8 +454,18 @@ fn stabilizer_against_sequencer() {
         crate::wire::decode(buf).expect("what was encoded decodes")
     }
 
-    /// Ids ordered and shipped per second of busy time.
-    fn stabilizer(partitions: u32, sim_ms: u64) -> f64 {
+    /// Hands `msg` over, through the wire format unless `wire` is off.
+    fn carry<T: Serialize + serde::de::DeserializeOwned>(msg: T, wire: bool, buf: &mut Vec<u8>) -> T {
+        if wire {
+            round_trip(&msg, buf)
+        } else {
+            msg
+        }
+    }
+
+    /// Ids ordered and shipped per second of busy time; `wire` off hands
+    /// messages over as they are (the state machine's own cost).
+    fn stabilizer(partitions: u32, sim_ms: u64, wire: bool) -> f64 {
         let mut s = Stabilizer::new(0, 1, partitions, &[0, 1, 2]);
         let mut out = Vec::new();
         s.step(leader(1, 1), EPOCH_MS, &mut out);
@@ -484,7 +496,7 @@ fn stabilizer_against_sequencer() {
             ids += batches.iter().map(|b| b.items.len() as u64).sum::<u64>();
             let start = Instant::now();
             for batch in batches {
-                let msg = round_trip(&Message::Geo(GeoMsg::Ids(vec![batch])), &mut buf);
+                let msg = carry(Message::Geo(GeoMsg::Ids(vec![batch])), wire, &mut buf);
                 let Message::Geo(GeoMsg::Ids(batches)) = msg else { unreachable!("sent Ids") };
                 for batch in batches {
                     s.step(StabilizerMsg::Ids(batch), ms, &mut out);
@@ -496,13 +508,13 @@ fn stabilizer_against_sequencer() {
                         StabilizerOut::Ship(_) => unreachable!("ships only on tick"),
                     })
                     .collect();
-                let acks = round_trip(&Message::Geo(GeoMsg::IdsAcks(acks)), &mut buf);
+                let acks = carry(Message::Geo(GeoMsg::IdsAcks(acks)), wire, &mut buf);
                 std::hint::black_box(acks);
             }
             s.tick(ms, &mut out);
             for o in out.drain(..) {
                 let StabilizerOut::Ship(ship) = o else { unreachable!("acks only on Ids") };
-                let Message::Geo(GeoMsg::Ship(ship)) = round_trip(&Message::Geo(GeoMsg::Ship(ship)), &mut buf) else {
+                let Message::Geo(GeoMsg::Ship(ship)) = carry(Message::Geo(GeoMsg::Ship(ship)), wire, &mut buf) else {
                     unreachable!("sent a Ship")
                 };
                 let got = &mut received[ship.to as usize];
@@ -514,7 +526,7 @@ fn stabilizer_against_sequencer() {
                 for from in [1, 2] {
                     let r = received[from as usize];
                     let ack = Message::Geo(GeoMsg::SiteAck(SiteAck { from, origin: 0, received: r, applied: r, resend: false }));
-                    let Message::Geo(GeoMsg::SiteAck(ack)) = round_trip(&ack, &mut buf) else { unreachable!("sent a SiteAck") };
+                    let Message::Geo(GeoMsg::SiteAck(ack)) = carry(ack, wire, &mut buf) else { unreachable!("sent a SiteAck") };
                     s.step(StabilizerMsg::SiteAck(ack), ms, &mut out);
                 }
             }
@@ -542,12 +554,13 @@ fn stabilizer_against_sequencer() {
     }
 
     // Warm caches and the allocator before the first row.
-    stabilizer(8, SIM_MS / 10);
+    stabilizer(8, SIM_MS / 10, true);
     sequencer(8, UPDATES / 10);
-    println!("| partitions | stabilizer ids/s | sequencer ids/s | stabilizer / sequencer |");
-    println!("| ---: | ---: | ---: | ---: |");
+    println!("| partitions | stabilizer ids/s | sequencer ids/s | stabilizer / sequencer | stabilizer ids/s, no encoding |");
+    println!("| ---: | ---: | ---: | ---: | ---: |");
     for partitions in [1, 2, 4, 8, 16, 32, 64, 128] {
-        let (stab, seq) = (stabilizer(partitions, SIM_MS), sequencer(partitions, UPDATES));
-        println!("| {partitions} | {:.2} M | {:.2} M | {:.2} |", stab / 1e6, seq / 1e6, stab / seq);
+        let (stab, seq) = (stabilizer(partitions, SIM_MS, true), sequencer(partitions, UPDATES));
+        let bare = stabilizer(partitions, SIM_MS, false);
+        println!("| {partitions} | {:.2} M | {:.2} M | {:.2} | {:.2} M |", stab / 1e6, seq / 1e6, stab / seq, bare / 1e6);
     }
 }

@@ -398,3 +398,170 @@ fn wide_area_metadata_per_update_at_three_sites() {
     println!("wide-area metadata per update at 3 sites: {per_id:.1} bytes per id shipped, {per_value} bytes with each value");
     assert!(per_id < 64.0, "{per_id} bytes per id");
 }
+
+/// Eunomia Figure 2 (§7.1): the most ids per second one core can order as
+/// the site's stabilizer, against the most a site sequencer (the S-Seq
+/// baseline, `geo::sequencer`) can number, for 1 to 128 partitions.
+/// `cargo test -p causeway-core --release -- --ignored --nocapture stabilizer_against_sequencer`
+///
+/// Stabilizer: the leader replica of site 0 of three. Each partition sends
+/// one `GeoMsg::Ids` per simulated millisecond holding the ids it wrote in
+/// that millisecond (`SITE_RATE` / P / 1000 of them) and a promise past
+/// the millisecond, as a node whose only tail is that partition does; the
+/// replica answers each with `GeoMsg::IdsAcks`, ticks once per simulated
+/// millisecond (ordering and shipping to sites 1 and 2), and the two sites
+/// acknowledge what they received every `ACK_EVERY_MS` so it can let go.
+/// Sequencer: one `SeqRequest` and one `SeqReply` per update.
+///
+/// Every message is bincode-encoded and decoded (`wire`, as peers send
+/// them) and both ends' work counts: the sender's encoding and the
+/// receiver's decoding. Only the time spent on messages and state
+/// machines is counted; building the partitions' ids is not. A last column
+/// runs the stabilizer again with messages handed over unencoded, to show
+/// what the wire format costs.
+///
+/// What it leaves out: no network, no syscalls, no framing, no other
+/// threads. Each side runs on one thread, and everything is in one
+/// process. The paper's sequencer was a networked server, where each
+/// update costs a network round trip and its handling; here a request
+/// costs only two small encodings, two decodings and an increment, so the
+/// per-message cost that bounds a real sequencer is mostly missing, and
+/// this sequencer's number is an upper bound far above a served one. The
+/// stabilizer side is closer to real: its messages come one per partition
+/// per millisecond whatever the write rate, and its per-id costs are all
+/// here. It also does more per id than the sequencer per update: it ships
+/// every id to two sites, which in S-Seq happens elsewhere.
+#[test]
+#[ignore]
+fn stabilizer_against_sequencer() {
+    use crate::geo::sequencer::{SeqReply, SeqRequest, Sequencer};
+    use crate::geo::GeoMsg;
+    use crate::message::Message;
+    use std::time::{Duration, Instant};
+
+    /// Ids the site writes per simulated second: 2 000 per millisecond.
+    const SITE_RATE: u64 = 2_000_000;
+    /// Simulated milliseconds per run of the stabilizer: 4 M ids.
+    const SIM_MS: u64 = 2_000;
+    /// Updates per run of the sequencer.
+    const UPDATES: u64 = 4_000_000;
+    const ACK_EVERY_MS: u64 = 10;
+    /// A wall clock in ms, so timestamps encode as long as in production.
+    const EPOCH_MS: u64 = 1_795_472_920_986;
+
+    fn round_trip<T: Serialize + serde::de::DeserializeOwned>(msg: &T, buf: &mut Vec<u8>) -> T {
+        buf.clear();
+        crate::wire::encode_into(msg, buf);
+        crate::wire::decode(buf).expect("what was encoded decodes")
+    }
+
+    /// Hands `msg` over, through the wire format unless `wire` is off.
+    fn carry<T: Serialize + serde::de::DeserializeOwned>(msg: T, wire: bool, buf: &mut Vec<u8>) -> T {
+        if wire {
+            round_trip(&msg, buf)
+        } else {
+            msg
+        }
+    }
+
+    /// Ids ordered and shipped per second of busy time; `wire` off hands
+    /// messages over as they are (the state machine's own cost).
+    fn stabilizer(partitions: u32, sim_ms: u64, wire: bool) -> f64 {
+        let mut s = Stabilizer::new(0, 1, partitions, &[0, 1, 2]);
+        let mut out = Vec::new();
+        s.step(leader(1, 1), EPOCH_MS, &mut out);
+        let mut prev = vec![Timestamp::ZERO; partitions as usize];
+        let mut received = [Position::START; 3];
+        let mut buf = Vec::new();
+        let (mut busy, mut ids, mut shipped) = (Duration::ZERO, 0, 0);
+        for ms in EPOCH_MS + 1..=EPOCH_MS + sim_ms {
+            // The partitions' writes of this millisecond, spread evenly
+            // (the first ones take the remainder).
+            let per_ms = SITE_RATE / 1_000;
+            let remote: [Timestamp; 2] = [Timestamp::new(ms - 40, 0), Timestamp::new(ms - 80, 0)];
+            let batches: Vec<IdBatch> = (0..partitions)
+                .map(|partition| {
+                    let n = per_ms / partitions as u64 + u64::from((partition as u64) < per_ms % partitions as u64);
+                    let items = (0..n as u32)
+                        .map(|logical| {
+                            let ts = Timestamp::new(ms, logical);
+                            let vv: IdVector = [ts, remote[0], remote[1]].into_iter().collect();
+                            UpdateId { partition, ts, local_dep: ts.just_before(), vv }
+                        })
+                        .collect();
+                    let up_to = Timestamp::new(ms + 1, 0).just_before();
+                    let prev = std::mem::replace(&mut prev[partition as usize], up_to);
+                    IdBatch { partition, prev, items, up_to }
+                })
+                .collect();
+            ids += batches.iter().map(|b| b.items.len() as u64).sum::<u64>();
+            let start = Instant::now();
+            for batch in batches {
+                let msg = carry(Message::Geo(GeoMsg::Ids(vec![batch])), wire, &mut buf);
+                let Message::Geo(GeoMsg::Ids(batches)) = msg else { unreachable!("sent Ids") };
+                for batch in batches {
+                    s.step(StabilizerMsg::Ids(batch), ms, &mut out);
+                }
+                let acks = out
+                    .drain(..)
+                    .map(|o| match o {
+                        StabilizerOut::IdsAck(ack) => ack,
+                        StabilizerOut::Ship(_) => unreachable!("ships only on tick"),
+                    })
+                    .collect();
+                let acks = carry(Message::Geo(GeoMsg::IdsAcks(acks)), wire, &mut buf);
+                std::hint::black_box(acks);
+            }
+            s.tick(ms, &mut out);
+            for o in out.drain(..) {
+                let StabilizerOut::Ship(ship) = o else { unreachable!("acks only on Ids") };
+                let Message::Geo(GeoMsg::Ship(ship)) = carry(Message::Geo(GeoMsg::Ship(ship)), wire, &mut buf) else {
+                    unreachable!("sent a Ship")
+                };
+                let got = &mut received[ship.to as usize];
+                assert!(ship.prev <= *got, "a gap in the stream to site {}", ship.to);
+                *got = (*got).max(ship.through);
+                shipped += ship.ids.len() as u64;
+            }
+            if ms % ACK_EVERY_MS == 0 {
+                for from in [1, 2] {
+                    let r = received[from as usize];
+                    let ack = Message::Geo(GeoMsg::SiteAck(SiteAck { from, origin: 0, received: r, applied: r, resend: false }));
+                    let Message::Geo(GeoMsg::SiteAck(ack)) = carry(ack, wire, &mut buf) else { unreachable!("sent a SiteAck") };
+                    s.step(StabilizerMsg::SiteAck(ack), ms, &mut out);
+                }
+            }
+            busy += start.elapsed();
+        }
+        assert_eq!(shipped, 2 * ids, "every id shipped to both sites once");
+        assert!(s.held() as u64 <= ACK_EVERY_MS * SITE_RATE / 1_000, "acknowledged ids are dropped");
+        ids as f64 / busy.as_secs_f64()
+    }
+
+    /// Updates numbered per second.
+    fn sequencer(partitions: u32, updates: u64) -> f64 {
+        let mut seq = Sequencer::new();
+        let mut buf = Vec::new();
+        let mut last = 0;
+        let start = Instant::now();
+        for tag in 0..updates {
+            let req = round_trip(&SeqRequest { partition: (tag % partitions as u64) as PartitionId, tag }, &mut buf);
+            let reply: SeqReply = round_trip(&seq.step(req), &mut buf);
+            last = std::hint::black_box(reply).seq;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        assert_eq!((last, seq.served()), (updates, updates));
+        updates as f64 / secs
+    }
+
+    // Warm caches and the allocator before the first row.
+    stabilizer(8, SIM_MS / 10, true);
+    sequencer(8, UPDATES / 10);
+    println!("| partitions | stabilizer ids/s | sequencer ids/s | stabilizer / sequencer | stabilizer ids/s, no encoding |");
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for partitions in [1, 2, 4, 8, 16, 32, 64, 128] {
+        let (stab, seq) = (stabilizer(partitions, SIM_MS, true), sequencer(partitions, UPDATES));
+        let bare = stabilizer(partitions, SIM_MS, false);
+        println!("| {partitions} | {:.2} M | {:.2} M | {:.2} | {:.2} M |", stab / 1e6, seq / 1e6, stab / seq, bare / 1e6);
+    }
+}

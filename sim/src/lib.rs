@@ -10,7 +10,8 @@
 //! incarnation (`restart`, `restart_without_data`) and pause (`pause`). The
 //! coordinator is either scripted by the test (`install`) or the real
 //! `Supervisor` fed by the nodes' heartbeats (`with_coordinator`), which
-//! can itself be paused (`pause_coordinator`).
+//! can itself be paused (`pause_coordinator`). One partition can be made a
+//! straggler (`Straggler`): its reports to the site's stabilizer arrive late.
 //!
 //! `Sim` runs the site; `check` holds the invariants the runs are judged by.
 
@@ -21,11 +22,11 @@ pub mod world;
 
 use causeway_core::driver::{Driver, Request, Response};
 use causeway_core::error::Error;
-use causeway_core::geo::Replication;
+use causeway_core::geo::{GeoMsg, Replication};
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
 use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
-use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
+use causeway_core::ring::{NodeId, NodeInfo, PartitionId, Shape, Topology};
 use causeway_core::supervisor::Supervisor;
 use causeway_core::version::SiteId;
 use std::collections::BinaryHeap;
@@ -72,6 +73,17 @@ impl Default for Network {
     fn default() -> Self {
         Network { min_delay_ms: 0, max_delay_ms: 5, drop_rate: 0.0 }
     }
+}
+
+/// A partition whose reports to its site's stabilizer (its tail's
+/// `GeoMsg::Ids` batches: ids and promises) take `delay_ms` longer than
+/// other messages, whichever node is its tail. The stable time is the
+/// minimum over partitions (Eunomia §3), so it holds back every update of
+/// the site, not only its own (§7.2.3, Figure 7).
+#[derive(Clone, Copy, Debug)]
+pub struct Straggler {
+    pub partition: PartitionId,
+    pub delay_ms: u64,
 }
 
 /// A simulated node: the node state machine and its disk.
@@ -158,6 +170,7 @@ pub struct Sim {
     pub now_ms: u64,
     pub rng: Rng,
     pub network: Network,
+    pub straggler: Option<Straggler>,
     pub fsync: Fsync,
     /// The coordinator's configuration.
     topology: Arc<Topology>,
@@ -229,6 +242,7 @@ impl Sim {
             now_ms: 1_000,
             rng: Rng::new(seed),
             network,
+            straggler: None,
             fsync: Fsync::Always,
             topology: Arc::new(topology),
             nodes,
@@ -296,16 +310,34 @@ impl Sim {
         !self.clients[client].driver.is_busy()
     }
 
-    fn enqueue(&mut self, env: Envelope) {
+    fn enqueue(&mut self, mut env: Envelope) {
         if let Dest::Site(to) = env.to {
             return self.outgoing.push((to, env.msg));
         }
+        if let (Some(s), Message::Geo(GeoMsg::Ids(batches))) = (self.straggler, &mut env.msg) {
+            // The straggler's batch travels apart from the rest of its
+            // node's tick (one batch per partition, Eunomia's per-partition
+            // heartbeats).
+            let (late, on_time): (Vec<_>, Vec<_>) = std::mem::take(batches).into_iter().partition(|b| b.partition == s.partition);
+            if !late.is_empty() {
+                self.send_after(Envelope { to: env.to, msg: Message::Geo(GeoMsg::Ids(late)) }, s.delay_ms);
+            }
+            if on_time.is_empty() {
+                return;
+            }
+            *batches = on_time;
+        }
+        self.send_after(env, 0);
+    }
+
+    /// Sends `env` over the site's network, `extra_ms` later than it would.
+    fn send_after(&mut self, env: Envelope, extra_ms: u64) {
         if self.rng.chance(self.network.drop_rate) {
             self.dropped += 1;
             return;
         }
         let span = self.network.max_delay_ms - self.network.min_delay_ms + 1;
-        let at_ms = self.now_ms + self.network.min_delay_ms + self.rng.below(span);
+        let at_ms = self.now_ms + extra_ms + self.network.min_delay_ms + self.rng.below(span);
         self.enqueue_at(env, at_ms);
     }
 

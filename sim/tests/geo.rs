@@ -13,12 +13,12 @@ use causeway_core::driver::Request;
 use causeway_core::geo::Replication;
 use causeway_core::hlc::Timestamp;
 use causeway_core::message::Condition;
-use causeway_core::ring::Shape;
+use causeway_core::ring::{PartitionId, Shape};
 use causeway_core::version::SiteId;
 use causeway_sim::check::{self, CausalChecker};
 use causeway_sim::workload::seeds;
 use causeway_sim::world::{Wan, World};
-use causeway_sim::{Completed, Network, Rng};
+use causeway_sim::{Completed, Network, Rng, Straggler};
 use std::collections::BTreeMap;
 
 const SITES: usize = 3;
@@ -385,13 +385,12 @@ fn a_site_cut_off_catches_up() {
 /// protocol's ticks and hops): a write at site 0, read at site 1, after a
 /// random pause (so writes find the site idle or busy). Prints the
 /// delay beyond the 40 ms link, and the messages each site delivers per
-/// second while idle. Asserts only that every write shows.
+/// second while idle. Asserts only that every write shows, and what `run`
+/// checks once the sites settle.
 #[test]
 fn remote_visibility_and_idle_traffic() {
     for seed in seeds(0..1) {
-        let shape = Shape { partitions: 64, replicas: 3, k: 2 };
-        let wan = Wan { jitter_ms: 0, ..Wan::paper(SITES) };
-        let mut world = World::new(seed, SITES, Replication::Causal, 3, shape, 1, Network::default(), wan);
+        let mut world = visibility_world(seed, 64);
         let mut rng = Rng::new(seed ^ 0x715);
         let settled = world.now_ms() + 3_000;
         world.run_until(settled);
@@ -399,34 +398,13 @@ fn remote_visibility_and_idle_traffic() {
         let (before, idle_ms) = (delivered(&world), 2_000);
         world.run_until(settled + idle_ms);
         let idle = (delivered(&world) - before) * 1_000 / idle_ms / SITES as u64;
-        let mut extra = Vec::new();
-        for i in 0..60 {
-            // Up to twice `Busy`'s second: about half the writes find the
-            // site idle.
-            let pause = world.now_ms() + rng.below(2_000);
-            world.run_until(pause);
-            let (key, value) = (Bytes::from(format!("key{}", i % 8)), Bytes::from(format!("v{i}")));
-            let put = Request::Put { key: key.clone(), value: Some(value.clone()), ttl_ms: None, condition: Condition::Always };
-            let start = world.now_ms();
-            world.sites[0].start(0, put);
-            loop {
-                if world.sites[1].is_idle(0) {
-                    world.sites[1].start(0, Request::Get(key.clone()));
-                }
-                let step = world.now_ms() + 1;
-                let done = world.run_until(step);
-                let seen = done.iter().any(|(site, c)| {
-                    *site == 1 && matches!(&c.result, Ok(causeway_core::driver::Response::Read { value: Some(v), .. }) if *v == value)
-                });
-                if seen {
-                    break;
-                }
-                assert!(world.now_ms() < start + 10_000, "seed {seed}: write {i} not visible at site 1 after 10 s");
-            }
-            extra.push(world.now_ms() - start - 40);
-        }
-        extra.sort();
-        let q = |p: usize| extra[(extra.len() * p / 100).min(extra.len() - 1)];
+        let keys: Vec<Bytes> = (0..8).map(|i| Bytes::from(format!("key{i}"))).collect();
+        let mut checker = CausalChecker::default();
+        // Up to twice `Busy`'s second: about half the writes find the
+        // site idle.
+        let extra = visibility(&mut world, &mut rng, seed, &keys, 60, 2_000, &mut checker);
+        settle_and_check(&mut world, seed, &mut checker);
+        let q = |p: usize| quantile(&extra, p);
         println!(
             "seed {seed}: extra delay at site 1 (ms): p50 {} p90 {} p95 {} p99 {} max {}; idle: {idle} messages per site per second",
             q(50),
@@ -436,4 +414,140 @@ fn remote_visibility_and_idle_traffic() {
             extra[extra.len() - 1]
         );
     }
+}
+
+/// Eunomia Figure 7 (§7.2.3): one partition of site 0 is a straggler, its
+/// reports to the stabilizer (ids and promises) `D` ms late. The stable
+/// time is the minimum over the site's partitions (§3), so the writes of
+/// every other partition wait for it too: writes at site 0 on keys of
+/// other partitions, read at site 1, as in `remote_visibility_and_idle_traffic`.
+/// Prints the extra delay per `D` (BENCHMARKS.md, "The straggler effect").
+/// Asserts that every write shows, no sooner than `D` late, and that the
+/// sites converge, causally.
+#[test]
+fn a_straggler_partition_delays_remote_visibility() {
+    const DELAYS_MS: [u64; 4] = [0, 10, 50, 100];
+    // Fewer partitions and writes than `remote_visibility_and_idle_traffic`
+    // (four runs a seed; `SEEDS` for more samples), writes less than
+    // `Busy`'s second apart (the paper's straggler strikes under load).
+    const PARTITIONS: u32 = 16;
+    const WRITES: usize = 12;
+    let mut extra: Vec<Vec<u64>> = vec![Vec::new(); DELAYS_MS.len()];
+    for seed in seeds(0..1) {
+        for (row, &delay_ms) in DELAYS_MS.iter().enumerate() {
+            let mut world = visibility_world(seed, PARTITIONS);
+            let mut rng = Rng::new(seed ^ 0x715);
+            let settled = world.now_ms() + 1_000;
+            world.run_until(settled);
+            let keys: Vec<Bytes> = (0..8).map(|i| Bytes::from(format!("key{i}"))).collect();
+            let topology = world.sites[0].topology();
+            let written: Vec<PartitionId> = keys.iter().map(|k| topology.partition_of(k)).collect();
+            let partition = (0..topology.shape.partitions).find(|p| !written.contains(p)).expect("a partition no key is in");
+            world.sites[0].straggler = (delay_ms > 0).then_some(Straggler { partition, delay_ms });
+            let mut checker = CausalChecker::default();
+            let e = visibility(&mut world, &mut rng, seed, &keys, WRITES, 500, &mut checker);
+            settle_and_check(&mut world, seed, &mut checker);
+            // Not a timing threshold: no write is stable before the
+            // straggler's promise past it reaches the stabilizer, sent
+            // after the write and `D` late.
+            assert!(e[0] >= delay_ms, "seed {seed}: a write showed {} ms late with the straggler {delay_ms} ms late", e[0]);
+            let q = |p: usize| quantile(&e, p);
+            println!(
+                "seed {seed}: partition {partition} {delay_ms} ms late: extra delay min {} p50 {} p90 {} p99 {} max {}",
+                e[0],
+                q(50),
+                q(90),
+                q(99),
+                e[e.len() - 1]
+            );
+            extra[row].extend(e);
+        }
+    }
+    println!("| straggler delay | min | p50 | p90 | p99 | max | writes |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (e, delay_ms) in extra.iter_mut().zip(DELAYS_MS) {
+        e.sort();
+        let q = |p: usize| quantile(e, p);
+        println!("| {delay_ms} ms | {} | {} | {} | {} | {} | {} |", e[0], q(50), q(90), q(99), e[e.len() - 1], e.len());
+    }
+}
+
+/// The visibility tests' sites: links with no jitter (a write's extra
+/// delay is the protocol's alone).
+fn visibility_world(seed: u64, partitions: u32) -> World {
+    let shape = Shape { partitions, replicas: 3, k: 2 };
+    let wan = Wan { jitter_ms: 0, ..Wan::paper(SITES) };
+    World::new(seed, SITES, Replication::Causal, 3, shape, 1, Network::default(), wan)
+}
+
+/// Writes `writes` values at site 0 (client 0) on `keys` in turn, each
+/// after a random pause of up to `max_pause_ms`, and polls site 1 (client
+/// 0) until it reads it. Returns each write's delay beyond the 40 ms link,
+/// sorted. Every operation goes to `checker`.
+fn visibility(
+    world: &mut World,
+    rng: &mut Rng,
+    seed: u64,
+    keys: &[Bytes],
+    writes: usize,
+    max_pause_ms: u64,
+    checker: &mut CausalChecker,
+) -> Vec<u64> {
+    let global = |site: usize| site * 100_000;
+    let mut extra = Vec::new();
+    for i in 0..writes {
+        let pause = world.now_ms() + rng.below(max_pause_ms);
+        world.run_until(pause);
+        let (key, value) = (keys[i % keys.len()].clone(), Bytes::from(format!("v{i}")));
+        let put = Request::Put { key: key.clone(), value: Some(value.clone()), ttl_ms: None, condition: Condition::Always };
+        let start = world.now_ms();
+        checker.issued_write(global(0), &value);
+        world.sites[0].start(0, put);
+        loop {
+            if world.sites[1].is_idle(0) {
+                world.sites[1].start(0, Request::Get(key.clone()));
+            }
+            let step = world.now_ms() + 1;
+            let done = world.run_until(step);
+            let seen = done.iter().any(|(site, c)| {
+                *site == 1 && matches!(&c.result, Ok(causeway_core::driver::Response::Read { value: Some(v), .. }) if *v == value)
+            });
+            for (site, mut c) in done {
+                c.client += global(site);
+                checker.completed(&c);
+            }
+            if seen {
+                break;
+            }
+            assert!(world.now_ms() < start + 10_000, "seed {seed}: write {i} not visible at site 1 after 10 s");
+        }
+        extra.push(world.now_ms() - start - 40);
+    }
+    extra.sort();
+    extra
+}
+
+/// The `p`th percentile of `sorted`.
+fn quantile(sorted: &[u64], p: usize) -> u64 {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+/// Runs until the clients are idle and every site is quiet (what completes
+/// meanwhile goes to `checker`), then checks what `run` checks: nothing
+/// left to ship, causal+, every site holding the same data and every
+/// acknowledged write.
+fn settle_and_check(world: &mut World, seed: u64, checker: &mut CausalChecker) {
+    for _ in 0..600 {
+        let until = world.now_ms() + 100;
+        for (site, mut c) in world.run_until(until) {
+            c.client += site * 100_000;
+            checker.completed(&c);
+        }
+        if world.sites.iter().all(|s| s.is_idle(0)) && world.quiet() {
+            break;
+        }
+    }
+    assert!(world.quiet(), "seed {seed}: the sites did not settle: {}", geo_state(world));
+    assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
+    identical(world, seed, checker);
 }

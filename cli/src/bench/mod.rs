@@ -41,7 +41,8 @@ pub enum TargetKind {
 pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "causeway")]
     target: TargetKind,
-    /// A node of the site, or the Redis server.
+    /// A node of the site, or the Redis server. Several, comma-separated
+    /// (e.g. one node of each site), spread the clients over them in turn.
     #[arg(long, default_value = "127.0.0.1:6380")]
     addr: String,
     /// YCSB workload: a, b, c, d or f.
@@ -50,6 +51,10 @@ pub struct BenchArgs {
     /// Override the workload's key distribution: zipfian, latest or uniform.
     #[arg(long)]
     distribution: Option<Distribution>,
+    /// Override the workload's mix: this percentage of operations read, the
+    /// rest update (e.g. 99, 90, 75, 50 for the Eunomia paper's Figure 5).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    read_percent: Option<u8>,
     /// Concurrent clients (one connection each).
     #[arg(long, default_value_t = 32)]
     clients: usize,
@@ -96,14 +101,17 @@ enum Target {
 }
 
 impl Target {
-    async fn connect(args: &BenchArgs) -> Result<Target, String> {
+    /// Client `i`'s connection: to the `i`-th address of `--addr`, in turn.
+    async fn connect(args: &BenchArgs, i: usize) -> Result<Target, String> {
+        let addrs: Vec<&str> = args.addr.split(',').collect();
+        let addr = addrs[i % addrs.len()];
         Ok(match args.target {
             TargetKind::Causeway => {
-                let mut c = Client::connect(&args.addr).await.map_err(|e| e.to_string())?;
+                let mut c = Client::connect(addr).await.map_err(|e| e.to_string())?;
                 c.set_consistency(args.consistency.parse::<Consistency>()?);
                 Target::Native(Box::new(c))
             }
-            TargetKind::Resp => Target::Resp(RespConn::connect(&args.addr).await?),
+            TargetKind::Resp => Target::Resp(RespConn::connect(addr).await?),
         })
     }
 
@@ -147,17 +155,21 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
     if let Some(d) = args.distribution {
         mix.distribution = d;
     }
+    if let Some(p) = args.read_percent {
+        let read = p as f64 / 100.0;
+        mix = workload::Mix { read, update: 1.0 - read, insert: 0.0, rmw: 0.0, ..mix };
+    }
     let keyspace = Keyspace::new(args.records);
     let stop = Arc::new(AtomicBool::new(false));
     let done_ops = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let hot = Bytes::from_static(b"causeway-bench-hot-key");
     if args.hot_key {
-        Target::connect(&args).await?.write(&hot, &value_for(0, args.value_size, 0)).await?;
+        Target::connect(&args, 0).await?.write(&hot, &value_for(0, args.value_size, 0)).await?;
     }
     let mut tasks = Vec::new();
     for i in 0..args.clients {
-        let mut target = Target::connect(&args).await?;
+        let mut target = Target::connect(&args, i).await?;
         let (args, stop, done_ops, errors, keyspace, hot) =
             (args.clone(), stop.clone(), done_ops.clone(), errors.clone(), keyspace.clone(), hot.clone());
         tasks.push(tokio::spawn(async move {
@@ -232,9 +244,10 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
             *a += b;
         }
     }
-    let workload = match args.hot_key {
-        true => format!("{} on one hot key", args.workload),
-        false => format!("{} ({})", args.workload, mix.distribution),
+    let workload = match (args.hot_key, args.read_percent) {
+        (true, _) => format!("{} on one hot key", args.workload),
+        (false, Some(p)) => format!("{p}:{} read:update ({})", 100 - p, mix.distribution),
+        (false, None) => format!("{} ({})", args.workload, mix.distribution),
     };
     let mut report = Report::new(&label, &workload, args.clients, elapsed, &rec);
     if args.target == TargetKind::Causeway {
@@ -260,8 +273,8 @@ async fn load(args: &Arc<BenchArgs>) -> Result<(), String> {
     let bar = ProgressBar::new(args.records);
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..args.clients.min(16) {
-        let mut target = Target::connect(args).await?;
+    for i in 0..args.clients.min(16) {
+        let mut target = Target::connect(args, i).await?;
         let (args, next, bar) = (args.clone(), next.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
             loop {

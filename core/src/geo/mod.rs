@@ -434,6 +434,11 @@ impl Geo {
         late.into_iter().filter_map(|t| self.sequencing.remove(&t)).map(|(_, req, _)| req.op).collect()
     }
 
+    /// How this deployment replicates between sites.
+    pub fn replication(&self) -> Replication {
+        self.replication
+    }
+
     /// Numbers handed out by the sequencer here.
     pub fn sequenced_count(&self) -> u64 {
         self.sequencer.as_ref().map_or(0, Sequencer::served)

@@ -21,6 +21,7 @@ use crate::cmd::{syntax_error, Outcome};
 use crate::conn::Conn;
 use crate::server::{now_ms, set_skew_ms, Node};
 use bytes::Bytes;
+use causeway_core::geo::Replication;
 use causeway_core::version::{SiteId, VersionVector};
 use causeway_resp::Frame;
 
@@ -39,6 +40,11 @@ pub fn fields(node: &Node) -> Vec<(String, String)> {
         let Some(geo) = core.geo() else { return };
         let leader = geo.leader_of(&topology).map_or("none".to_string(), |l| l.to_string());
         f.push(("leader".into(), leader));
+        f.push(("replication".into(), format!("{:?}", geo.replication()).to_lowercase()));
+        if geo.replication() == Replication::Sequenced {
+            // Numbers this node's sequencer handed out (the leader's counts).
+            f.push(("sequenced".into(), geo.sequenced_count().to_string()));
+        }
         f.push(("conflicts".into(), core.conflicts().to_string()));
         f.push(("remote_backlog".into(), geo.backlog().to_string()));
         f.push(("unreported".into(), geo.unreported().to_string()));

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Eunomia Figure 5 on this machine: throughput of causal replication
+# (Eunomia) against its two baselines, eventual (no causal order) and
+# sequenced (S-Seq: a synchronous site sequencer in the write path), on the
+# paper's read:update mixes, with clients in every site of a 3-site
+# `causeway dev` (the paper's delays). Each mode gets a fresh cluster; the
+# modes take turns, `rounds` times, so a noisy machine hits them alike.
+# Usage: scripts/bench-geo.sh [seconds per run] [clients] [rounds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-15}
+clients=${2:-18}
+rounds=${3:-2}
+cargo build --release -q -p causeway
+B=./target/release/causeway
+out=target/bench-geo
+mkdir -p $out
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
+trap cleanup EXIT
+addrs=127.0.0.1:7380,127.0.0.1:7390,127.0.0.1:7400
+for round in $(seq 1 "$rounds"); do
+  for mode in causal eventual sequenced; do
+    $B dev --sites 3 --port 7380 -- --replication $mode >$out/dev-$mode.log 2>&1 & pid=$!
+    sleep 5
+    # The records, once per cluster, written through every site.
+    $B bench --addr $addrs --read-percent 100 --records 10000 --value-size 100 --clients $clients --duration 1 >/dev/null
+    for reads in 99 90 75 50; do
+      $B bench --addr $addrs --no-load --records 10000 --value-size 100 --clients $clients --duration "$secs" \
+        --read-percent $reads --label "$mode" --json $out/$mode-$reads-$round.json | head -5 | sed "s/^/[round $round] /"
+    done
+    kill $pid; wait $pid 2>/dev/null || true; pid=
+    sleep 1
+  done
+done
+echo "== ops/s by mode and read:update mix, per round (JSON in $out)"
+for reads in 99 90 75 50; do
+  line="$reads:$((100 - reads))"
+  for mode in causal eventual sequenced; do
+    vals=$(for round in $(seq 1 "$rounds"); do python3 -c "import json,sys; print(round(json.load(open('$out/$mode-$reads-$round.json'))['ops_per_sec']))" 2>/dev/null || echo '?'; done | paste -sd/)
+    line="$line  $mode $vals"
+  done
+  echo "$line"
+done

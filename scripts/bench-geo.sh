@@ -27,7 +27,7 @@ for round in $(seq 1 "$rounds"); do
     $B bench --addr $addrs --read-percent 100 --records 10000 --value-size 100 --clients $clients --duration 1 >/dev/null
     for reads in 99 90 75 50; do
       $B bench --addr $addrs --no-load --records 10000 --value-size 100 --clients $clients --duration "$secs" \
-        --read-percent $reads --label "$mode" --json $out/$mode-$reads-$round.json | head -5 | sed "s/^/[round $round] /"
+        --read-percent $reads --label "$mode" --json $out/$mode-$reads-$round.json | sed -n "1,5s/^/[round $round] /p"
     done
     kill $pid; wait $pid 2>/dev/null || true; pid=
     sleep 1

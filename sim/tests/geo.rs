@@ -302,6 +302,20 @@ fn crashes_and_a_site_restart() {
     }
 }
 
+/// The S-Seq baseline (`Replication::Sequenced`: every head waits for a
+/// number from its site's sequencer, on the stabilizer leader, before
+/// ordering a write) under the same faults: writes whose number is lost
+/// with a crashed leader are refused and retried, and everything the
+/// Eunomia checks ask still holds.
+#[test]
+fn the_sequenced_baseline_under_crashes() {
+    let faults = Faults { cuts: true, crashes: true, site_restart: true, skews: false };
+    let geo = Geo { replication: Replication::Sequenced, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
+    for seed in seeds(0..3) {
+        run(seed, &geo);
+    }
+}
+
 /// Sites' clocks jump ahead and behind (and stay off) while links are cut
 /// and nodes crash: hybrid timestamps keep causality, last-writer-wins
 /// still converges, and nothing acknowledged is lost.

@@ -399,6 +399,34 @@ fn wide_area_metadata_per_update_at_three_sites() {
     assert!(per_id < 64.0, "{per_id} bytes per id");
 }
 
+/// What a COPS-style system would ship instead (ChainReaction §3.4 and
+/// Eunomia §2 compare against explicit dependency lists): each update
+/// carries its session's nearest dependencies, the (key, version) of every
+/// read since its last write plus that write, so the list grows with the
+/// reads between writes. Keys are YCSB's (`user` + a 64-bit hash, as
+/// `causeway bench` writes them), versions (timestamp, site), encoded as
+/// our peers encode. A session reading `r` distinct keys per write, for the
+/// paper's mixes: 99:1, 90:10, 75:25, 50:50. Eunomia's metadata does not
+/// grow with `r`: one id per update (`wide_area_metadata_per_update_at_
+/// three_sites`).
+#[test]
+fn cops_dependency_lists_per_update() {
+    let now = 1_795_472_920_986u64;
+    let dep =
+        |i: u64| (bytes::Bytes::from(format!("user{}", 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i + 1))), Timestamp::new(now - i, 0), 1u16);
+    let mut rows = Vec::new();
+    for (mix, reads) in [("99:1", 99u64), ("90:10", 9), ("75:25", 3), ("50:50", 1)] {
+        let list: Vec<_> = (0..=reads).map(dep).collect();
+        let bytes = crate::wire::encode(&list).len();
+        println!("COPS-style nearest dependencies at {mix}: {} deps, {bytes} bytes per update", reads + 1);
+        rows.push(bytes);
+    }
+    // Our 52 bytes per shipped id (measured above) beat the list as soon as
+    // a session reads once between writes.
+    assert!(rows.iter().all(|&b| b > 52), "{rows:?}");
+    assert!(rows.windows(2).all(|w| w[0] > w[1]), "the list grows with the reads per write: {rows:?}");
+}
+
 /// Eunomia Figure 2 (§7.1): the most ids per second one core can order as
 /// the site's stabilizer, against the most a site sequencer (the S-Seq
 /// baseline, `geo::sequencer`) can number, for 1 to 128 partitions.

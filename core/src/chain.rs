@@ -90,8 +90,8 @@ fn chain_history(before: u64, u: &Update) -> u64 {
     h.update(&u.seq.to_le_bytes());
     h.update(&(u.key.len() as u64).to_le_bytes());
     h.update(&u.key);
-    h.update(&u.version.ts.physical_ms.to_le_bytes());
-    h.update(&u.version.ts.logical.to_le_bytes());
+    h.update(&u.version.ts.physical_ms().to_le_bytes());
+    h.update(&(u.version.ts.logical() as u32).to_le_bytes());
     h.update(&[u.version.site as u8]);
     match &u.value {
         Some(v) => {
@@ -1211,7 +1211,7 @@ impl ChainReplica {
     fn cover(&mut self, ts: Timestamp) {
         self.clock.observe(ts);
         if ts > self.ceiling {
-            self.ceiling = Timestamp::new(ts.physical_ms + CEILING_MS, 0);
+            self.ceiling = Timestamp::new(ts.physical_ms() + CEILING_MS, 0);
             self.log.push(LogRecord::Clock { partition: self.partition, ceiling: self.ceiling });
         }
     }

@@ -168,10 +168,10 @@ impl Session {
     /// timestamps implausibly far ahead of `now_ms`.
     pub fn import(token: &[u8], now_ms: u64) -> Result<Session, Error> {
         let s: Session = crate::wire::decode(token).map_err(|e| Error::InvalidInput(format!("invalid session token: {e}")))?;
-        if s.max_ts().physical_ms > now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS) {
+        if s.max_ts().physical_ms() > now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS) {
             return Err(Error::InvalidInput(format!(
                 "invalid session token: its clock ({} ms) is ahead of this node's ({now_ms} ms)",
-                s.max_ts().physical_ms
+                s.max_ts().physical_ms()
             )));
         }
         Ok(s)

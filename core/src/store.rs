@@ -77,7 +77,7 @@ impl PartitionStore {
         // Drop versions whose successor was written before the retention
         // window: no snapshot can ask for them any more.
         let keep_from = (1..h.versions.len())
-            .find(|&i| h.versions[i].version.ts.physical_ms + RETAIN_MS > now_ms)
+            .find(|&i| h.versions[i].version.ts.physical_ms() + RETAIN_MS > now_ms)
             .map(|i| i - 1)
             .unwrap_or(h.versions.len() - 1)
             .max(h.versions.len().saturating_sub(MAX_VERSIONS));

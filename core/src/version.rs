@@ -18,7 +18,7 @@ pub type SiteId = u16;
 
 /// One entry per site, indexed by `SiteId`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct VersionVector(pub SmallVec<[Timestamp; 2]>);
+pub struct VersionVector(pub SmallVec<[Timestamp; 3]>);
 
 impl VersionVector {
     /// The vector of an update written at `site` at `ts` with no remote

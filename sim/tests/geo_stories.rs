@@ -117,10 +117,10 @@ fn ts(ms: u64) -> Timestamp {
 /// `10` for 10.0, `10.3` for a logical 3, `20-` for the time just before
 /// 20 (everything below 20).
 fn show(t: Timestamp) -> String {
-    match t.logical {
-        0 => t.physical_ms.to_string(),
-        u32::MAX => format!("{}-", t.physical_ms + 1),
-        l => format!("{}.{l}", t.physical_ms),
+    match t.logical() {
+        0 => t.physical_ms().to_string(),
+        Timestamp::MAX_LOGICAL => format!("{}-", t.physical_ms() + 1),
+        l => format!("{}.{l}", t.physical_ms()),
     }
 }
 

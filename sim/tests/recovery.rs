@@ -74,7 +74,7 @@ fn whole_site_crash_with_fsync_everysec_loses_at_most_the_last_second() {
             // start at 1000 ms, and the crash comes at or just after
             // `crash_at`.
             let last_sync = (1_000 + crash_at) / 1_000 * 1_000;
-            checker.acknowledged.retain(|(_, v)| v.ts.physical_ms < last_sync);
+            checker.acknowledged.retain(|(_, v)| v.ts.physical_ms() < last_sync);
         });
         assert!(run.checker.acknowledged.len() > 20, "seed {seed}: only {} writes checked", run.checker.acknowledged.len());
     }

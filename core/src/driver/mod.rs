@@ -480,7 +480,7 @@ mod tests {
         let p = d.start_at(put, Consistency::Linearizable, 0);
         let [(_, Message::Put { op, ack_at, .. })] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
         assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
-        let version = Version::local(0, Timestamp { physical_ms: 1, logical: 0 });
+        let version = Version::local(0, Timestamp::new(1, 0));
         let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true };
         assert_eq!(d.on_message(acked, 1).done, vec![Ok(Response::Written(true))]);
         // The session's level is unchanged; a linearizable read goes to the tail.
@@ -496,7 +496,7 @@ mod tests {
         // A causal read of a version not yet at the tail.
         let p = d.start(Request::Get(Bytes::from("a")), 0);
         let [(at, Message::Get { op, .. })] = &p.send[..] else { panic!("expected a get") };
-        let version = Version::local(0, Timestamp { physical_ms: 1, logical: 0 });
+        let version = Version::local(0, Timestamp::new(1, 0));
         let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false };
         let at = t.chain(t.partition_of(b"a")).index_of(*at).unwrap() as u8;
         assert_eq!(d.on_message(Message::Value { op: *op, item, chain_index: at }, 1).done.len(), 1);

@@ -592,7 +592,7 @@ mod tests {
         let mut got = Vec::new();
         out.retain(|o| match o {
             ReceiverOut::Apply(w) => {
-                got.push((w.version.site, w.version.ts.physical_ms));
+                got.push((w.version.site, w.version.ts.physical_ms()));
                 false
             }
             ReceiverOut::Ack(_) | ReceiverOut::ValuesAck(_) => true,

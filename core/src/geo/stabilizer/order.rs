@@ -92,13 +92,13 @@ mod tests {
     use super::*;
     use crate::geo::stabilizer::IdVector;
 
-    fn id(partition: u32, ms: u64, logical: u32) -> UpdateId {
+    fn id(partition: u32, ms: u64, logical: u16) -> UpdateId {
         let ts = Timestamp::new(ms, logical);
         UpdateId { partition, ts, local_dep: Timestamp::ZERO, vv: IdVector::from_elem(ts, 1) }
     }
 
     fn positions(ids: &[UpdateId]) -> Vec<(u64, u32)> {
-        ids.iter().map(|i| (i.ts.physical_ms, i.partition)).collect()
+        ids.iter().map(|i| (i.ts.physical_ms(), i.partition)).collect()
     }
 
     #[test]
@@ -144,7 +144,7 @@ mod tests {
         for i in 0..IDS {
             // Partitions write at slightly different paces, so heads interleave.
             let partition = (i % PARTITIONS as usize) as u32;
-            let ts = Timestamp::new((i / PARTITIONS as usize) as u64, (i % 7) as u32);
+            let ts = Timestamp::new((i / PARTITIONS as usize) as u64, (i % 7) as u16);
             ids.push(UpdateId { partition, ts, local_dep: Timestamp::ZERO, vv: vv.clone() });
         }
         let mut set = OrderedIds::new(PARTITIONS);

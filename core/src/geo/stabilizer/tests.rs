@@ -47,7 +47,7 @@ impl Stream {
         for id in &ship.ids {
             if id.position() > self.received {
                 self.received = id.position();
-                self.got.push((id.ts.physical_ms, id.partition));
+                self.got.push((id.ts.physical_ms(), id.partition));
             }
         }
         self.received = self.received.max(ship.through);
@@ -378,7 +378,7 @@ fn wide_area_metadata_per_update_at_three_sites() {
     let now = 1_795_472_920_986; // a wall clock in ms, as in production
     let ids: Vec<UpdateId> = (0..1_000u64)
         .map(|i| {
-            let t = Timestamp::new(now + i / 3, (i % 3) as u32);
+            let t = Timestamp::new(now + i / 3, (i % 3) as u16);
             let vv: IdVector = [t, Timestamp::new(now - 40, 0), Timestamp::new(now - 80, 0)].into_iter().collect();
             UpdateId { partition: (i % 64) as PartitionId, ts: t, local_dep: Timestamp::new(now + i / 3 - 5, 0), vv }
         })
@@ -510,7 +510,7 @@ fn stabilizer_against_sequencer() {
             let batches: Vec<IdBatch> = (0..partitions)
                 .map(|partition| {
                     let n = per_ms / partitions as u64 + u64::from((partition as u64) < per_ms % partitions as u64);
-                    let items = (0..n as u32)
+                    let items = (0..n as u16)
                         .map(|logical| {
                             let ts = Timestamp::new(ms, logical);
                             let vv: IdVector = [ts, remote[0], remote[1]].into_iter().collect();

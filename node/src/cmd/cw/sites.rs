@@ -52,7 +52,7 @@ pub fn fields(node: &Node) -> Vec<(String, String)> {
         // shipped: always 0 unless a bug loses writes for other sites.
         f.push(("out_of_order".into(), geo.out_of_order().to_string()));
         for link in node.site_links() {
-            let applied = geo.site_time().get(link.site).physical_ms;
+            let applied = geo.site_time().get(link.site).physical_ms();
             let state = if link.is_cut() {
                 "cut"
             } else if link.is_down() {

@@ -49,6 +49,25 @@
 //! received and how far it applied (`stabilizer::SiteAck`). It ignores
 //! shipments and values from sites not in its configuration.
 //!
+//! A shipment that lands ahead of a gap is kept, not refused. Shipments
+//! land on any node of this site and are relayed to the receiver, one more
+//! hop, so one routinely overtakes the one before it; refusing it cost a
+//! round trip to the origin's leader and back. Kept shipments that continue
+//! one another are joined into runs (`Run`), and a run is taken in, from
+//! what extends the stream, as soon as what it continues from has arrived.
+//! That is safe because the stream is a pure function of the origin's
+//! updates (see `stabilizer`): every shipment from every leader lists
+//! exactly the ids between its `prev` and its `through`, so shipments that
+//! overlap agree where they overlap. At most `EARLY_RUNS` runs and
+//! `stabilizer::SHIP_WINDOW` ids are kept per origin; beyond that the runs
+//! furthest ahead are dropped and a resend asked for at once, as before.
+//! Otherwise a resend is asked for only when a gap stays open
+//! `GAP_RESEND_MS`: asking at once makes the leader ship everything after
+//! the acknowledged point again, which for a shipment merely late is WAN
+//! traffic for nothing. A lost shipment costs those milliseconds more (the
+//! leader's own silence timer, `stabilizer::SHIP_RESEND_MS`, is the
+//! backstop).
+//!
 //! # Paper map
 //!
 //! | paper | here |
@@ -76,7 +95,7 @@
 //!   were reported) wait forever; nothing expires them yet.
 
 use crate::geo::reporter::{Batch, Stamped};
-use crate::geo::stabilizer::{Position, Ship, SiteAck, UpdateId};
+use crate::geo::stabilizer::{Position, Ship, SiteAck, UpdateId, SHIP_WINDOW};
 use crate::hlc::Timestamp;
 use crate::ring::PartitionId;
 use crate::version::{SiteId, Version, VersionVector};
@@ -87,6 +106,16 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// Every origin is acknowledged at least this often, changed or not.
 pub const SITE_ACK_REFRESH_MS: u64 = 1_000;
+
+/// At most this many runs of shipments of one origin are kept ahead of a
+/// gap (one per gap: shipments that continue one another join a run).
+pub const EARLY_RUNS: usize = 64;
+
+/// A gap in an origin's stream open this long (shipments kept ahead of it,
+/// the one before them not here) asks the leader to ship again from what
+/// was received. Well above a relay hop inside a site or WAN jitter, well
+/// below the leader's own `stabilizer::SHIP_RESEND_MS`.
+pub const GAP_RESEND_MS: u64 = 20;
 
 /// A value sent by a partition of `origin` to its sibling partition here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +228,12 @@ struct Origin {
     received: Position,
     /// `Queue_m[k]`: received, not handed out yet, in stream order.
     pending: VecDeque<UpdateId>,
+    /// Shipments that landed ahead of a gap (`prev` past `received`),
+    /// joined into runs, by `prev`: taken in once the stream reaches their
+    /// `prev`. No two runs touch (else they would be one).
+    early: BTreeMap<Position, Run>,
+    /// Since when (a tick's time) the gap before `early` is open.
+    gap_since_ms: Option<u64>,
     /// Handed out and not reported stable, in stream order: reports come in
     /// any order, and what is not reported in `APPLY_RESEND_MS` is handed
     /// out again (the head changed, or a message was lost; applying twice
@@ -214,6 +249,66 @@ struct Origin {
     acked_ms: u64,
     /// Its partitions' value streams.
     streams: BTreeMap<PartitionId, ValueStream>,
+}
+
+/// A stretch of an origin's stream: exactly the ids after `prev` up to
+/// `through`, in stream order (one shipment, or several that continue one
+/// another).
+#[derive(Debug)]
+struct Run {
+    prev: Position,
+    ids: Vec<UpdateId>,
+    through: Position,
+}
+
+impl Run {
+    /// Adds `next`, which continues from within this run or right at its
+    /// end (`self.prev <= next.prev <= self.through`).
+    fn join(&mut self, next: Run) {
+        let end = self.through;
+        self.ids.extend(next.ids.into_iter().filter(|id| id.position() > end));
+        self.through = self.through.max(next.through);
+    }
+}
+
+impl Origin {
+    /// Takes from `run` (which continues from at or before `received`) the
+    /// ids past `received`, in stream order.
+    fn extend(&mut self, run: Run) {
+        debug_assert!(run.prev <= self.received, "a run continuing past what is received leaves a gap");
+        let before = self.received;
+        for id in run.ids {
+            if id.position() > self.received {
+                self.received = id.position();
+                self.pending.push_back(id);
+            }
+        }
+        self.received = self.received.max(run.through);
+        if self.received > before {
+            self.gap_since_ms = None; // a gap left after it starts its own wait
+        }
+    }
+
+    /// Keeps `run`, which lands ahead of a gap, joining it with the kept
+    /// runs it touches; past the bounds, drops the runs furthest ahead
+    /// and asks for a resend.
+    fn keep(&mut self, run: Run) {
+        let mut runs: Vec<Run> = std::mem::take(&mut self.early).into_values().collect();
+        let at = runs.partition_point(|r| r.prev <= run.prev);
+        runs.insert(at, run);
+        for run in runs {
+            match self.early.last_entry() {
+                Some(mut last) if last.get().through >= run.prev => last.get_mut().join(run),
+                _ => {
+                    self.early.insert(run.prev, run);
+                }
+            }
+        }
+        while self.early.len() > EARLY_RUNS || self.early.values().map(|r| r.ids.len()).sum::<usize>() > SHIP_WINDOW {
+            self.early.pop_last();
+            self.resend = true;
+        }
+    }
 }
 
 /// A site's receiver (Eunomia Alg. 5, `r_m`).
@@ -245,6 +340,8 @@ impl Receiver {
                 let origin = Origin {
                     received: from,
                     pending: VecDeque::new(),
+                    early: BTreeMap::new(),
+                    gap_since_ms: None,
                     in_flight: VecDeque::new(),
                     applied: from,
                     handed_out: from,
@@ -309,6 +406,21 @@ impl Receiver {
             }
         }
         for (&origin, o) in self.origins.iter_mut() {
+            if o.early.is_empty() {
+                o.gap_since_ms = None;
+            } else {
+                match o.gap_since_ms {
+                    None => o.gap_since_ms = Some(now_ms),
+                    Some(at) if now_ms.saturating_sub(at) >= GAP_RESEND_MS => {
+                        // Not merely late: lost, or dropped by a leader
+                        // that changed. Asked again each `GAP_RESEND_MS`.
+                        o.resend = true;
+                        o.ack_due = true;
+                        o.gap_since_ms = Some(now_ms);
+                    }
+                    Some(_) => {}
+                }
+            }
             let refresh = now_ms.saturating_sub(o.acked_ms) >= SITE_ACK_REFRESH_MS;
             for (&partition, v) in o.streams.iter_mut().filter(|(_, v)| v.due || refresh) {
                 // Everything of this partition at or before the applied point.
@@ -343,9 +455,15 @@ impl Receiver {
         &self.site_time
     }
 
-    /// Ids received and not handed out yet.
+    /// Ids received and not handed out yet (not counting shipments kept
+    /// ahead of a gap).
     pub fn waiting(&self) -> usize {
         self.origins.values().map(|o| o.pending.len()).sum()
+    }
+
+    /// Ids kept ahead of a gap.
+    pub fn early(&self) -> usize {
+        self.origins.values().flat_map(|o| o.early.values()).map(|run| run.ids.len()).sum()
     }
 
     /// Remote updates handed out and not reported stable yet.
@@ -363,10 +481,12 @@ impl Receiver {
             });
             let flying = o.in_flight.front().map(|f| format!("{}@p{} stable {}", f.pos.ts, f.pos.partition, f.stable));
             lines.push(format!(
-                "from {origin}: received {:?}, applied {:?}, {} pending (front {front:?}), {} in flight (front {flying:?}), value streams {:?}",
+                "from {origin}: received {:?}, applied {:?}, {} pending (front {front:?}), {} early (first after {:?}), {} in flight (front {flying:?}), value streams {:?}",
                 o.received,
                 o.applied,
                 o.pending.len(),
+                o.early.len(),
+                o.early.keys().next(),
                 o.in_flight.len(),
                 o.streams.iter().map(|(p, v)| (*p, v.received)).collect::<Vec<_>>()
             ));
@@ -374,8 +494,8 @@ impl Receiver {
         lines.join("\n")
     }
 
-    /// Alg. 5 `new_update`, for a whole shipment: keep what extends the
-    /// stream, refuse a gap.
+    /// Alg. 5 `new_update`, for a whole shipment: take what extends the
+    /// stream, keep a shipment ahead of a gap for when the gap fills.
     fn new_updates(&mut self, ship: Ship) {
         if ship.to != self.me {
             return;
@@ -397,18 +517,21 @@ impl Receiver {
             }
             self.site_time.0[ship.origin as usize] = self.site_time.get(ship.origin).max(ship.applied.time());
             self.values.retain(|&(origin, partition, ts), _| origin != ship.origin || Position { ts, partition } > ship.applied);
+            // Kept runs wholly at or before it go with the loop below.
         }
-        if ship.prev > o.received {
-            o.resend = true;
-            return;
+        let run = Run { prev: ship.prev, ids: ship.ids, through: ship.through };
+        if run.prev > o.received {
+            o.keep(run);
+        } else {
+            o.extend(run);
         }
-        for id in ship.ids {
-            if id.position() > o.received {
-                o.received = id.position();
-                o.pending.push_back(id);
-            }
+        // Each kept run that now continues the stream: `extend` takes only
+        // what is past `received`, so overlaps add nothing twice and, every
+        // run being gap-free from its `prev`, leave no gap.
+        while o.early.first_key_value().is_some_and(|(&prev, _)| prev <= o.received) {
+            let (_, run) = o.early.pop_first().expect("a first run");
+            o.extend(run);
         }
-        o.received = o.received.max(ship.through);
         self.settle(ship.origin);
     }
 
@@ -601,8 +724,12 @@ mod tests {
     }
 
     fn acks(r: &mut Receiver) -> Vec<SiteAck> {
+        acks_at(r, 0)
+    }
+
+    fn acks_at(r: &mut Receiver, now_ms: u64) -> Vec<SiteAck> {
         let mut out = Vec::new();
-        r.tick(0, &mut out);
+        r.tick(now_ms, &mut out);
         out.into_iter().filter_map(|o| if let ReceiverOut::Ack(a) = o { Some(a) } else { None }).collect()
     }
 
@@ -676,15 +803,21 @@ mod tests {
         let a = update(0, 0, 1, 0, &[]);
         let b = update(0, 0, 2, 0, &[]);
         let c = update(0, 0, 3, 0, &[]);
-        // The shipment of `a` is lost: the one of `b` leaves a gap.
+        // The shipment of `a` is lost: the one of `b` is kept ahead of the
+        // gap, and a resend asked for only once the gap stayed open
+        // `GAP_RESEND_MS`.
         r.step(ship(0, a.position(), vec![b.clone()], 2), &mut out);
-        assert_eq!(r.waiting(), 0);
-        let ack = acks(&mut r);
+        assert_eq!((r.waiting(), r.early()), (0, 1));
+        let ack = acks_at(&mut r, 10);
+        assert!(!ack[0].resend && ack[0].received == Position::through(Timestamp::ZERO));
+        assert!(acks_at(&mut r, 10 + GAP_RESEND_MS - 1).is_empty());
+        let ack = acks_at(&mut r, 10 + GAP_RESEND_MS);
         assert!(ack[0].resend && ack[0].received == Position::through(Timestamp::ZERO));
         // The leader ships again from the start, twice (a retransmission).
         r.step(ship(0, Position::START, vec![a.clone(), b.clone()], 2), &mut out);
         r.step(ship(0, Position::START, vec![a, b, c], 3), &mut out);
-        assert_eq!(r.waiting(), 3);
+        assert_eq!((r.waiting(), r.early()), (3, 0));
+        assert!(!acks_at(&mut r, 100)[0].resend, "no gap left");
         // A site that is not in the configuration, and a shipment for another site, are ignored.
         r.step(ship(7, Position::START, vec![update(7, 0, 1, 0, &[])], 1), &mut out);
         r.step(
@@ -700,6 +833,66 @@ mod tests {
         );
         assert_eq!(r.waiting(), 3);
         assert_eq!(r.applied().get(1), Timestamp::ZERO);
+    }
+
+    /// Shipments land on any node of the site and are relayed to the
+    /// receiver, so one may overtake the one before it: the later one is
+    /// kept, and both are handed out as soon as the earlier one lands, with
+    /// no resend asked for. A re-shipment that overlaps what is kept adds
+    /// no duplicate.
+    #[test]
+    fn a_shipment_that_overtakes_the_one_before_it_waits_for_it() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        acks(&mut r);
+        let ids: Vec<UpdateId> = (1..=5).map(|ms| update(0, 0, ms, 0, &[])).collect();
+        for ms in 1..=5 {
+            r.step(value(0, 0, ms), &mut out);
+        }
+        r.step(ship(0, ids[0].position(), vec![ids[1].clone()], 2), &mut out);
+        assert!(applies(&mut out).is_empty(), "2 waits for 1");
+        r.step(ship(0, Position::START, vec![ids[0].clone()], 1), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 1), (0, 2)]);
+        let ack = acks_at(&mut r, 10);
+        assert!(!ack[0].resend && ack[0].received == Position::through(ts(2)));
+
+        // 4 and 5 overtake 3, in two shipments that overlap (the second a
+        // retransmission that covers 4 again).
+        r.step(ship(0, ids[2].position(), vec![ids[3].clone()], 4), &mut out);
+        r.step(ship(0, ids[2].position(), vec![ids[3].clone(), ids[4].clone()], 5), &mut out);
+        assert_eq!(r.early(), 2, "one run: 4 once, and 5");
+        // The leader ships again from what was acknowledged, overlapping
+        // what is kept.
+        r.step(ship(0, Position::through(ts(2)), ids[2..4].to_vec(), 4), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 3), (0, 4), (0, 5)]);
+        assert_eq!((r.waiting(), r.early(), r.in_flight()), (0, 0, 5));
+        // Retransmissions of anything already here add nothing.
+        r.step(ship(0, Position::START, ids.clone(), 5), &mut out);
+        r.step(ship(0, ids[3].position(), vec![ids[4].clone()], 5), &mut out);
+        assert!(applies(&mut out).is_empty());
+        for ms in 1..=5 {
+            r.step(applied(0, 0, ms), &mut out);
+        }
+        assert_eq!(r.applied().get(0), ts(5));
+        assert!(!acks_at(&mut r, 100).iter().any(|a| a.resend));
+    }
+
+    /// Shipments kept ahead of a gap are bounded: past `EARLY_RUNS` runs,
+    /// the ones furthest ahead are dropped and a resend asked for at once.
+    #[test]
+    fn shipments_kept_ahead_of_a_gap_are_bounded() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        acks(&mut r);
+        // Every other id, each after a gap: one run each.
+        let n = EARLY_RUNS as u64 + 1;
+        for i in 1..=n {
+            let id = update(0, 0, 2 * i, 0, &[]);
+            r.step(ship(0, Position::through(ts(2 * i - 1)), vec![id], 2 * i), &mut out);
+        }
+        assert_eq!(r.early(), EARLY_RUNS);
+        let ack = acks(&mut r);
+        assert!(ack[0].resend, "a shipment was dropped");
     }
 
     #[test]

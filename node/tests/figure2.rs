@@ -61,9 +61,10 @@ const CLIENT_THREADS: usize = 2;
 /// Sequencer requests each partition keeps outstanding.
 const WINDOW: usize = 16;
 /// Ids the site's partitions write per second, together: each row keeps
-/// the best of these (too little leaves the server idle, too much makes
-/// the load generator take its core).
-const OFFERED: [u64; 5] = [1_000_000, 1_500_000, 2_000_000, 3_000_000, 4_000_000];
+/// the best of these (too little leaves the server idle; past its peak the
+/// backlog grows and throughput falls). At most `MAX_SHIP` ids a tick can
+/// be shipped, about 4.1 M a second.
+const OFFERED: [u64; 6] = [1_500_000, 2_000_000, 2_500_000, 3_000_000, 3_500_000, 4_000_000];
 /// Sites 1 and 2 acknowledge every this many milliseconds.
 const ACK_EVERY_MS: u64 = 10;
 const WARMUP: Duration = Duration::from_millis(500);

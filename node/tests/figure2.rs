@@ -356,7 +356,7 @@ async fn report_ids(addr: SocketAddr, partition: PartitionId, per_ms: usize) {
         let prev = last;
         let items = (0..per_ms)
             .map(|_| {
-                last = if last.physical_ms < ms { Timestamp::new(ms, 0) } else { Timestamp::new(last.physical_ms, last.logical + 1) };
+                last = if last.physical_ms() < ms { Timestamp::new(ms, 0) } else { Timestamp::new(last.physical_ms(), last.logical() + 1) };
                 let vv: IdVector = [last, remote[0], remote[1]].into_iter().collect();
                 UpdateId { partition, ts: last, local_dep: last.just_before(), vv }
             })

@@ -299,13 +299,15 @@ impl Node {
         match msg {
             Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write } => {
                 let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write };
-                let head = self.parts.get(partition as usize).and_then(Option::as_ref).is_some_and(ChainReplica::is_head);
-                if stale(epoch) || !head {
+                if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
+                // Only a head's writes wait for a number (others are refused
+                // by the replica, as always, in `put`).
+                let head = self.parts.get(partition as usize).and_then(Option::as_ref).is_some_and(ChainReplica::is_head);
                 let req = match &mut self.geo {
-                    Some(geo) => geo.sequence(partition, req, now_ms, out),
-                    None => Some(req),
+                    Some(geo) if head => geo.sequence(partition, req, now_ms, out),
+                    _ => Some(req),
                 };
                 if let Some(req) = req {
                     self.put(partition, req, now_ms, out);

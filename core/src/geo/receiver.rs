@@ -385,23 +385,13 @@ impl Receiver {
     pub fn tick(&mut self, now_ms: u64, out: &mut Vec<ReceiverOut>) {
         for o in self.origins.values_mut() {
             for f in o.in_flight.iter_mut().filter(|f| !f.stable) {
-                match f.sent_ms {
-                    None => f.sent_ms = Some(now_ms),
-                    Some(at) if now_ms.saturating_sub(at) >= APPLY_RESEND_MS => {
-                        f.sent_ms = Some(now_ms);
-                        out.extend(f.write.clone().map(ReceiverOut::Apply));
-                    }
-                    Some(_) => {}
+                if overdue(&mut f.sent_ms, now_ms) {
+                    out.extend(f.write.clone().map(ReceiverOut::Apply));
                 }
             }
             for (write, sent_ms) in o.streams.values_mut().flat_map(|v| v.applying.values_mut()) {
-                match sent_ms {
-                    None => *sent_ms = Some(now_ms),
-                    Some(at) if now_ms.saturating_sub(*at) >= APPLY_RESEND_MS => {
-                        *sent_ms = Some(now_ms);
-                        out.push(ReceiverOut::Apply(write.clone()));
-                    }
-                    Some(_) => {}
+                if overdue(sent_ms, now_ms) {
+                    out.push(ReceiverOut::Apply(write.clone()));
                 }
             }
         }
@@ -660,6 +650,21 @@ impl Receiver {
             }
         }
     }
+}
+
+/// Whether a remote write handed out at `sent_ms` (`None`: this tick, which
+/// is noted) is to be handed out again: not reported stable within
+/// `APPLY_RESEND_MS` (then the clock restarts).
+fn overdue(sent_ms: &mut Option<u64>, now_ms: u64) -> bool {
+    match *sent_ms {
+        None => *sent_ms = Some(now_ms),
+        Some(at) if now_ms.saturating_sub(at) >= APPLY_RESEND_MS => {
+            *sent_ms = Some(now_ms);
+            return true;
+        }
+        Some(_) => {}
+    }
+    false
 }
 
 /// Whether `id` of `origin` may be applied at site `me` (Alg. 5 line 12,

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{cluster_status, is_member, settled_leader, Cluster, Opts, Workload, Written};
+use common::{cluster_status, is_member, Cluster, Opts, Workload, Written};
 use redis::Commands;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -92,7 +92,7 @@ fn a_whole_site_killed_under_concurrent_writers_comes_back_with_every_acknowledg
 fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
     let c = Cluster::start_with(Opts::new(4, 3, 2).flag("--request-timeout-ms", 1500).flag("--failure-timeout-ms", 800));
     let load = Workload::spread(&c, &[0, 1, 2, 3], 8, 50);
-    let healed = |what: &str| c.eventually(WAIT, what, || settled_leader(&c, &[0, 1, 2, 3]));
+    let healed = |what: &str| c.settled(&[0, 1, 2, 3], what);
     let leader = healed("the site to start whole");
     let placed = c.chains(0);
     // A data node (not the leader) frozen past the failure timeout: removed,
@@ -139,7 +139,7 @@ fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
 fn a_coordinator_member_restarted_on_an_empty_disk_rejoins_and_the_coordinator_keeps_deciding() {
     let mut c = Cluster::start_with(Opts::new(4, 3, 2).durable().flag("--fsync", "always").flag("--failure-timeout-ms", 800));
     let leader_of = |c: &Cluster| (0..3).find_map(|i| cluster_status(c, i)?.get("coordinator_leader")?.parse::<usize>().ok());
-    let whole = |c: &Cluster, what: &str| c.eventually(WAIT, what, || settled_leader(c, &[0, 1, 2, 3]));
+    let whole = |c: &Cluster, what: &str| c.settled(&[0, 1, 2, 3], what);
     whole(&c, "the site to start whole");
     for i in 0..50 {
         let _: () = c.conn(i % 4).set(format!("before:{i}"), i).unwrap();

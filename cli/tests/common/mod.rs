@@ -465,6 +465,16 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T>
 }
 
 impl Cluster {
+    /// Waits until the site is settled (see `settled_leader`) and returns
+    /// its coordinator leader; on timeout, says what each node reported.
+    pub fn settled(&self, nodes: &[usize], what: &str) -> usize {
+        poll(Duration::from_secs(30), || settled_leader(self, nodes)).unwrap_or_else(|| {
+            let statuses: Vec<String> =
+                nodes.iter().map(|&n| format!("--- CW.CLUSTER STATUS via node {n} ---\n{:?}", cluster_status(self, n))).collect();
+            panic!("timed out waiting for {what}\n{}\n{}", statuses.join("\n"), self.logs())
+        })
+    }
+
     /// `eventually`, with every node's log in the failure message.
     pub fn eventually<T>(&self, timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
         poll(timeout, f).unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs()))
@@ -579,7 +589,7 @@ pub fn is_member(status: &std::collections::HashMap<String, String>, node: usize
 /// The coordinator leader, if the site is settled as it reports: every
 /// node of `nodes` a member, heard at the current epoch with nothing left
 /// to fetch, and every chain at R.
-pub fn settled_leader(c: &Cluster, nodes: &[usize]) -> Option<usize> {
+fn settled_leader(c: &Cluster, nodes: &[usize]) -> Option<usize> {
     let leader: usize = (0..3).find_map(|i| cluster_status(c, i)?.get("coordinator_leader")?.parse().ok())?;
     let s = cluster_status(c, leader)?;
     let settled = format!("epoch={},joining=0,catching_up=0,", s.get("epoch")?);

@@ -149,6 +149,13 @@ pub struct Node {
     transfers: (u64, u64),
     /// Records to make durable before this step's messages leave.
     log: Vec<LogRecord>,
+    /// How many times `take_log` handed out records, and how many of those
+    /// the driver has synced (`synced`).
+    logged: u64,
+    synced: u64,
+    /// Geo probes to answer once `synced` reaches the position paired with
+    /// them (`GeoMsg::Synced`).
+    probes: Vec<(u64, (NodeId, u64))>,
     last_beat_ms: Option<u64>,
     /// The coordinator's lease for linearizable reads: the epoch it is for,
     /// and until when (monotonic).
@@ -177,6 +184,9 @@ impl Node {
             retained: (0..partitions).map(|_| None).collect(),
             transfers: (0, 0),
             log: Vec::new(),
+            logged: 0,
+            synced: 0,
+            probes: Vec::new(),
             last_beat_ms: None,
             lease: None,
             geo: None,
@@ -483,8 +493,56 @@ impl Node {
 
     /// The log records produced since the last call, in order: the driver
     /// makes them durable before it sends what the same step produced.
+    ///
+    /// Non-empty results are numbered 1, 2, ... (`logged`): the driver says
+    /// how far they are synced with `synced`.
     pub fn take_log(&mut self) -> Vec<LogRecord> {
+        if !self.log.is_empty() {
+            self.logged += 1;
+        }
         std::mem::take(&mut self.log)
+    }
+
+    /// How many non-empty `take_log` results this node handed out.
+    pub fn logged(&self) -> u64 {
+        self.logged
+    }
+
+    /// The driver synced the first `through` non-empty `take_log` results
+    /// to disk (a driver without a disk, or one that never syncs, says so
+    /// at once: a crash of its machine loses what its page cache held, and
+    /// geo-replication cannot promise more than the disk does).
+    pub fn synced(&mut self, through: u64, now_ms: u64, out: &mut Outbox) {
+        self.synced = self.synced.max(through);
+        self.answer_probes(now_ms, out);
+    }
+
+    /// Pairs new geo probes with what is logged now, and answers those
+    /// whose records are synced.
+    fn answer_probes(&mut self, now_ms: u64, out: &mut Outbox) {
+        let Some(geo) = &mut self.geo else { return };
+        // Records of this step not taken yet count too: they are the next
+        // `take_log`.
+        let logged = self.logged + u64::from(!self.log.is_empty());
+        self.probes.extend(geo.take_probes().into_iter().map(|p| (logged, p)));
+        let synced = self.synced;
+        let mut due: BTreeMap<NodeId, u64> = BTreeMap::new();
+        self.probes.retain(|&(at, (leader, probe))| {
+            if at > synced {
+                return true;
+            }
+            let p = due.entry(leader).or_default();
+            *p = (*p).max(probe);
+            false
+        });
+        let topology = self.topology.clone();
+        for (leader, probe) in due {
+            let msg = GeoMsg::Synced { from: self.id.me, probe: (leader, probe) };
+            match leader == self.id.me {
+                true => geo.step(msg, false, &topology, now_ms, out),
+                false => send(out, Dest::Node(leader), Message::Geo(msg)),
+            }
+        }
     }
 
     /// Every replica as log records (compaction).
@@ -691,6 +749,7 @@ impl Node {
         if let Some(geo) = &mut self.geo {
             geo.tick(&topology, now_ms, out);
         }
+        self.answer_probes(now_ms, out);
     }
 
     /// Heads make a promise (if `make`), and every replica passes on the
@@ -770,6 +829,7 @@ impl Node {
                 if let Some(geo) = &mut self.geo {
                     geo.step(msg, false, &topology, now_ms, out);
                 }
+                self.answer_probes(now_ms, out);
             }
         }
     }

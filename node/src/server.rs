@@ -137,7 +137,19 @@ impl Node {
         let before = core.topology().epoch;
         run(&mut core, &mut out);
         let log = core.take_log();
-        let ticket = self.wal.get().filter(|_| !log.is_empty()).map(|w| (w, w.append(&log)));
+        let ticket = match self.wal.get() {
+            _ if log.is_empty() => None,
+            Some(w) => {
+                w.append(core.logged(), &log);
+                Some((w, core.logged()))
+            }
+            // No disk: nothing to wait for.
+            None => {
+                let logged = core.logged();
+                core.synced(logged, now_ms(), &mut out);
+                None
+            }
+        };
         let adopted = (core.topology().epoch != before).then(|| core.topology().clone());
         drop(core);
         if let Some(t) = adopted {
@@ -509,9 +521,11 @@ async fn compact_loop(node: Arc<Node>) {
 fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
     let policy: Fsync = node.config.fsync.parse()?;
     let releaser = Arc::downgrade(node);
-    let (wal, records) = Wal::open(dir, policy, move |then| {
+    let (wal, records) = Wal::open(dir, policy, move |synced, then| {
         if let Some(node) = releaser.upgrade() {
             node.route(then, None);
+            let more = node.step(|core, out| core.synced(synced, now_ms(), out));
+            node.route(more, None);
         }
     })?;
     let report = node.core.lock().recover(records, wal.synced(), now_ms());

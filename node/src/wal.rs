@@ -88,7 +88,7 @@ pub struct Wal {
     size: Arc<AtomicU64>,
     /// When the log was last synced (wall-clock ms; 0: never).
     last_sync_ms: Arc<AtomicU64>,
-    /// The last ticket handed out; held while its records are queued, so
+    /// The last ticket appended; held while its records are queued, so
     /// tickets reach the writer in order.
     tickets: Mutex<u64>,
     released: Arc<Released>,
@@ -109,9 +109,10 @@ struct ReleasedInner {
 
 impl Wal {
     /// Opens (or creates) the log in `dir`, returning it and the valid
-    /// records to replay. `release` is how the writer sends the follow-up
-    /// messages of durable records.
-    pub fn open(dir: &Path, policy: Fsync, release: impl Fn(Outbox) + Send + 'static) -> Result<(Wal, Vec<LogRecord>), String> {
+    /// records to replay. `release` is how the writer says every append up
+    /// to a ticket is synced (with `no`: written, as the page cache holds
+    /// it), with the follow-up messages that waited for it (fsync=always).
+    pub fn open(dir: &Path, policy: Fsync, release: impl Fn(u64, Outbox) + Send + 'static) -> Result<(Wal, Vec<LogRecord>), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let path = dir.join("wal.log");
         let mut file = OpenOptions::new()
@@ -185,19 +186,21 @@ impl Wal {
         let _ = self.tx.send(Job::Compact(buf.to_vec()));
     }
 
-    /// Appends `records` (call in the order they were produced, under the
-    /// lock that produced them) and returns the append's ticket for `after`.
-    pub fn append(&self, records: &[LogRecord]) -> u64 {
+    /// Appends `records` as `ticket` (call in the order they were
+    /// produced, under the lock that produced them, with increasing tickets:
+    /// the node's `take_log` count) for `after` and for the writer's
+    /// report of what is synced.
+    pub fn append(&self, ticket: u64, records: &[LogRecord]) {
         let mut buf = BytesMut::new();
         for record in records {
             encode_record(record, &mut buf);
         }
         let mut last = self.tickets.lock();
-        *last += 1;
-        if self.tx.send(Job::Append { records: buf.to_vec(), ticket: *last }).is_err() {
+        debug_assert!(ticket > *last, "tickets increase");
+        *last = ticket;
+        if self.tx.send(Job::Append { records: buf.to_vec(), ticket }).is_err() {
             tracing::error!("the write-ahead log writer has stopped");
         }
-        *last
     }
 
     /// What may be sent now of `then`, which must not leave before append
@@ -253,9 +256,11 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<Job>, release: impl Fn(Outbox)) {
+    fn run(mut self, rx: mpsc::Receiver<Job>, release: impl Fn(u64, Outbox)) {
         let mut last_sync = Instant::now();
         let mut dirty = false;
+        // The last ticket written, and the last reported synced.
+        let (mut written, mut reported) = (0, 0);
         loop {
             let first = match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(job) => Some(job),
@@ -263,7 +268,6 @@ impl Writer {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
             };
             let mut buf = Vec::new();
-            let mut last_ticket = None;
             let mut compact = None;
             for job in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match job {
@@ -272,7 +276,7 @@ impl Writer {
                             since.extend_from_slice(&records);
                         }
                         buf.extend_from_slice(&records);
-                        last_ticket = Some(ticket);
+                        written = ticket;
                     }
                     Job::Mark => self.since_mark = Some(Vec::new()),
                     Job::Compact(checkpoint) => compact = Some(checkpoint),
@@ -302,16 +306,16 @@ impl Writer {
                 let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
                 self.last_sync_ms.store(wall, Ordering::Relaxed);
             }
-            if let (Some(ticket), Fsync::Always) = (last_ticket, self.policy) {
-                let then: Vec<Outbox> = {
+            let synced = if self.policy == Fsync::No || !dirty { written } else { reported };
+            if synced > reported {
+                reported = synced;
+                let then: Outbox = {
                     let mut r = self.released.inner.lock();
-                    r.synced = ticket;
-                    let later = r.waiting.split_off(&(ticket + 1));
-                    std::mem::replace(&mut r.waiting, later).into_values().collect()
+                    r.synced = synced;
+                    let later = r.waiting.split_off(&(synced + 1));
+                    std::mem::replace(&mut r.waiting, later).into_values().flatten().collect()
                 };
-                for out in then {
-                    release(out);
-                }
+                release(synced, then);
             }
             if let Some(checkpoint) = compact {
                 if let Err(e) = self.compact(checkpoint) {
@@ -382,13 +386,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let (released_tx, released_rx) = mpsc::channel();
         {
-            let (wal, old) = Wal::open(&dir, Fsync::Always, move |e| released_tx.send(e.len()).unwrap()).unwrap();
+            let (wal, old) = Wal::open(&dir, Fsync::Always, move |_, e| released_tx.send(e.len()).unwrap()).unwrap();
             assert!(old.is_empty());
             for i in 0..5 {
-                wal.append(&[record(i)]);
+                wal.append(i + 1, &[record(i)]);
             }
             let then = vec![Envelope { to: Dest::Node(1), msg: Message::Stable { op: OpId { client: 1, seq: 9 } } }];
-            let ticket = wal.append(&[record(5)]);
+            let ticket = 6;
+            wal.append(ticket, &[record(5)]);
             // The follow-up is released only by the writer, after the sync.
             let now = wal.after(ticket, then.clone());
             let released = if now.is_empty() { released_rx.recv_timeout(Duration::from_secs(5)).unwrap() } else { now.len() };
@@ -399,7 +404,7 @@ mod tests {
         }
         // A torn write at the end, as after a crash.
         OpenOptions::new().append(true).open(dir.join("wal.log")).unwrap().write_all(&[9, 0, 0, 0, 1]).unwrap();
-        let (_wal, replay) = Wal::open(&dir, Fsync::No, |_| {}).unwrap();
+        let (_wal, replay) = Wal::open(&dir, Fsync::No, |_, _| {}).unwrap();
         assert_eq!(replay, (0..6).map(record).collect::<Vec<_>>());
         assert_eq!(
             std::fs::metadata(dir.join("wal.log")).unwrap().len() as usize,
@@ -413,14 +418,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("causeway-wal-compact-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         {
-            let (wal, _) = Wal::open(&dir, Fsync::Always, |_| {}).unwrap();
+            let (wal, _) = Wal::open(&dir, Fsync::Always, |_, _| {}).unwrap();
             for i in 0..100 {
-                wal.append(&[record(i)]);
+                wal.append(i + 1, &[record(i)]);
             }
             wal.mark();
-            wal.append(&[record(100)]);
+            wal.append(101, &[record(100)]);
             wal.compact(&[record(1000)]);
-            wal.append(&[record(101)]);
+            wal.append(102, &[record(101)]);
             let deadline = Instant::now() + Duration::from_secs(5);
             while wal.size() > 1000 {
                 assert!(Instant::now() < deadline, "no compaction");
@@ -428,7 +433,7 @@ mod tests {
             }
         }
         std::thread::sleep(Duration::from_millis(300));
-        let (_wal, replay) = Wal::open(&dir, Fsync::No, |_| {}).unwrap();
+        let (_wal, replay) = Wal::open(&dir, Fsync::No, |_, _| {}).unwrap();
         assert_eq!(replay, vec![record(1000), record(100), record(101)]);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -296,7 +296,7 @@ async fn ship_every_ms(stabilizer: Rc<RefCell<Stabilizer>>, mut to_sites: Vec<Tc
             let mut stabilizer = stabilizer.borrow_mut();
             if ticks % ACK_EVERY_MS == 0 {
                 for (from, received) in [1, 2].into_iter().zip(through) {
-                    let ack = SiteAck { from, origin: 0, received, applied: received, resend: false };
+                    let ack = SiteAck { from, origin: 0, received, applied: received, visible: received, resend: false };
                     stabilizer.step(StabilizerMsg::SiteAck(ack), now, &mut out);
                 }
             }

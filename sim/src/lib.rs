@@ -372,6 +372,8 @@ impl Sim {
         node.disk.extend(node.core.take_log());
         if self.fsync == Fsync::Always {
             node.synced = node.disk.len();
+            let through = node.core.logged();
+            node.core.synced(through, self.now_ms, &mut out);
         }
         if node.core.topology().epoch != before {
             node.saved = (**node.core.topology()).clone();
@@ -555,8 +557,11 @@ impl Sim {
             }
         }
         if self.fsync == Fsync::EverySec && now.is_multiple_of(1_000) {
-            for n in &mut self.nodes {
-                n.synced = n.disk.len();
+            for n in 0..self.nodes.len() {
+                self.nodes[n].synced = self.nodes[n].disk.len();
+                if !self.nodes[n].crashed && self.nodes[n].paused_until <= now {
+                    self.step_node(n, |core, out| core.synced(core.logged(), now, out));
+                }
             }
         }
         for n in 0..self.nodes.len() {

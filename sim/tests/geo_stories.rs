@@ -204,7 +204,7 @@ impl Story {
                     }
                     self.site1.take(&ship, out)?;
                     let received = self.site1.received;
-                    let ack = SiteAck { from: DEST, origin: ORIGIN, received, applied: received, resend: false };
+                    let ack = SiteAck { from: DEST, origin: ORIGIN, received, applied: received, visible: received, resend: false };
                     for r in self.replicas.values_mut() {
                         r.step(StabilizerMsg::SiteAck(ack), self.now, &mut Vec::new());
                     }

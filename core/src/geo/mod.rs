@@ -104,8 +104,16 @@ pub enum GeoMsg {
     /// The leader -> every node of its site: what the site has applied of
     /// each other site (for get-transactions, `Message::SnapshotRead`), and
     /// what each other site has applied of this one (`seen_by`, from its
-    /// acknowledgements: `CW.WAIT`).
-    SiteTime { applied: VersionVector, seen_by: VersionVector },
+    /// acknowledgements: `CW.WAIT`). `probe` (the leader, its time): each
+    /// node answers `Synced` once its disk holds what it had logged when
+    /// this arrived (`Geo::take_probes`).
+    SiteTime { applied: VersionVector, seen_by: VersionVector, probe: (NodeId, u64) },
+    /// A node -> the leader that sent `probe`: everything it had logged
+    /// when the probe arrived is synced. Once every node of the site says
+    /// so, what the receiver had applied when it sent the probe survives
+    /// the site crashing whole, and the origins may forget it
+    /// (`Receiver::synced`).
+    Synced { from: NodeId, probe: (NodeId, u64) },
     /// Passed on inside a site by the node that received it from another
     /// site: handled where it lands, never passed on again.
     Relayed(Box<GeoMsg>),
@@ -266,6 +274,12 @@ pub struct Geo {
     sequencer: Option<Sequencer>,
     sequencing: BTreeMap<u64, (PartitionId, PutRequest, u64)>,
     next_tag: u64,
+    /// Probes this node got (or, leading, sent) and must answer once its
+    /// disk holds what it has logged so far (the node pairs them with its
+    /// log position: `take_probes`).
+    probes: Vec<(NodeId, u64)>,
+    /// While leading: the last of its probes each node answered.
+    synced: BTreeMap<NodeId, u64>,
 }
 
 impl Geo {
@@ -299,6 +313,8 @@ impl Geo {
             sequencer: (replication == Replication::Sequenced && replicas.contains(&me)).then(Sequencer::new),
             sequencing: BTreeMap::new(),
             next_tag: 0,
+            probes: Vec::new(),
+            synced: BTreeMap::new(),
         }
     }
 
@@ -320,6 +336,7 @@ impl Geo {
             for o in self.tails.values_mut() {
                 o.follow(&self.replicas, leader);
             }
+            self.synced.clear();
             self.receiver = (leader == Some(self.me)).then(|| match self.replication {
                 Replication::Eventual => Receiver::eventual(self.site, &self.all, self.partitions),
                 _ => Receiver::new(self.site, &self.all, &VersionVector::default()),
@@ -422,6 +439,17 @@ impl Geo {
         }
     }
 
+    /// Probes to answer (`GeoMsg::Synced`) once the disk holds what this
+    /// node has logged so far.
+    pub fn take_probes(&mut self) -> Vec<(NodeId, u64)> {
+        std::mem::take(&mut self.probes)
+    }
+
+    /// The node that ships and receives for the site, as this node knows.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.leader
+    }
+
     /// A number came back: the write it was for, to order now.
     pub fn sequenced(&mut self, reply: SeqReply) -> Option<(PartitionId, PutRequest)> {
         self.sequencing.remove(&reply.tag).map(|(p, req, _)| (p, req))
@@ -469,18 +497,23 @@ impl Geo {
             self.site_time.merge(r.applied());
             if let Some(s) = &self.stabilizer {
                 for &other in &self.others {
-                    let applied = s.acked(other).map_or(Timestamp::ZERO, |(_, applied)| applied.time());
-                    if applied > self.seen_by.get(other) {
-                        self.seen_by.set(other, applied);
+                    let seen = s.seen(other).map_or(Timestamp::ZERO, |p| p.time());
+                    if seen > self.seen_by.get(other) {
+                        self.seen_by.set(other, seen);
                     }
                 }
             }
             self.receiver_out(topology, rout, out);
             if now_ms.saturating_sub(self.site_time_sent_ms) >= SITE_TIME_MS {
                 self.site_time_sent_ms = now_ms;
+                let probe = (self.me, now_ms);
+                if let Some(r) = &mut self.receiver {
+                    r.mark(now_ms);
+                }
+                self.probes.push(probe);
                 for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
                     let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
-                    send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by }));
+                    send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by, probe }));
                 }
             }
         }
@@ -562,9 +595,21 @@ impl Geo {
                     self.step(*inner, true, topology, now_ms, out);
                 }
             }
-            GeoMsg::SiteTime { applied, seen_by } => {
+            GeoMsg::SiteTime { applied, seen_by, probe } => {
                 self.site_time.merge(&applied);
                 self.seen_by.merge(&seen_by);
+                self.probes.push(probe);
+            }
+            GeoMsg::Synced { from, probe: (leader, probe) } => {
+                let Some(r) = self.receiver.as_mut().filter(|_| leader == self.me) else { return };
+                let at = self.synced.entry(from).or_default();
+                *at = (*at).max(probe);
+                // Every node of the site, this one included, must have
+                // answered.
+                let all = topology.nodes.iter().map(|n| self.synced.get(&n.id).copied()).min().flatten();
+                if let Some(probe) = all {
+                    r.synced(probe);
+                }
             }
             GeoMsg::Sequence { from, req } => {
                 if let (Some(s), true) = (&mut self.sequencer, self.leader == Some(self.me)) {

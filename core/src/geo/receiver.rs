@@ -241,6 +241,10 @@ struct Origin {
     in_flight: VecDeque<InFlight>,
     /// Everything up to here is stable in the local chains.
     applied: Position,
+    /// Everything up to here is also synced on every node's disk here
+    /// (`Receiver::synced`): what this site acknowledges as applied, so
+    /// that its origin forgets only what survives this site crashing whole.
+    durable: Position,
     /// Everything up to here was handed out (values for it are stale).
     handed_out: Position,
     ack_due: bool,
@@ -322,7 +326,14 @@ pub struct Receiver {
     values: AHashMap<(SiteId, PartitionId, Timestamp), RemoteValue>,
     /// `Some(partitions)`: the eventual baseline (`Receiver::eventual`).
     eventual: Option<u32>,
+    /// What was applied of each origin when probe `.0` went to the site's
+    /// nodes (`mark`), oldest first, until every node synced past it.
+    marks: VecDeque<(u64, Vec<(SiteId, Position)>)>,
 }
+
+/// At most this many marks are kept (`Receiver::mark`); past it the oldest
+/// go (durability then moves in larger steps, never wrongly).
+pub const MARKS: usize = 256;
 
 impl Receiver {
     /// The receiver of site `me` in a deployment of `sites`, resuming from
@@ -344,6 +355,7 @@ impl Receiver {
                     gap_since_ms: None,
                     in_flight: VecDeque::new(),
                     applied: from,
+                    durable: from,
                     handed_out: from,
                     ack_due: true,
                     resend: false,
@@ -353,7 +365,7 @@ impl Receiver {
                 (s, origin)
             })
             .collect();
-        Receiver { me, origins, site_time, values: AHashMap::new(), eventual: None }
+        Receiver { me, origins, site_time, values: AHashMap::new(), eventual: None, marks: VecDeque::new() }
     }
 
     /// The baseline without causal order (`geo::Replication::Eventual`):
@@ -366,6 +378,40 @@ impl Receiver {
         let mut r = Receiver::new(me, sites, &VersionVector::default());
         r.eventual = Some(partitions);
         r
+    }
+
+    /// Probe `probe` goes to every node of the site: remembers what is
+    /// applied now, to count it durable once every node synced what it
+    /// had logged when the probe reached it (`synced`). Everything applied
+    /// now was logged by every replica of its chain before its stability
+    /// report reached this receiver, so before the probe reached them.
+    pub fn mark(&mut self, probe: u64) {
+        let now: Vec<(SiteId, Position)> = self.origins.iter().map(|(&s, o)| (s, o.applied)).collect();
+        if self.marks.back().is_some_and(|(_, last)| *last == now) {
+            return;
+        }
+        self.marks.push_back((probe, now));
+        if self.marks.len() > MARKS {
+            self.marks.pop_front();
+        }
+    }
+
+    /// Every node of the site synced what it had logged when it got probe
+    /// `probe` (and every earlier one): what was applied then is durable.
+    pub fn synced(&mut self, probe: u64) {
+        while self.marks.front().is_some_and(|&(p, _)| p <= probe) {
+            let (_, applied) = self.marks.pop_front().expect("a mark");
+            for (origin, pos) in applied {
+                let o = self.origins.get_mut(&origin).expect("a known origin");
+                if pos > o.durable {
+                    o.durable = pos;
+                    o.ack_due = true;
+                    for v in o.streams.values_mut() {
+                        v.due = true;
+                    }
+                }
+            }
+        }
     }
 
     pub fn step(&mut self, msg: ReceiverMsg, out: &mut Vec<ReceiverOut>) {
@@ -413,11 +459,13 @@ impl Receiver {
             }
             let refresh = now_ms.saturating_sub(o.acked_ms) >= SITE_ACK_REFRESH_MS;
             for (&partition, v) in o.streams.iter_mut().filter(|(_, v)| v.due || refresh) {
-                // Everything of this partition at or before the applied point.
+                // Everything of this partition at or before the durable
+                // point. (The eventual baseline acknowledges what is
+                // stable: it makes no promise across a whole-site crash.)
                 let applied = match self.eventual {
                     Some(_) => v.applied(),
-                    None if o.applied.partition >= partition => o.applied.ts,
-                    None => o.applied.ts.just_before(),
+                    None if o.durable.partition >= partition => o.durable.ts,
+                    None => o.durable.ts.just_before(),
                 };
                 let ack = ValuesAck { from: self.me, origin, partition, received: v.received, applied, resend: v.resend };
                 out.push(ReceiverOut::ValuesAck(ack));
@@ -431,7 +479,7 @@ impl Receiver {
             if !o.ack_due && !refresh {
                 continue;
             }
-            let ack = SiteAck { from: self.me, origin, received: o.received, applied: o.applied, resend: o.resend };
+            let ack = SiteAck { from: self.me, origin, received: o.received, applied: o.durable, visible: o.applied, resend: o.resend };
             out.push(ReceiverOut::Ack(ack));
             o.ack_due = false;
             o.resend = false;
@@ -494,8 +542,9 @@ impl Receiver {
         o.ack_due = true;
         if ship.applied > o.applied {
             // This site applied more before this receiver started (its own
-            // earlier acknowledgement, echoed): resume from there.
+            // earlier acknowledgement, echoed, durable): resume from there.
             o.applied = ship.applied;
+            o.durable = o.durable.max(ship.applied);
             o.handed_out = o.handed_out.max(ship.applied);
             o.received = o.received.max(ship.applied);
             o.pending.retain(|id| id.position() > ship.applied);
@@ -796,6 +845,15 @@ mod tests {
         assert_eq!(r.applied().get(0), ts(2).just_before(), "2 is not stable yet");
         r.step(applied(0, 1, 2), &mut out);
         assert_eq!(r.applied().get(0), ts(3));
+        let ack = acks(&mut r).into_iter().find(|a| a.origin == 0).unwrap();
+        assert_eq!(ack.visible, Position::through(ts(3)));
+        // Stable is not synced: the origin must keep it until every node
+        // here synced what it had logged when probe 7 reached it.
+        assert_eq!(ack.applied, Position::START, "nothing synced yet");
+        r.mark(7);
+        r.synced(6);
+        assert_eq!(acks(&mut r).into_iter().find(|a| a.origin == 0).map(|a| a.applied), None, "an older probe says nothing new");
+        r.synced(7);
         let ack = acks(&mut r).into_iter().find(|a| a.origin == 0).unwrap();
         assert_eq!(ack.applied, Position::through(ts(3)));
     }

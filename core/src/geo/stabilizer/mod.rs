@@ -247,15 +247,18 @@ pub struct Ship {
 
 /// receiver of `from` -> every stabilizer replica of `origin`: how far
 /// `from` has received `origin`'s stream (everything up to `received`,
-/// without a gap) and how far it has applied it (made it stable in its
-/// local chains). `resend`: a shipment left a gap, ship again from
-/// `received`.
+/// without a gap), how far it has applied it (made it stable in its local
+/// chains, `visible`), and how far what it applied is also synced to disk
+/// on every node of `from` (`applied`: what survives `from` crashing
+/// whole, so the origin may forget it). `resend`: a shipment left a gap,
+/// ship again from `received`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SiteAck {
     pub from: SiteId,
     pub origin: SiteId,
     pub received: Position,
     pub applied: Position,
+    pub visible: Position,
     pub resend: bool,
 }
 
@@ -283,9 +286,10 @@ pub enum StabilizerOut {
 /// What this replica knows of one other site.
 #[derive(Clone, Copy, Debug)]
 struct Destination {
-    /// Acknowledged as received, and as applied.
+    /// Acknowledged as received, as applied durably, and as applied.
     received: Position,
     applied: Position,
+    visible: Position,
     /// Shipped up to here (by this replica, while leader).
     sent: Position,
     /// When to ship again from `received`.
@@ -316,7 +320,13 @@ impl Stabilizer {
     /// Replica `me` of site `site`'s stabilizer, for partitions
     /// `0..partitions`, shipping to every site of `sites` but its own.
     pub fn new(site: SiteId, me: ReplicaId, partitions: u32, sites: &[SiteId]) -> Stabilizer {
-        let dest = Destination { received: Position::START, applied: Position::START, sent: Position::START, resend: Resend::default() };
+        let dest = Destination {
+            received: Position::START,
+            applied: Position::START,
+            visible: Position::START,
+            sent: Position::START,
+            resend: Resend::default(),
+        };
         Stabilizer {
             site,
             me,
@@ -365,9 +375,15 @@ impl Stabilizer {
         self.ops.len() + self.log.len()
     }
 
-    /// What site `site` acknowledged: (received, applied).
+    /// What site `site` acknowledged: (received, applied durably).
     pub fn acked(&self, site: SiteId) -> Option<(Position, Position)> {
         self.dests.get(&site).map(|d| (d.received, d.applied))
+    }
+
+    /// How far site `site` has applied this site's stream (stable in its
+    /// chains, maybe not on its disks yet): what its readers can see.
+    pub fn seen(&self, site: SiteId) -> Option<Position> {
+        self.dests.get(&site).map(|d| d.visible)
     }
 
     /// Eunomia Alg. 4 `new_batch`: take the ids not seen yet, in order, and
@@ -408,6 +424,7 @@ impl Stabilizer {
             dest.resend.progress(now_ms);
         }
         dest.applied = dest.applied.max(ack.applied);
+        dest.visible = dest.visible.max(ack.visible).max(ack.applied);
         if ack.resend {
             // The site saw a gap: go back to what it holds (further back
             // than before if its receiver started anew).

@@ -55,7 +55,14 @@ impl Stream {
     }
 
     fn ack(&self, from: SiteId) -> StabilizerMsg {
-        StabilizerMsg::SiteAck(SiteAck { from, origin: 0, received: self.received, applied: self.received, resend: false })
+        StabilizerMsg::SiteAck(SiteAck {
+            from,
+            origin: 0,
+            received: self.received,
+            applied: self.received,
+            visible: self.received,
+            resend: false,
+        })
     }
 }
 
@@ -236,7 +243,14 @@ fn a_site_that_sees_a_gap_asks_to_be_shipped_again() {
     let gap = ships(&mut out, 1);
     assert!(!site1.take(&gap[0]), "starts after 1, which site 1 never got");
     s.step(
-        StabilizerMsg::SiteAck(SiteAck { from: 1, origin: 0, received: site1.received, applied: site1.received, resend: true }),
+        StabilizerMsg::SiteAck(SiteAck {
+            from: 1,
+            origin: 0,
+            received: site1.received,
+            applied: site1.received,
+            visible: site1.received,
+            resend: true,
+        }),
         2,
         &mut out,
     );
@@ -258,7 +272,7 @@ fn replicas_keep_ids_until_every_site_applied_them() {
     assert_eq!(follower.held(), 3);
     let applied = |from, ms| {
         let pos = Position { ts: ts(ms), partition: 0 };
-        StabilizerMsg::SiteAck(SiteAck { from, origin: 0, received: pos, applied: pos, resend: false })
+        StabilizerMsg::SiteAck(SiteAck { from, origin: 0, received: pos, applied: pos, visible: pos, resend: false })
     };
     follower.step(applied(1, 3), 2, &mut out);
     follower.step(applied(2, 1), 2, &mut out);
@@ -298,7 +312,11 @@ fn a_replica_refuses_a_batch_that_leaves_a_gap_and_the_reporter_resends() {
     assert_eq!(rep.unacked(), 2, "kept until site 1 applied them (a whole-site restart loses the replicas)");
     assert_eq!(s.stable_time(), ts(3));
     let applied = Position { ts: ts(2), partition: 0 };
-    s.step(StabilizerMsg::SiteAck(SiteAck { from: 1, origin: 0, received: applied, applied, resend: false }), 3, &mut out);
+    s.step(
+        StabilizerMsg::SiteAck(SiteAck { from: 1, origin: 0, received: applied, applied, visible: applied, resend: false }),
+        3,
+        &mut out,
+    );
     rep.promise(ts(4));
     rep.tick(3, &mut sent);
     for (_, b) in sent.drain(..) {
@@ -353,7 +371,14 @@ fn stabilizer_throughput() {
                 shipped += ship.ids.len();
                 let received = ship.through;
                 s.step(
-                    StabilizerMsg::SiteAck(SiteAck { from: ship.to, origin: 0, received, applied: received, resend: false }),
+                    StabilizerMsg::SiteAck(SiteAck {
+                        from: ship.to,
+                        origin: 0,
+                        received,
+                        applied: received,
+                        visible: received,
+                        resend: false,
+                    }),
                     round as u64,
                     &mut Vec::new(),
                 );
@@ -554,7 +579,8 @@ fn stabilizer_against_sequencer() {
             if ms % ACK_EVERY_MS == 0 {
                 for from in [1, 2] {
                     let r = received[from as usize];
-                    let ack = Message::Geo(GeoMsg::SiteAck(SiteAck { from, origin: 0, received: r, applied: r, resend: false }));
+                    let ack =
+                        Message::Geo(GeoMsg::SiteAck(SiteAck { from, origin: 0, received: r, applied: r, visible: r, resend: false }));
                     let Message::Geo(GeoMsg::SiteAck(ack)) = carry(ack, wire, &mut buf) else { unreachable!("sent a SiteAck") };
                     s.step(StabilizerMsg::SiteAck(ack), ms, &mut out);
                 }

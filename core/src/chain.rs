@@ -225,6 +225,13 @@ pub struct ChainReplica {
     pruned_ms: u64,
     /// When the successor last made progress (or we last resent).
     last_progress_ms: u64,
+    /// When this replica last asked for what it lacks: the state, from its
+    /// predecessor, while joining; the suffix, from its successor, while
+    /// catching up. Asked again every `RETRANSMIT_MS` until answered, apart
+    /// from `last_progress_ms`: writes flowing past a member that moved up
+    /// keep its successor making progress, yet its request may have been
+    /// lost, or ignored by a successor not in the new order yet.
+    asked_ms: u64,
     /// Since when updates have waited behind a gap (see `tick`).
     gap_since_ms: Option<u64>,
 }
@@ -266,6 +273,7 @@ impl ChainReplica {
             last_writes: AHashMap::new(),
             pruned_ms: 0,
             last_progress_ms: 0,
+            asked_ms: 0,
             gap_since_ms: None,
             durable: 0,
             reported: None,
@@ -674,12 +682,12 @@ impl ChainReplica {
             self.pruned_ms = now_ms;
             self.last_writes.retain(|_, w| now_ms.saturating_sub(w.at_ms) < WRITE_MEMORY_MS);
         }
-        if self.joining && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
-            self.last_progress_ms = now_ms;
+        if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
+            self.asked_ms = now_ms;
             self.request_state(out);
         }
-        if self.catching_up && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
-            self.last_progress_ms = now_ms;
+        if self.catching_up && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
+            self.asked_ms = now_ms;
             self.request_suffix(out);
         }
         // Updates wait behind a gap that resends have not filled: the
@@ -827,7 +835,7 @@ impl ChainReplica {
             r.reported = old.reported;
         }
         r.joining = true;
-        r.last_progress_ms = now_ms;
+        r.asked_ms = now_ms;
         r.request_state(out);
         Some(r)
     }
@@ -1069,6 +1077,7 @@ impl ChainReplica {
         self.chain = chain.nodes.clone();
         self.index = index;
         if self.joining {
+            self.asked_ms = now_ms;
             self.request_state(out);
             return true;
         }
@@ -1096,7 +1105,7 @@ impl ChainReplica {
         self.handoff = self.unstable.iter().cloned().collect();
         self.owed = None;
         if self.catching_up {
-            self.last_progress_ms = now_ms;
+            self.asked_ms = now_ms;
             self.request_suffix(out);
         }
         if self.is_tail() {
@@ -1474,6 +1483,62 @@ mod tests {
         out.clear();
         tail.put(put(5, 5), 23, &mut out);
         assert_eq!(tail.digest().applied, 3, "the next write is seq 3, not a reused 1");
+    }
+
+    /// Found by `cli/tests/recovery.rs` on a loaded machine: a member that
+    /// moved up adopted the new order before its successor, which ignored
+    /// its `CatchUp`; it was to ask again after a silence, but writes kept
+    /// flowing through it and the successor kept acknowledging them, so it
+    /// never did, and stayed catching up (the coordinator waited for it).
+    #[test]
+    fn a_member_that_moved_up_asks_again_while_writes_flow_past_it() {
+        let (t, ids, [head, middle, tail]) = chain_of_three();
+        let [a, b, c] = ids;
+        let mut rs = [head, middle, tail];
+        let mut out = Outbox::new();
+        // The tail moves up to the middle: [a, c, b]. It adopts the new
+        // order first; b, still in the old one, ignores its request.
+        let mut moved = t.clone();
+        moved.epoch = 2;
+        moved.chains[0].nodes = vec![a, c, b];
+        rs[2].reconfigure(&moved, c, 10, &mut out);
+        assert!(rs[2].is_catching_up());
+        let Some(Message::CatchUp { epoch, from, after, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("asks b") };
+        rs[1].catch_up(epoch, from, after, &mut out);
+        assert!(out.is_empty(), "b is still in the old order: {out:?}");
+        rs[0].reconfigure(&moved, a, 11, &mut out);
+        rs[1].reconfigure(&moved, b, 11, &mut out);
+        // A write every 50 ms flows through c, and b acknowledges each.
+        let mut write = 0;
+        for ms in (20..2_000).step_by(10) {
+            if ms % 50 == 0 {
+                write += 1;
+                rs[0].put(put(write, write), ms, &mut out);
+            }
+            for r in rs.iter_mut() {
+                r.tick(ms, &mut out);
+            }
+            while !out.is_empty() {
+                for env in std::mem::take(&mut out) {
+                    let Dest::Node(n) = env.to else { continue };
+                    let r = &mut rs[ids.iter().position(|&i| i == n).unwrap()];
+                    match env.msg {
+                        Message::Forward { updates, .. } => r.forward(updates, ms, &mut out),
+                        Message::StableUpTo { seq, reported, durable, .. } => r.stable_up_to(seq, reported, durable, ms, &mut out),
+                        Message::CatchUp { epoch, from, after, .. } => r.catch_up(epoch, from, after, &mut out),
+                        Message::Suffix { epoch, updates, applied, state, clock, .. } => {
+                            r.suffix(epoch, updates, applied, state, clock, ms, &mut out)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if !rs[2].is_catching_up() {
+                break;
+            }
+        }
+        assert!(!rs[2].is_catching_up(), "c is still catching up after {write} writes passed it");
+        assert_eq!(rs.iter().map(|r| r.digest().applied).collect::<Vec<_>>(), [write; 3]);
     }
 
     #[test]

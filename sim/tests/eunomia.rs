@@ -339,7 +339,12 @@ impl Sim {
 
     fn receiver_tick(&mut self, site: usize) {
         let mut out = Vec::new();
-        self.sites[site].receiver.tick(self.now, &mut out);
+        // The site's disks sync at once (fsync=always): what is applied is
+        // durable.
+        let receiver = &mut self.sites[site].receiver;
+        receiver.mark(self.now);
+        receiver.synced(self.now);
+        receiver.tick(self.now, &mut out);
         self.receiver_out(site, out);
     }
 

@@ -281,9 +281,24 @@ impl Node {
             }
             self.parts[p as usize] = Some(r);
         }
-        self.geo_replicas(&mut Outbox::new());
         self.whole = synced;
         self.incomplete = report.gaps.iter().map(|&(p, _)| p).chain(report.behind.iter().copied()).collect();
+        if self.topology.node(self.id.me).is_none() {
+            // The configuration this node holds removed it from every chain
+            // (it adopted it, then crashed before the log said `Dropped`:
+            // fsync=everysec): what it recovered is what it held when it
+            // left, as `install` keeps it. It comes back through a state
+            // transfer that asks only for what came after (`ChainReplica::
+            // joining`), never in place: its chains declared stable what it
+            // never got, and would send it nothing more.
+            for p in 0..self.parts.len() {
+                if let Some(replica) = self.drop_replica(p as PartitionId) {
+                    self.retained[p] = Some(replica);
+                }
+            }
+            self.whole = false;
+        }
+        self.geo_replicas(&mut Outbox::new());
         report
     }
 

@@ -187,3 +187,27 @@ fn a_node_back_from_a_pause_moves_up_its_chains_while_writers_keep_writing() {
         assert!(settled(&sim), "seed {seed}: not settled while writing ({writes} writes); the coordinator did:\n{}", sim.history());
     }
 }
+
+/// A node crashes (fsync=everysec), is removed from its chains, restarts,
+/// adopts the configuration that removed it (its replicas dropped, the
+/// `Dropped` records not synced yet) and crashes again before its disk
+/// syncs: it starts from its log with replicas and a configuration that
+/// lists it nowhere. It must come back through a state transfer like any
+/// returning node: put back in place as the tail of its chains, it served
+/// the prefix it had logged while its predecessors, which counted
+/// everything stable, sent it nothing more (writes had stopped).
+#[test]
+fn a_node_that_restarts_after_its_removal_with_an_unsynced_log_returns_by_state_transfer() {
+    for seed in seeds(100..106) {
+        let victim = (seed % 3) as u16;
+        let faults = schedule(vec![
+            (1_200, Box::new(move |sim: &mut Sim| sim.crash(victim))),
+            (2_100, Box::new(move |sim: &mut Sim| sim.restart(victim))),
+            (2_600, Box::new(move |sim: &mut Sim| sim.crash(victim))),
+            (2_700, Box::new(move |sim: &mut Sim| sim.restart(victim))),
+        ]);
+        let mut changes = Vec::new();
+        run_site(seed, &Site { duration_ms: 3_000, ..site(3, Fsync::EverySec) }, faults, |sim, _| changes = sim.changes.clone());
+        assert!(changes.iter().any(|(_, what)| what.contains(&format!("node {victim} is back"))), "seed {seed}: {changes:?}");
+    }
+}

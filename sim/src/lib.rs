@@ -144,6 +144,9 @@ struct SimClient {
     written: Option<causeway_core::version::Version>,
     acked_at: Option<u8>,
     request: Option<Request>,
+    /// Its connection died (`Sim::disconnect`): what it had in flight is
+    /// never answered, and it starts nothing more.
+    gone: bool,
 }
 
 #[derive(PartialEq, Eq)]
@@ -286,8 +289,16 @@ impl Sim {
             written: None,
             acked_at: None,
             request: None,
+            gone: false,
         });
         i
+    }
+
+    /// Client `client`'s connection dies (its node or site crashed under
+    /// it): the request in flight, if any, is never answered, as a Redis
+    /// client gets an error, and its session is gone with it.
+    pub fn disconnect(&mut self, client: usize) {
+        self.clients[client].gone = true;
     }
 
     /// The coordinator is the real `Supervisor`, fed by the nodes'
@@ -385,6 +396,7 @@ impl Sim {
     /// no messages.
     pub fn start(&mut self, client: usize, request: Request) -> Option<Completed> {
         let c = &mut self.clients[client];
+        assert!(!c.gone, "client {client} was disconnected");
         c.items.clear();
         c.snapshot_keys.clear();
         c.written = None;
@@ -473,7 +485,7 @@ impl Sim {
                 self.step_node(n as usize, |core, out| core.step(env.msg, now, out));
             }
             Dest::Client(id) => {
-                let Some(i) = self.clients.iter().position(|c| c.driver.id() == id) else {
+                let Some(i) = self.clients.iter().position(|c| c.driver.id() == id && !c.gone) else {
                     return;
                 };
                 let c = &mut self.clients[i];
@@ -549,6 +561,9 @@ impl Sim {
             // Sessions follow the configuration as proxies do (and resend
             // the writes a new configuration may have stranded).
             for i in 0..self.clients.len() {
+                if self.clients[i].gone {
+                    continue;
+                }
                 let progress = self.clients[i].driver.reconfigured(self.topology.clone(), now);
                 self.client_sends(i, progress.send);
                 for result in progress.done {
@@ -572,6 +587,9 @@ impl Sim {
             self.step_node(n, |core, out| core.tick(now, out));
         }
         for i in 0..self.clients.len() {
+            if self.clients[i].gone {
+                continue;
+            }
             let progress = self.clients[i].driver.tick(now);
             self.client_sends(i, progress.send);
             for result in progress.done {

@@ -208,9 +208,17 @@ pub struct ChainReplica {
     /// reported, in seq order: what a new tail starts its reporter with.
     /// Carried by state transfers and checkpoints, rebuilt by replay.
     outgoing: VecDeque<Update>,
-    /// Local updates the tail applied since the node last asked, for its
-    /// reporter (several sites only).
-    reportable: Vec<Update>,
+    /// The highest seq of `outgoing` handed to the node's reporter (the
+    /// tail's, several sites only).
+    handed: u64,
+    /// How far this replica's log is on disk (`Node::synced`): a tail hands
+    /// its reporter, and so other sites, only updates and promises its disk
+    /// holds. A site whose machines all crash loses what its disks had not
+    /// synced (`fsync=everysec`); no other site may have applied it.
+    on_disk: u64,
+    /// Log tickets (`Node::take_log`'s numbers) not known synced yet, with
+    /// how far this replica had applied when each was taken.
+    marks: VecDeque<(u64, u64)>,
     /// A promise (`make_promise`) to pass down the chain, or, at the tail,
     /// to report, once everything up to its seq is applied here.
     promise: Option<(u64, Timestamp)>,
@@ -278,7 +286,9 @@ impl ChainReplica {
             durable: 0,
             reported: None,
             outgoing: VecDeque::new(),
-            reportable: Vec::new(),
+            handed: 0,
+            on_disk: 0,
+            marks: VecDeque::new(),
             promise: None,
             conflicts: 0,
             recent_conflicts: VecDeque::new(),
@@ -550,9 +560,6 @@ impl ChainReplica {
         self.answer(&u, out);
         if self.reported.is_some_and(|r| u.seq > r) && u.version.site == self.site {
             self.outgoing.push_back(u.clone());
-            if self.is_tail() {
-                self.reportable.push(u.clone());
-            }
         }
         if self.is_tail() {
             self.stable = u.seq;
@@ -1154,9 +1161,50 @@ impl ChainReplica {
         }
     }
 
-    /// The local updates the tail applied since the last call.
+    /// The local updates not handed to the reporter yet that this
+    /// replica's disk holds (all of them not reported, after `rewind`).
     pub fn take_reportable(&mut self) -> Vec<Update> {
-        std::mem::take(&mut self.reportable)
+        let from = self.outgoing.partition_point(|u| u.seq <= self.handed);
+        let to = self.outgoing.partition_point(|u| u.seq <= self.on_disk);
+        let updates: Vec<Update> = self.outgoing.range(from..to.max(from)).cloned().collect();
+        if let Some(u) = updates.last() {
+            self.handed = u.seq;
+        }
+        updates
+    }
+
+    /// A new reporter starts here: it is handed everything not reported.
+    pub fn rewind(&mut self) {
+        self.handed = 0;
+    }
+
+    /// How far the reporter may count this replica's updates reported: the
+    /// updates its disk holds.
+    pub fn reportable_through(&self) -> u64 {
+        self.applied.min(self.on_disk)
+    }
+
+    /// What it has applied goes into the node's log with ticket `ticket`
+    /// (the next or last `take_log`).
+    pub fn mark(&mut self, ticket: u64) {
+        let last = self.marks.back().map_or(self.on_disk, |&(_, seq)| seq);
+        if self.applied > last {
+            self.marks.push_back((ticket, self.applied));
+        }
+    }
+
+    /// The node's log is synced through ticket `through`.
+    pub fn synced(&mut self, through: u64) {
+        while let Some(&(_, seq)) = self.marks.front().filter(|&&(ticket, _)| ticket <= through) {
+            self.on_disk = self.on_disk.max(seq);
+            self.marks.pop_front();
+        }
+    }
+
+    /// Recovered from this node's disk: all of it is there.
+    pub fn recovered_on_disk(&mut self) {
+        self.on_disk = self.applied;
+        self.marks.clear();
     }
 
     /// The local updates not reported yet that this replica holds: what a
@@ -1200,7 +1248,7 @@ impl ChainReplica {
     /// whichever becomes head never orders a write below it.
     pub fn take_promise(&mut self) -> Option<Timestamp> {
         let (seq, ts) = self.promise?;
-        if seq > self.applied || self.joining || self.catching_up {
+        if seq > self.applied || self.joining || self.catching_up || (self.is_tail() && seq > self.on_disk) {
             return None;
         }
         self.promise = None;

@@ -279,6 +279,7 @@ impl Node {
             if let Some(missing) = r.replay(updates, now_ms) {
                 report.gaps.push((p, missing));
             }
+            r.recovered_on_disk();
             self.parts[p as usize] = Some(r);
         }
         self.whole = synced;
@@ -529,6 +530,14 @@ impl Node {
     /// geo-replication cannot promise more than the disk does).
     pub fn synced(&mut self, through: u64, now_ms: u64, out: &mut Outbox) {
         self.synced = self.synced.max(through);
+        if self.geo.is_some() {
+            for p in 0..self.parts.len() as PartitionId {
+                if let Some(r) = &mut self.parts[p as usize] {
+                    r.synced(self.synced);
+                }
+                self.geo_tail(p, out);
+            }
+        }
         self.answer_probes(now_ms, out);
     }
 
@@ -735,6 +744,12 @@ impl Node {
     /// the serving tail or not; returns how far everything is reported.
     fn geo_feed(&mut self, partition: PartitionId) -> Option<u64> {
         let geo = self.geo.as_mut()?;
+        let replica = self.parts[partition as usize].as_mut();
+        if let Some(r) = replica {
+            // Whatever it applied is in the log now: the next `take_log`,
+            // or one taken already.
+            r.mark(self.logged + u64::from(!self.log.is_empty()));
+        }
         let tail = self.parts[partition as usize].as_mut().filter(|r| self.admitted && r.reports());
         geo.tail(partition, tail)
     }
@@ -790,6 +805,9 @@ impl Node {
         match r.next() {
             Some(next) => to.entry(next).or_default().push((partition, r.applied(), ts)),
             None if r.reports() => {
+                // The updates it covers are on disk: the reporter has them
+                // before the promise.
+                self.geo_feed(partition);
                 if let Some(geo) = &mut self.geo {
                     geo.promise(partition, ts);
                 }

@@ -140,7 +140,8 @@ impl Node {
         let ticket = match self.wal.get() {
             _ if log.is_empty() => None,
             Some(w) => {
-                w.append(core.logged(), &log);
+                // Several sites: tails report only what is on disk.
+                w.append(core.logged(), &log, core.geo().is_some());
                 Some((w, core.logged()))
             }
             // No disk: nothing to wait for.

@@ -72,8 +72,9 @@ impl FromStr for Fsync {
 }
 
 enum Job {
-    /// Encoded records, and the ticket of the append.
-    Append { records: Vec<u8>, ticket: u64 },
+    /// Encoded records, the ticket of the append, and whether it is to be
+    /// synced soon whatever the policy (`Wal::append`).
+    Append { records: Vec<u8>, ticket: u64, soon: bool },
     /// Start keeping a copy of every record from here on.
     Mark,
     /// Replace the log with this checkpoint and the records since the mark.
@@ -189,8 +190,11 @@ impl Wal {
     /// Appends `records` as `ticket` (call in the order they were
     /// produced, under the lock that produced them, with increasing tickets:
     /// the node's `take_log` count) for `after` and for the writer's
-    /// report of what is synced.
-    pub fn append(&self, ticket: u64, records: &[LogRecord]) {
+    /// report of what is synced. `soon`: with fsync=everysec, sync it as
+    /// soon as the writer can (group commit, no client waits for it) rather
+    /// than within the second: a geo-replicated node reports its updates to
+    /// other sites only once its disk holds them.
+    pub fn append(&self, ticket: u64, records: &[LogRecord], soon: bool) {
         let mut buf = BytesMut::new();
         for record in records {
             encode_record(record, &mut buf);
@@ -198,7 +202,7 @@ impl Wal {
         let mut last = self.tickets.lock();
         debug_assert!(ticket > *last, "tickets increase");
         *last = ticket;
-        if self.tx.send(Job::Append { records: buf.to_vec(), ticket }).is_err() {
+        if self.tx.send(Job::Append { records: buf.to_vec(), ticket, soon }).is_err() {
             tracing::error!("the write-ahead log writer has stopped");
         }
     }
@@ -258,7 +262,7 @@ struct Writer {
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Job>, release: impl Fn(u64, Outbox)) {
         let mut last_sync = Instant::now();
-        let mut dirty = false;
+        let (mut dirty, mut soon) = (false, false);
         // The last ticket written, and the last reported synced.
         let (mut written, mut reported) = (0, 0);
         loop {
@@ -271,7 +275,8 @@ impl Writer {
             let mut compact = None;
             for job in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match job {
-                    Job::Append { records, ticket } => {
+                    Job::Append { records, ticket, soon: asked } => {
+                        soon |= asked;
                         if let Some(since) = &mut self.since_mark {
                             since.extend_from_slice(&records);
                         }
@@ -293,7 +298,7 @@ impl Writer {
             }
             let due = match self.policy {
                 Fsync::Always => dirty,
-                Fsync::EverySec => dirty && last_sync.elapsed() >= Duration::from_secs(1),
+                Fsync::EverySec => dirty && (soon || last_sync.elapsed() >= Duration::from_secs(1)),
                 Fsync::No => false,
             };
             if due {
@@ -302,7 +307,7 @@ impl Writer {
                     return;
                 }
                 last_sync = Instant::now();
-                dirty = false;
+                (dirty, soon) = (false, false);
                 let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
                 self.last_sync_ms.store(wall, Ordering::Relaxed);
             }
@@ -389,11 +394,11 @@ mod tests {
             let (wal, old) = Wal::open(&dir, Fsync::Always, move |_, e| released_tx.send(e.len()).unwrap()).unwrap();
             assert!(old.is_empty());
             for i in 0..5 {
-                wal.append(i + 1, &[record(i)]);
+                wal.append(i + 1, &[record(i)], false);
             }
             let then = vec![Envelope { to: Dest::Node(1), msg: Message::Stable { op: OpId { client: 1, seq: 9 } } }];
             let ticket = 6;
-            wal.append(ticket, &[record(5)]);
+            wal.append(ticket, &[record(5)], false);
             // The follow-up is released only by the writer, after the sync.
             let now = wal.after(ticket, then.clone());
             let released = if now.is_empty() { released_rx.recv_timeout(Duration::from_secs(5)).unwrap() } else { now.len() };
@@ -420,12 +425,12 @@ mod tests {
         {
             let (wal, _) = Wal::open(&dir, Fsync::Always, |_, _| {}).unwrap();
             for i in 0..100 {
-                wal.append(i + 1, &[record(i)]);
+                wal.append(i + 1, &[record(i)], false);
             }
             wal.mark();
-            wal.append(101, &[record(100)]);
+            wal.append(101, &[record(100)], false);
             wal.compact(&[record(1000)]);
-            wal.append(102, &[record(101)]);
+            wal.append(102, &[record(101)], false);
             let deadline = Instant::now() + Duration::from_secs(5);
             while wal.size() > 1000 {
                 assert!(Instant::now() < deadline, "no compaction");

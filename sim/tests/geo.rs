@@ -15,11 +15,12 @@ use causeway_core::hlc::Timestamp;
 use causeway_core::message::Condition;
 use causeway_core::ring::{PartitionId, Shape};
 use causeway_core::version::SiteId;
+use causeway_core::version::Version;
 use causeway_sim::check::{self, CausalChecker};
 use causeway_sim::workload::seeds;
 use causeway_sim::world::{Wan, World};
 use causeway_sim::{Completed, Fsync, Network, Rng, Straggler};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 const SITES: usize = 3;
 const CLIENTS: usize = 4;
@@ -47,15 +48,11 @@ struct Faults {
     /// its nodes restart).
     skews: bool,
     /// Disks sync once a second (`fsync=everysec`): a crash loses what its
-    /// node wrote since. The site restarted whole is then site 2, whose
-    /// clients only read: its own last second of acknowledged writes may
-    /// be lost by that contract, but never what it applied of the others.
+    /// node wrote since. The site restarted whole may lose its own writes
+    /// acknowledged since its disks last synced (that contract), then
+    /// everywhere alike, but never what it applied of the others.
     unsynced_disks: bool,
 }
-
-/// With `Faults::unsynced_disks`: the site restarted whole, whose clients
-/// only read.
-const READER: usize = 2;
 
 /// Faults in flight: nodes to restart, by when.
 #[derive(Default)]
@@ -100,7 +97,7 @@ impl Striking {
         }
         if f.site_restart && !self.site_restarted && rng.chance(0.001) && self.restarts.is_empty() {
             self.site_restarted = true;
-            let site = if f.unsynced_disks { READER } else { rng.below(SITES as u64) as usize };
+            let site = rng.below(SITES as u64) as usize;
             for node in 0..world.sites[site].node_count() as u16 {
                 world.sites[site].crash(node);
                 self.restarts.push((now + 300 + rng.below(300), site, node));
@@ -121,7 +118,6 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
             s.fsync = Fsync::EverySec;
         }
     }
-    let reads_only = |site: usize| geo.faults.unsynced_disks && site == READER;
     let mut rng = Rng::new(seed ^ 0x5EED);
     let mut checker = CausalChecker::default();
     let global = |site: usize, client: usize| site * 100_000 + client;
@@ -129,8 +125,14 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
     // new session, as a Redis client reconnects (its causal past starts
     // empty, and its writes rest on the clocks alone).
     let mut slots: Vec<Vec<usize>> = vec![(0..CLIENTS).collect(); SITES];
-    let record = |checker: &mut CausalChecker, world: &mut World, slots: &mut Vec<Vec<usize>>, done: Vec<(usize, Completed)>| {
+    // When each acknowledged write was seen acknowledged (at or after the
+    // moment it was).
+    let mut acked_ms: HashMap<Version, u64> = HashMap::new();
+    let mut record = |checker: &mut CausalChecker, world: &mut World, slots: &mut Vec<Vec<usize>>, done: Vec<(usize, Completed)>| {
         for (site, mut c) in done {
+            if let (Ok(_), Some(v)) = (&c.result, &c.written) {
+                acked_ms.insert(v.clone(), world.now_ms());
+            }
             if c.result.is_err() {
                 if let Some(slot) = slots[site].iter_mut().find(|s| **s == c.client) {
                     *slot = world.sites[site].add_client(None);
@@ -144,6 +146,9 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
     let end = world.now_ms() + geo.duration_ms;
     let mut writes = 0;
     let mut striking = Striking::default();
+    // With unsynced disks: the site restarted whole, and since when its
+    // acknowledged writes may be lost.
+    let mut lost_since: Option<(usize, u64)> = None;
     while world.now_ms() < end {
         for site in 0..SITES {
             for slot in 0..CLIENTS {
@@ -151,7 +156,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                 if !world.sites[site].is_idle(client) || !rng.chance(0.3) {
                     continue;
                 }
-                let request = match if reads_only(site) { 4 + rng.below(6) } else { rng.below(10) } {
+                let request = match rng.below(10) {
                     0..=3 => {
                         writes += 1;
                         let value = Bytes::from(format!("s{site}c{client}w{writes}"));
@@ -172,6 +177,8 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
             }
         }
         if let (Some(site), true) = (striking.step(geo.faults, &mut world, &mut rng), geo.faults.unsynced_disks) {
+            // Its disks last synced on the last whole second.
+            lost_since = Some((site, world.now_ms() / 1_000 * 1_000));
             // Every connection to the site died with it, requests in
             // flight too. A session that outlived it could read older than
             // it read before: what the site showed of the last second was
@@ -212,6 +219,10 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
     }
     if geo.replication != Replication::Eventual {
         assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
+    }
+    if let Some((site, since)) = lost_since {
+        let lost = |v: &Version| v.site as usize == site && acked_ms.get(v).is_none_or(|&at| at >= since);
+        checker.acknowledged.retain(|(_, v)| !lost(v));
     }
     let data = identical(&world, seed, &checker);
     assert!(checker.acknowledged.len() > 50, "seed {seed}: only {} writes acknowledged", checker.acknowledged.len());
@@ -339,14 +350,18 @@ fn crashes_and_a_site_restart() {
 }
 
 /// Disks that sync once a second, and the whole-site restart of a site
-/// that had applied the others' updates without syncing them yet: it must
-/// get them again (its origins forget only what it applied durably), so
-/// every site still converges and holds every acknowledged write.
+/// whose disks had not synced its last moments. What it had applied of
+/// the others it gets again (its origins forget only what it applied
+/// durably). Its own writes since its last sync may be lost (that
+/// contract), but then everywhere: its tails report to the other sites
+/// only what their disks hold, so every site still converges, with every
+/// other acknowledged write. (Seeds 25 and 26 diverge when tails report
+/// what they applied.)
 #[test]
-fn a_site_restarted_whole_gets_again_what_its_disks_had_not_synced() {
+fn a_site_restarted_whole_loses_only_its_own_unsynced_writes_and_gets_back_the_others() {
     let faults = Faults { cuts: true, crashes: true, site_restart: true, unsynced_disks: true, ..Faults::default() };
     let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
-    for seed in seeds(0..5) {
+    for seed in seeds(0..27) {
         run(seed, &geo);
     }
 }

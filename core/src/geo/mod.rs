@@ -359,19 +359,15 @@ impl Geo {
         let o = self.tails.entry(partition).or_insert_with(|| Outbound::new(partition, replicas, others, leader));
         // A new tail starts from what the chain has not reported yet (which
         // includes what it just applied).
-        let updates = match fresh {
-            true => {
-                r.take_reportable();
-                r.unreported()
-            }
-            false => r.take_reportable(),
-        };
-        for u in &updates {
+        if fresh {
+            r.rewind();
+        }
+        for u in &r.take_reportable() {
             if !o.record(self.site, u) && !fresh {
                 self.out_of_order += 1;
             }
         }
-        Some(o.reported(r.applied()))
+        Some(o.reported(r.reportable_through()))
     }
 
     /// A promise reached the tail of `partition`.

@@ -33,9 +33,10 @@ const TICK: Duration = Duration::from_millis(20);
 /// With several sites the tick also drives geo-replication (promises,
 /// reporters, the stabilizer: Eunomia batches about every millisecond),
 /// and remote visibility waits on it a few times over: 5 ms took the extra
-/// visibility delay from 60 to 17 ms (p50) on this machine, 2 ms did no
-/// better with nine nodes on two cores (BENCHMARKS.md).
-const GEO_TICK: Duration = Duration::from_millis(5);
+/// visibility delay from 60 to 17 ms (p50) on this machine; since idle
+/// nodes stopped promising every tick, 1 ms takes it from 10 to 5 ms with
+/// the same idle CPU and write throughput (BENCHMARKS.md, session 11).
+const GEO_TICK: Duration = Duration::from_millis(1);
 
 /// Added to this process's wall clock: a clock fault, emulated
 /// (`CW.CLOCK SKEW`, `causeway torture --sites`).

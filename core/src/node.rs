@@ -744,10 +744,10 @@ impl Node {
     /// the serving tail or not; returns how far everything is reported.
     fn geo_feed(&mut self, partition: PartitionId) -> Option<u64> {
         let geo = self.geo.as_mut()?;
-        let replica = self.parts[partition as usize].as_mut();
-        if let Some(r) = replica {
-            // Whatever it applied is in the log now: the next `take_log`,
-            // or one taken already.
+        if let Some(r) = self.parts[partition as usize].as_mut() {
+            // Whatever it applied is in the node's log now: the next
+            // `take_log`, or one taken already.
+            self.log.extend(r.take_log());
             r.mark(self.logged + u64::from(!self.log.is_empty()));
         }
         let tail = self.parts[partition as usize].as_mut().filter(|r| self.admitted && r.reports());

@@ -1494,6 +1494,42 @@ mod tests {
         assert_eq!(returned.unreported().iter().map(|u| u.seq).collect::<Vec<_>>(), [1], "a new tail reports it");
     }
 
+    /// With several sites a tail hands its reporter (other sites) only the
+    /// updates, and passes on only the promises, its disk holds: a site
+    /// whose machines all crash must not have shown others what it loses.
+    #[test]
+    fn a_tail_reports_only_what_its_disk_holds() {
+        let (_, [_, b, c], [mut head, mut middle, mut tail]) = chain_of_three();
+        for r in [&mut head, &mut middle, &mut tail] {
+            r.enable_geo();
+        }
+        let mut out = Outbox::new();
+        head.put(put(1, 1), 10, &mut out);
+        for m in take(&mut out, Dest::Node(b)) {
+            let Message::Forward { updates, .. } = m else { continue };
+            middle.forward(updates, 11, &mut out);
+        }
+        for m in take(&mut out, Dest::Node(c)) {
+            let Message::Forward { updates, .. } = m else { continue };
+            tail.forward(updates, 12, &mut out);
+        }
+        assert_eq!(tail.applied(), 1);
+        tail.on_promise(1, Timestamp::new(50, 0));
+        assert!(tail.take_reportable().is_empty(), "not on disk yet");
+        assert_eq!(tail.reportable_through(), 0);
+        assert_eq!(tail.take_promise(), None, "the promise covers what is not on disk");
+        tail.mark(7);
+        tail.synced(6);
+        assert!(tail.take_reportable().is_empty(), "its log record is in ticket 7");
+        tail.synced(7);
+        assert_eq!(tail.take_reportable().iter().map(|u| u.seq).collect::<Vec<_>>(), [1]);
+        assert_eq!(tail.reportable_through(), 1);
+        assert_eq!(tail.take_promise(), Some(Timestamp::new(50, 0)));
+        assert!(tail.take_reportable().is_empty(), "handed once");
+        tail.rewind();
+        assert_eq!(tail.take_reportable().len(), 1, "a new reporter gets what is not reported");
+    }
+
     #[test]
     fn a_tail_moved_to_the_head_catches_up_before_it_serves() {
         let (t, [a, b, c], [mut head, mut middle, mut tail]) = chain_of_three();

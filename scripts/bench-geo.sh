@@ -5,6 +5,9 @@
 # paper's read:update mixes, with clients in every site of a 3-site
 # `causeway dev` (the paper's delays). Each mode gets a fresh cluster; the
 # modes take turns, `rounds` times, so a noisy machine hits them alike.
+# Beside ops/s it prints the CPU time the nine node processes spent per
+# operation (utime+stime from /proc), which moves less with the machine's
+# other load than throughput does.
 # Usage: scripts/bench-geo.sh [seconds per run] [clients] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,15 @@ pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; }
 trap cleanup EXIT
 addrs=127.0.0.1:7380,127.0.0.1:7390,127.0.0.1:7400
+# CPU clock ticks (utime+stime) of every process under the dev process.
+node_ticks() {
+  local total=0
+  for p in $(pgrep -P "$pid"); do
+    read -r -a f < "/proc/$p/stat" || continue
+    total=$((total + f[13] + f[14]))
+  done
+  echo $total
+}
 for round in $(seq 1 "$rounds"); do
   for mode in causal eventual sequenced; do
     $B dev --sites 3 --port 7380 -- --replication $mode >$out/dev-$mode.log 2>&1 & pid=$!
@@ -26,8 +38,10 @@ for round in $(seq 1 "$rounds"); do
     # The records, once per cluster, written through every site.
     $B bench --addr $addrs --read-percent 100 --records 10000 --value-size 100 --clients $clients --duration 1 >/dev/null
     for reads in 99 90 75 50; do
+      before=$(node_ticks)
       $B bench --addr $addrs --no-load --records 10000 --value-size 100 --clients $clients --duration "$secs" \
         --read-percent $reads --label "$mode" --json $out/$mode-$reads-$round.json | sed -n "1,5s/^/[round $round] /p"
+      echo $(( $(node_ticks) - before )) > $out/$mode-$reads-$round.ticks
     done
     kill $pid; wait $pid 2>/dev/null || true; pid=
     sleep 1
@@ -38,6 +52,16 @@ for reads in 99 90 75 50; do
   line="$reads:$((100 - reads))"
   for mode in causal eventual sequenced; do
     vals=$(for round in $(seq 1 "$rounds"); do python3 -c "import json,sys; print(round(json.load(open('$out/$mode-$reads-$round.json'))['ops_per_sec']))" 2>/dev/null || echo '?'; done | paste -sd/)
+    line="$line  $mode $vals"
+  done
+  echo "$line"
+done
+echo "== node CPU per operation (microseconds; clock ticks of the nine nodes / operations), per round"
+hz=$(getconf CLK_TCK)
+for reads in 99 90 75 50; do
+  line="$reads:$((100 - reads))"
+  for mode in causal eventual sequenced; do
+    vals=$(for round in $(seq 1 "$rounds"); do python3 -c "import json; ops=json.load(open('$out/$mode-$reads-$round.json'))['total_ops']; t=int(open('$out/$mode-$reads-$round.ticks').read()); print(round(t * 1e6 / $hz / ops))" 2>/dev/null || echo '?'; done | paste -sd/)
     line="$line  $mode $vals"
   done
   echo "$line"

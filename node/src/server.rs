@@ -33,10 +33,11 @@ const TICK: Duration = Duration::from_millis(20);
 /// With several sites the tick also drives geo-replication (promises,
 /// reporters, the stabilizer: Eunomia batches about every millisecond),
 /// and remote visibility waits on it a few times over: 5 ms took the extra
-/// visibility delay from 60 to 17 ms (p50) on this machine; since idle
-/// nodes stopped promising every tick, 1 ms takes it from 10 to 5 ms with
-/// the same idle CPU and write throughput (BENCHMARKS.md, session 11).
-const GEO_TICK: Duration = Duration::from_millis(1);
+/// visibility delay from 60 to 17 ms (p50) on this machine (now 10). 2 ms
+/// and 1 ms take it to 6.5 and 5 ms, but under load nine nodes on two cores
+/// then spend 20-45% more CPU per operation (timer wakeups and batches
+/// sent, each tick): BENCHMARKS.md, session 11.
+const GEO_TICK: Duration = Duration::from_millis(5);
 
 /// Added to this process's wall clock: a clock fault, emulated
 /// (`CW.CLOCK SKEW`, `causeway torture --sites`).

@@ -77,9 +77,28 @@ fn a_write_is_never_seen_before_what_its_writer_had_read_from_a_third_site() {
             Some(())
         });
     }
-    // y arrived ~390 ms before x each round, and waited for it.
-    let info: String = redis::cmd("CW.SITES").query(&mut at2).unwrap();
-    assert!(info.contains("site0:") && info.contains("site1:"), "{info}");
+    // y arrived ~390 ms before x each round, and waited for it. Site 2
+    // saw site 0's updates no sooner than their 400 ms link allows, and
+    // site 1's no sooner than 10 ms (in fact far later: each waited for an
+    // x); every node of it says so (the leader's summary).
+    for n in 0..sites[2].len() {
+        let mut c = sites[2].conn(n);
+        eventually(WAIT, "site 2's visibility summary", || {
+            let info: String = redis::cmd("CW.SITES").query(&mut c).unwrap();
+            // Summarized once a second: every update of both sites in.
+            let count = |site: &str| -> Option<u64> {
+                let line = info.lines().find_map(|l| l.strip_prefix(site))?;
+                line.split(',').find_map(|f| f.strip_prefix("visible_count="))?.parse().ok()
+            };
+            (count("site0:")? >= 20 && count("site1:")? >= 20).then_some(())
+        });
+        let info: String = redis::cmd("CW.SITES").query(&mut c).unwrap();
+        for (site, link_ms) in [("site0:", 400), ("site1:", 10)] {
+            let line = info.lines().find_map(|l| l.strip_prefix(site)).unwrap();
+            let field = |name: &str| -> u64 { line.split(',').find_map(|f| f.strip_prefix(name)).unwrap().parse().unwrap() };
+            assert!(field("visible_p50_ms=") >= link_ms && field("visible_p99_ms=") >= field("visible_p50_ms="), "{info}");
+        }
+    }
 }
 
 /// Clients in every site write the same keys at once; once quiet, every

@@ -13,6 +13,7 @@ pub mod receiver;
 pub mod reporter;
 pub mod sequencer;
 pub mod stabilizer;
+pub mod visibility;
 
 use crate::chain::PutRequest;
 use crate::hlc::Timestamp;
@@ -25,6 +26,7 @@ use sequencer::{SeqReply, SeqRequest, Sequencer};
 use serde::{Deserialize, Serialize};
 use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
 use std::collections::{BTreeMap, VecDeque};
+use visibility::{Delays, Visibility};
 
 /// How a deployment replicates between sites (`causeway node --replication`).
 /// Every site of a deployment must use the same. The two baselines exist to
@@ -107,7 +109,9 @@ pub enum GeoMsg {
     /// acknowledgements: `CW.WAIT`). `probe` (the leader, its time): each
     /// node answers `Synced` once its disk holds what it had logged when
     /// this arrived (`Geo::take_probes`).
-    SiteTime { applied: VersionVector, seen_by: VersionVector, probe: (NodeId, u64) },
+    /// `visible`: the leader's summary of remote visibility per origin
+    /// (`visibility`).
+    SiteTime { applied: VersionVector, seen_by: VersionVector, probe: (NodeId, u64), visible: BTreeMap<SiteId, Delays> },
     /// A node -> the leader that sent `probe`: everything it had logged
     /// when the probe arrived is synced. Once every node of the site says
     /// so, what the receiver had applied when it sent the probe survives
@@ -256,6 +260,9 @@ pub struct Geo {
     /// What each other site has applied of this one, as last heard.
     seen_by: VersionVector,
     site_time_sent_ms: u64,
+    /// Remote visibility delays per origin: recorded here while this node
+    /// runs the receiver, else the leader's summary.
+    visibility: Visibility,
     /// Heads here promise every tick until then (`GeoMsg::Busy`).
     busy_until_ms: u64,
     /// When heads here last promised, and when this node last said `Busy`.
@@ -306,6 +313,7 @@ impl Geo {
             site_time: VersionVector::default(),
             seen_by: VersionVector::default(),
             site_time_sent_ms: 0,
+            visibility: Visibility::default(),
             busy_until_ms: 0,
             promised_ms: 0,
             busy_sent_ms: None,
@@ -500,6 +508,7 @@ impl Geo {
                 }
             }
             self.receiver_out(topology, rout, out);
+            self.visibility.summarize(now_ms);
             if now_ms.saturating_sub(self.site_time_sent_ms) >= SITE_TIME_MS {
                 self.site_time_sent_ms = now_ms;
                 let probe = (self.me, now_ms);
@@ -509,7 +518,8 @@ impl Geo {
                 self.probes.push(probe);
                 for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
                     let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
-                    send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by, probe }));
+                    let visible = self.visibility.summary().clone();
+                    send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by, probe, visible }));
                 }
             }
         }
@@ -518,6 +528,11 @@ impl Geo {
     /// What this site has applied of each other site, as this node knows.
     pub fn site_time(&self) -> &VersionVector {
         &self.site_time
+    }
+
+    /// Remote visibility per origin over the last minute (p50, p99).
+    pub fn visibility(&self) -> &BTreeMap<SiteId, Delays> {
+        self.visibility.summary()
     }
 
     /// What each other site has applied of this one, as this node knows.
@@ -581,6 +596,7 @@ impl Geo {
             GeoMsg::Ship(_) | GeoMsg::Values { .. } => self.for_receiver(msg, relayed, topology, out),
             GeoMsg::Applied { origin, partition, ts } => {
                 if let Some(r) = &mut self.receiver {
+                    self.visibility.record(origin, ts, now_ms);
                     let mut rout = Vec::new();
                     r.step(ReceiverMsg::Applied { origin, partition, ts }, &mut rout);
                     self.receiver_out(topology, rout, out);
@@ -591,10 +607,11 @@ impl Geo {
                     self.step(*inner, true, topology, now_ms, out);
                 }
             }
-            GeoMsg::SiteTime { applied, seen_by, probe } => {
+            GeoMsg::SiteTime { applied, seen_by, probe, visible } => {
                 self.site_time.merge(&applied);
                 self.seen_by.merge(&seen_by);
                 self.probes.push(probe);
+                self.visibility.adopt(visible);
             }
             GeoMsg::Synced { from, probe: (leader, probe) } => {
                 let Some(r) = self.receiver.as_mut().filter(|_| leader == self.me) else { return };

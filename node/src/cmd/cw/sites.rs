@@ -5,7 +5,9 @@
 //! (the same as INFO's `geo` section): this site, every site, the leader
 //! (which ships this site's updates and applies the others'), and per other
 //! site how far this site has applied its updates (its stable time, and how
-//! many milliseconds behind the wall clock that is), and the link to it. A
+//! many milliseconds behind the wall clock that is), how long its updates
+//! took to become visible here (p50 and p99 over the last minute, from
+//! their timestamps: `geo::visibility`), and the link to it. A
 //! single-site deployment answers `sites:<its id>` and nothing more.
 //!
 //! CW.WAN changes this node's emulated wide-area link to a site (`peer::
@@ -60,10 +62,16 @@ pub fn fields(node: &Node) -> Vec<(String, String)> {
             } else {
                 "up"
             };
+            // How long its updates took to become visible here (p50, p99 over
+            // the last minute; absent while none came).
+            let visible = geo
+                .visibility()
+                .get(&link.site)
+                .map_or(String::new(), |d| format!(",visible_p50_ms={},visible_p99_ms={},visible_count={}", d.p50_ms, d.p99_ms, d.count));
             f.push((
                 format!("site{}", link.site),
                 format!(
-                    "applied_ms={applied},lag_ms={},link={state},delay_ms={},dropped={}",
+                    "applied_ms={applied},lag_ms={}{visible},link={state},delay_ms={},dropped={}",
                     now.saturating_sub(applied),
                     link.delay_ms(),
                     link.dropped.load(std::sync::atomic::Ordering::Relaxed)

@@ -69,3 +69,43 @@ fn a_snapshot_never_holds_a_write_without_the_remote_write_it_depends_on() {
     let bounded = y.snapshot_read(b"y", at, &applied_then, 160).unwrap();
     assert!(bounded.version.is_none(), "y2 depends on more of site 0 than the snapshot's bound: excluded");
 }
+
+/// What a link from another site may carry: only what sites send each
+/// other, naming that site as the sender and this one as the destination.
+#[test]
+fn a_site_link_carries_only_what_sites_send_each_other() {
+    use causeway_core::geo::receiver::ValuesAck;
+    use causeway_core::geo::stabilizer::{Position, Ship, SiteAck};
+    use causeway_core::geo::GeoMsg;
+    let ship = |origin, to| {
+        GeoMsg::Ship(Ship { origin, to, prev: Position::START, ids: Vec::new(), through: Position::START, applied: Position::START })
+    };
+    let site_ack = |from, origin| {
+        GeoMsg::SiteAck(SiteAck {
+            from,
+            origin,
+            received: Position::START,
+            applied: Position::START,
+            visible: Position::START,
+            resend: false,
+        })
+    };
+    let values_ack =
+        |from, origin| GeoMsg::ValuesAcks(vec![ValuesAck { from, origin, partition: 0, received: ts(1), applied: ts(1), resend: false }]);
+    // From site 2 to site 1.
+    assert!(ship(2, 1).from_site(2, 1));
+    assert!(!ship(0, 1).from_site(2, 1), "site 2 shipping site 0's ids");
+    assert!(!ship(2, 0).from_site(2, 1), "a shipment for another site");
+    assert!(GeoMsg::Values { origin: 2, batches: Vec::new() }.from_site(2, 1));
+    assert!(!GeoMsg::Values { origin: 0, batches: Vec::new() }.from_site(2, 1));
+    assert!(site_ack(2, 1).from_site(2, 1));
+    assert!(!site_ack(0, 1).from_site(2, 1));
+    assert!(values_ack(2, 1).from_site(2, 1));
+    assert!(!values_ack(2, 0).from_site(2, 1));
+    // What only nodes of one site send each other.
+    let version = Version { ts: ts(5), site: 2, vv: VersionVector::local(2, ts(5)) };
+    let write = RemoteWrite { partition: 0, key: Bytes::from("k"), value: Some(Bytes::from("v")), expires_at_ms: None, version };
+    assert!(!GeoMsg::Apply { epoch: 1, write, from: 0 }.from_site(2, 1), "an Apply past the receiver");
+    assert!(!GeoMsg::Busy.from_site(2, 1));
+    assert!(!GeoMsg::Promises { epoch: 1, items: Vec::new() }.from_site(2, 1));
+}

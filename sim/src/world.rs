@@ -9,6 +9,7 @@
 
 use crate::{Completed, Network, Rng, Sim};
 use causeway_core::geo::Replication;
+use causeway_core::message::Message;
 use causeway_core::ring::Shape;
 use causeway_core::version::SiteId;
 
@@ -93,6 +94,9 @@ impl World {
     fn carry(&mut self, now_ms: u64) {
         for from in 0..self.sites.len() {
             for (to, msg) in std::mem::take(&mut self.sites[from].outgoing) {
+                // What the real nodes accept over a site link.
+                let between_sites = matches!(&msg, Message::Geo(g) if g.from_site(from as SiteId, to));
+                assert!(between_sites, "site {from} sent site {to} what sites never send each other: {msg:?}");
                 let to = to as usize;
                 if to >= self.sites.len() || self.cut_until[from][to] > now_ms || self.rng.chance(self.wan.drop_rate) {
                     self.lost += 1;

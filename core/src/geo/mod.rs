@@ -134,6 +134,24 @@ pub enum GeoMsg {
     Sequenced(SeqReply),
 }
 
+impl GeoMsg {
+    /// Whether this may come over the link from site `from` to site `me`:
+    /// only what travels between sites (shipped ids, values, and the
+    /// acknowledgements of both), naming `from` as its sender and `me` as
+    /// its destination. Everything else is for nodes of one site: from
+    /// another site, an `Apply` would write into a head past the receiver's
+    /// dependency checks.
+    pub fn from_site(&self, from: SiteId, me: SiteId) -> bool {
+        match self {
+            GeoMsg::Ship(s) => s.origin == from && s.to == me,
+            GeoMsg::Values { origin, .. } => *origin == from,
+            GeoMsg::SiteAck(a) => a.from == from && a.origin == me,
+            GeoMsg::ValuesAcks(acks) => acks.iter().all(|a| a.from == from && a.origin == me),
+            _ => false,
+        }
+    }
+}
+
 /// A tail's outgoing streams for one partition.
 #[derive(Debug)]
 struct Outbound {

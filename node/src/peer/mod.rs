@@ -203,12 +203,17 @@ async fn serve_client(
 /// must come from the node it names. `known` remembers, for the
 /// connection, that the peer was found in the configuration.
 ///
-/// From another site: geo-replication only, from a site in this node's
-/// configuration, while the link to it is not cut.
+/// From another site: only what sites send each other (`GeoMsg::
+/// from_site`: shipped ids, values, acknowledgements, naming that site as
+/// their sender), from a site in this node's configuration, while the
+/// link to it is not cut.
 fn accepted_from(node: &Node, id: Peer, msg: &Message, known: &mut bool) -> bool {
     let id = match id {
         Peer::Node(id) => id,
-        Peer::Site(site, _) => return matches!(msg, Message::Geo(_)) && node.site_link(site).is_some_and(|l| l.takes()),
+        Peer::Site(site, _) => {
+            let between_sites = matches!(msg, Message::Geo(g) if g.from_site(site, node.config.site));
+            return between_sites && node.site_link(site).is_some_and(|l| l.takes());
+        }
     };
     match msg {
         Message::Heartbeat(beat) => beat.from == id,

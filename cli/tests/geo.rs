@@ -280,6 +280,14 @@ fn sessions_move_between_sites_and_wait_for_their_writes() {
     let _: () = at0.set("z", 1).unwrap();
     let err = redis::cmd("CW.WAIT").arg("ALL").arg(500).query::<()>(&mut at0).unwrap_err();
     assert!(err.to_string().contains("TIMEOUT") && err.to_string().contains('2'), "{err}");
+    // The session cannot move to site 2 while z cannot reach it: RESUME
+    // waits (the request timeout), then says why, and the connection keeps
+    // its own session.
+    let token: String = redis::cmd("CW.SESSION").arg("EXPORT").query(&mut at0).unwrap();
+    let mut cut_off = sites[2].conn(0);
+    let err = redis::cmd("CW.SESSION").arg("RESUME").arg(&token).query::<()>(&mut cut_off).unwrap_err();
+    assert!(err.to_string().contains("depends on writes of site(s) 0"), "{err}");
+    assert_eq!(cut_off.get::<_, Option<String>>("z").unwrap(), None, "z never reached site 2");
 }
 
 /// A whole site is killed (every node, kill -9) while the others keep

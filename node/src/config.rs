@@ -201,4 +201,33 @@ mod tests {
         assert!(c.topology().is_ok());
         assert!(NodeConfig::from_toml("id = 1\nbogus = 3").is_err());
     }
+
+    /// A node of a geo-replicated deployment, from flags or from TOML: its
+    /// site, the others' entry points, the emulated link delays and jitter.
+    #[test]
+    fn parses_sites_from_flags_and_toml() {
+        let flags =
+            parse_remote_sites(&["1=127.0.0.1:6390, 127.0.0.1:6391".into(), "2=127.0.0.1:6400".into()], Some("1=40, 2=80")).unwrap();
+        assert_eq!(flags[0], RemoteSite { id: 1, addrs: vec!["127.0.0.1:6390".into(), "127.0.0.1:6391".into()], delay_ms: 40 });
+        assert_eq!(flags[1], RemoteSite { id: 2, addrs: vec!["127.0.0.1:6400".into()], delay_ms: 80 });
+        assert_eq!(parse_remote_sites(&["2=127.0.0.1:6400".into()], None).unwrap()[0].delay_ms, 0, "a real link: no delay");
+        assert!(parse_remote_sites(&["127.0.0.1:6400".into()], None).is_err());
+        assert!(parse_remote_sites(&["x=127.0.0.1:6400".into()], None).is_err());
+        assert!(parse_remote_sites(&["2=127.0.0.1:6400".into()], Some("2:80")).is_err());
+        let c = NodeConfig::from_toml(
+            "id = 0\nlisten = \"127.0.0.1:6380\"\nreplicas = 1\nk = 1\nnodes = [{id = 0, addr = \"127.0.0.1:6380\"}]\n\
+             site = 0\nwan_jitter_ms = 2\nreplication = \"eventual\"\n\
+             remote_sites = [{id = 1, addrs = [\"127.0.0.1:6390\"], delay_ms = 40}, {id = 2, addrs = [\"127.0.0.1:6400\"], delay_ms = 80}]\n",
+        )
+        .unwrap();
+        assert_eq!((c.site, c.wan_jitter_ms, c.replication), (0, 2, Replication::Eventual));
+        assert_eq!(c.remote_sites, flags.iter().map(|s| RemoteSite { addrs: vec![s.addrs[0].clone()], ..s.clone() }).collect::<Vec<_>>());
+        assert_eq!(c.sites(), [0, 1, 2]);
+        assert!(c.topology().is_ok());
+        // A site that lists itself, or a remote site without an address.
+        let own = NodeConfig { remote_sites: vec![RemoteSite { id: 0, addrs: vec!["a".into()], delay_ms: 0 }], ..c.clone() };
+        assert!(own.topology().is_err());
+        let empty = NodeConfig { remote_sites: vec![RemoteSite { id: 1, addrs: Vec::new(), delay_ms: 0 }], ..c };
+        assert!(empty.topology().is_err());
+    }
 }

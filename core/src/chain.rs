@@ -1207,12 +1207,6 @@ impl ChainReplica {
         self.marks.clear();
     }
 
-    /// The local updates not reported yet that this replica holds: what a
-    /// new tail starts its reporter with.
-    pub fn unreported(&self) -> Vec<Update> {
-        self.outgoing.iter().cloned().collect()
-    }
-
     /// Whether this replica is its chain's tail and serving.
     pub fn reports(&self) -> bool {
         self.is_tail() && !self.joining && !self.catching_up
@@ -1483,7 +1477,8 @@ mod tests {
         head.enable_geo();
         let mut out = Outbox::new();
         head.put(put(1, 1), 10, &mut out);
-        assert_eq!(head.unreported().len(), 1);
+        head.recovered_on_disk();
+        assert_eq!(head.take_reportable().len(), 1);
         // The head is removed while alive, then placed back at the tail: it
         // keeps its data and asks its predecessor only for what came after.
         let mut back = t.without(a);
@@ -1491,7 +1486,8 @@ mod tests {
         back.chains[0].nodes = vec![b, c, a];
         let mut returned = ChainReplica::joining(&back, 0, a, 0, Some(head), 20, &mut out).expect("in the chain");
         returned.enable_geo();
-        assert_eq!(returned.unreported().iter().map(|u| u.seq).collect::<Vec<_>>(), [1], "a new tail reports it");
+        returned.recovered_on_disk();
+        assert_eq!(returned.take_reportable().iter().map(|u| u.seq).collect::<Vec<_>>(), [1], "a new tail reports it");
     }
 
     /// With several sites a tail hands its reporter (other sites) only the

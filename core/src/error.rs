@@ -6,8 +6,9 @@
 //!   used) and `InvalidData` (bytes that do not decode: a corrupt frame or
 //!   log record, or another format). The same input fails the same way:
 //!   retrying does not help, fixing the input does;
-//! * transient: `Timeout` and `Unavailable`. The site may answer later
-//!   (after repair): retrying is the remedy.
+//! * transient: `Timeout`, `Unavailable` and `Behind`. The site may answer
+//!   later (after repair, or once other sites' writes arrive): retrying is
+//!   the remedy.
 
 use std::fmt;
 
@@ -21,6 +22,9 @@ pub enum Error {
     InvalidInput(String),
     /// Bytes that do not decode, and why.
     InvalidData(String),
+    /// A session resumed in this site depends on writes of these sites
+    /// that it has not applied yet (ChainReaction §3.4.2).
+    Behind { sites: Vec<crate::version::SiteId> },
 }
 
 impl fmt::Display for Error {
@@ -31,6 +35,10 @@ impl fmt::Display for Error {
                 write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
             }
             Error::InvalidInput(why) | Error::InvalidData(why) => f.write_str(why),
+            Error::Behind { sites } => {
+                let sites: Vec<String> = sites.iter().map(|s| s.to_string()).collect();
+                write!(f, "the session depends on writes of site(s) {} this site has not applied yet; try again later", sites.join(","))
+            }
         }
     }
 }

@@ -187,6 +187,10 @@ pub enum Message {
     GetTopology {
         op: OpId,
     },
+    /// What this node knows its site has applied of each other site.
+    GetSiteTime {
+        op: OpId,
+    },
 
     // ---- node -> client -------------------------------------------------
     /// The write reached chain position `chain_index`. `version` is `None`
@@ -222,6 +226,11 @@ pub enum Message {
     TopologyIs {
         op: OpId,
         topology: Topology,
+    },
+    SiteTimeIs {
+        op: OpId,
+        site: SiteId,
+        site_time: VersionVector,
     },
     Refused {
         op: OpId,
@@ -336,7 +345,8 @@ impl Message {
             | SnapshotRead { op, .. }
             | Count { op, .. }
             | Flush { op }
-            | GetTopology { op } => Some(*op),
+            | GetTopology { op }
+            | GetSiteTime { op } => Some(*op),
             PutDone { op, .. }
             | Value { op, .. }
             | Stable { op }
@@ -344,6 +354,7 @@ impl Message {
             | Counted { op, .. }
             | Flushed { op }
             | TopologyIs { op, .. }
+            | SiteTimeIs { op, .. }
             | Refused { op, .. } => Some(*op),
             Forward { .. }
             | StableUpTo { .. }
@@ -370,6 +381,7 @@ impl Message {
                 | Counted { .. }
                 | Flushed { .. }
                 | TopologyIs { .. }
+                | SiteTimeIs { .. }
                 | Refused { .. }
         )
     }

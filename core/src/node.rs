@@ -35,7 +35,7 @@ use crate::hlc::Timestamp;
 use crate::message::{send, Dest, Envelope, Keyspace, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
-use crate::version::SiteId;
+use crate::version::{SiteId, VersionVector};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -441,6 +441,10 @@ impl Node {
             }
             // Heartbeats are for the coordinator, which the node's driver
             // runs; configurations and topology requests were handled above.
+            Message::GetSiteTime { op } => {
+                let site_time = self.geo.as_ref().map_or_else(VersionVector::default, |g| g.site_time().clone());
+                send(out, Dest::Client(op.client), Message::SiteTimeIs { op, site: self.id.site, site_time });
+            }
             Message::Heartbeat(_) | Message::Reconfigure { .. } | Message::GetTopology { .. } => {}
             // Replies are for clients, never for nodes.
             Message::PutDone { .. }
@@ -450,6 +454,7 @@ impl Node {
             | Message::Counted { .. }
             | Message::Flushed { .. }
             | Message::TopologyIs { .. }
+            | Message::SiteTimeIs { .. }
             | Message::Refused { .. } => {}
         }
     }

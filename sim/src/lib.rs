@@ -294,6 +294,11 @@ impl Sim {
         i
     }
 
+    /// Client `client`'s session metadata (`CW.SESSION EXPORT`).
+    pub fn session(&self, client: usize) -> causeway_core::session::Session {
+        self.clients[client].driver.session().clone()
+    }
+
     /// Client `client`'s connection dies (its node or site crashed under
     /// it): the request in flight, if any, is never answered, as a Redis
     /// client gets an error, and its session is gone with it.

@@ -128,7 +128,14 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
     // When each acknowledged write was seen acknowledged (at or after the
     // moment it was).
     let mut acked_ms: HashMap<Version, u64> = HashMap::new();
-    let mut record = |checker: &mut CausalChecker, world: &mut World, slots: &mut Vec<Vec<usize>>, done: Vec<(usize, Completed)>| {
+    // Sessions that moved to another site (`Request::Resume`): the new
+    // client is the same session to the checker.
+    let mut alias: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut record = |checker: &mut CausalChecker,
+                      world: &mut World,
+                      slots: &mut Vec<Vec<usize>>,
+                      alias: &HashMap<(usize, usize), usize>,
+                      done: Vec<(usize, Completed)>| {
         for (site, mut c) in done {
             if let (Ok(_), Some(v)) = (&c.result, &c.written) {
                 acked_ms.insert(v.clone(), world.now_ms());
@@ -138,7 +145,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                     *slot = world.sites[site].add_client(None);
                 }
             }
-            c.client = global(site, c.client);
+            c.client = alias.get(&(site, c.client)).copied().unwrap_or(global(site, c.client));
             checker.completed(&c);
         }
     };
@@ -172,7 +179,26 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                     }
                 };
                 if let Some(c) = world.sites[site].start(client, request) {
-                    record(&mut checker, &mut world, &mut slots, vec![(site, c)]);
+                    record(&mut checker, &mut world, &mut slots, &alias, vec![(site, c)]);
+                }
+            }
+        }
+        // Now and then two idle sessions of different sites trade places
+        // (`CW.SESSION EXPORT` and `RESUME`): each waits until its new
+        // site has applied what it saw, then goes on there.
+        if rng.chance(0.01) {
+            let (a, b) = (rng.below(SITES as u64) as usize, rng.below(SITES as u64) as usize);
+            let (i, j) = (rng.below(CLIENTS as u64) as usize, rng.below(CLIENTS as u64) as usize);
+            let (ca, cb) = (slots[a][i], slots[b][j]);
+            if a != b && world.sites[a].is_idle(ca) && world.sites[b].is_idle(cb) {
+                for (from, client, to, other) in [(a, ca, b, j), (b, cb, a, i)] {
+                    let session = world.sites[from].session(client);
+                    let moved = world.sites[to].add_client(None);
+                    alias.insert((to, moved), alias.get(&(from, client)).copied().unwrap_or(global(from, client)));
+                    slots[to][other] = moved;
+                    if let Some(c) = world.sites[to].start(moved, Request::Resume(Box::new(session))) {
+                        record(&mut checker, &mut world, &mut slots, &alias, vec![(to, c)]);
+                    }
                 }
             }
         }
@@ -191,7 +217,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
         }
         let step = world.now_ms() + 1 + rng.below(3);
         let done = world.run_until(step);
-        record(&mut checker, &mut world, &mut slots, done);
+        record(&mut checker, &mut world, &mut slots, &alias, done);
     }
     for (_, site, node) in striking.restarts.drain(..) {
         world.sites[site].restart(node);
@@ -203,7 +229,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
     for _ in 0..600 {
         let until = world.now_ms() + 100;
         let done = world.run_until(until);
-        record(&mut checker, &mut world, &mut slots, done);
+        record(&mut checker, &mut world, &mut slots, &alias, done);
         let idle = world.sites.iter().zip(&slots).all(|(s, slots)| slots.iter().all(|&c| s.is_idle(c)));
         if idle && world.quiet() {
             break;

@@ -144,6 +144,11 @@ pub enum Request {
     Flush,
     /// Fetch the current topology.
     Topology,
+    /// Take over a session exported elsewhere (`Session::export`), maybe
+    /// in another site: once this site has applied every other site's
+    /// writes the session saw (ChainReaction §3.4.2), so it never reads
+    /// older than it did there. Until the timeout; then `Error::Behind`.
+    Resume(Box<Session>),
 }
 
 /// What a client gets back.
@@ -160,6 +165,7 @@ pub enum Response {
     Count(Keyspace),
     Flushed,
     Topology(Arc<Topology>),
+    Resumed,
 }
 
 /// What the shell should do after a step.

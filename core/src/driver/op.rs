@@ -117,6 +117,8 @@ enum Phase {
         remaining: usize,
     },
     Refreshing,
+    /// `Request::Resume`: asked a node what its site has applied.
+    Resuming,
     /// A write that never left (its head was unreachable), or a
     /// linearizable read its joining tail refused: fetch the map again at
     /// `at_ms` and retry, until the request times out.
@@ -147,6 +149,9 @@ pub(super) struct Op {
     write: Option<u64>,
     /// How many times `tick` has resent the write.
     resends: u64,
+    /// `Request::Resume`: the sites whose writes the session saw and this
+    /// site had not applied at the last look.
+    behind: Vec<crate::version::SiteId>,
 }
 
 impl Op {
@@ -162,6 +167,7 @@ impl Op {
             targets: Vec::new(),
             write: None,
             resends: 0,
+            behind: Vec::new(),
         });
         let step = op.begin(cx, now_ms);
         let step = op.sent(step);
@@ -192,7 +198,13 @@ impl Op {
     pub fn tick(&mut self, cx: &mut Ctx, timeout_ms: u64, now_ms: u64) -> Step {
         let waited = now_ms.saturating_sub(self.started_ms);
         match self.phase {
-            _ if waited >= timeout_ms => Step { send: Vec::new(), done: Some(Err(Error::Timeout)) },
+            _ if waited >= timeout_ms => {
+                let error = match self.behind.is_empty() {
+                    true => Error::Timeout,
+                    false => Error::Behind { sites: self.behind.clone() },
+                };
+                Step { send: Vec::new(), done: Some(Err(error)) }
+            }
             Phase::Retrying { at_ms } if now_ms >= at_ms => {
                 let mut p = Step::default();
                 self.refresh(cx, &mut p);
@@ -299,6 +311,13 @@ impl Op {
                 }
             }
             Request::Topology => self.refresh(cx, &mut p),
+            Request::Resume(_) => {
+                let nodes: Vec<NodeId> = cx.topology.nodes.iter().map(|n| n.id).collect();
+                let node = cx.pick(&nodes);
+                let op = self.next_op(cx);
+                p.send.push((node, Message::GetSiteTime { op }));
+                self.phase = Phase::Resuming;
+            }
         }
         p
     }
@@ -498,6 +517,18 @@ impl Op {
                 // lacks it, the data is gone (FLUSHALL) and the head's answer
                 // is the truth.
                 self.read(cx, &key, true, &mut p);
+            }
+            Message::SiteTimeIs { site, site_time, .. } => {
+                let Request::Resume(session) = &self.request else { return p };
+                let past = session.past();
+                self.behind =
+                    (0..past.0.len() as crate::version::SiteId).filter(|&s| s != site && past.get(s) > site_time.get(s)).collect();
+                if self.behind.is_empty() {
+                    cx.session = (**session).clone();
+                    p.done = Some(Ok(Response::Resumed));
+                } else {
+                    self.retry_later(now_ms);
+                }
             }
             Message::TopologyIs { topology, .. } => {
                 // Never back to an older map (a lagging node may answer).

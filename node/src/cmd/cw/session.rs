@@ -7,8 +7,10 @@
 //! `ERR syntax error`.
 
 use crate::cmd::{syntax_error, upper, Outcome};
+use crate::conn::client_error;
 use crate::conn::Conn;
 use bytes::Bytes;
+use causeway_core::driver::Request;
 use causeway_core::session::Session;
 use causeway_resp::Frame;
 
@@ -19,28 +21,12 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
             .ok_or(causeway_core::error::Error::InvalidInput("invalid session token: not hex".into()))
             .and_then(|b| Session::import(&b, crate::server::now_ms()))
         {
-            Ok(s) => {
-                // From another site: wait until this one has what the
-                // session saw there (ChainReaction §3.4.2's remote read).
-                let (own, past) = (conn.node.config.site, s.past().clone());
-                let waited = super::sites::wait_for(&conn.node, conn.node.config.request_timeout_ms, |applied, _| {
-                    let behind = |(site, ts): (usize, &causeway_core::hlc::Timestamp)| {
-                        let site = site as causeway_core::version::SiteId;
-                        (site != own && *ts > applied.get(site)).then_some(site)
-                    };
-                    past.0.iter().enumerate().filter_map(behind).collect()
-                })
-                .await;
-                match waited {
-                    Ok(()) => {
-                        conn.driver.set_session(s);
-                        Frame::ok()
-                    }
-                    Err(sites) => Frame::error(format!(
-                        "ERR the session depends on writes of site(s) {sites} this site has not applied yet; try again later"
-                    )),
-                }
-            }
+            // From another site: waits until this one has what the session
+            // saw there (ChainReaction §3.4.2's remote read), in the driver.
+            Ok(s) => match conn.run(Request::Resume(Box::new(s))).await {
+                Ok(_) => Frame::ok(),
+                Err(e) => client_error(e),
+            },
             Err(e) => Frame::error(format!("ERR {e}")),
         },
         ("RESET", 2) => {

@@ -211,7 +211,7 @@ async fn sessions_move_between_native_and_redis_clients() {
     }
     let token: String = cmd("CW.SESSION").arg("EXPORT").query(&mut con).unwrap();
     let mut other = connect(&c, 1).await;
-    other.set_session(Session::import(&unhex(&token), u64::MAX / 2).unwrap());
+    other.resume(Session::import(&unhex(&token), u64::MAX / 2).unwrap()).await.unwrap();
     for i in 0..30u32 {
         assert_eq!(other.get(format!("mv:{i}").as_bytes()).await.unwrap().as_deref(), Some(&b"redis"[..]), "mv:{i}");
     }

@@ -169,8 +169,17 @@ impl Client {
         self.driver.session()
     }
 
+    /// Takes over session `s` at once (exported in this site: nothing to
+    /// wait for).
     pub fn set_session(&mut self, s: Session) {
         self.driver.set_session(s);
+    }
+
+    /// Takes over session `s`, exported maybe in another site, once this
+    /// site has applied the other sites' writes it saw (as `CW.SESSION
+    /// RESUME` does); `Error::Behind` if it has not within the timeout.
+    pub async fn resume(&mut self, s: Session) -> Result<(), Error> {
+        self.run(Request::Resume(Box::new(s))).await.map(|_| ())
     }
 
     /// Runs one request to completion at the session's consistency level.

@@ -24,7 +24,8 @@ use crate::conn::Conn;
 use crate::server::{now_ms, set_skew_ms, Node};
 use bytes::Bytes;
 use causeway_core::geo::Replication;
-use causeway_core::version::{SiteId, VersionVector};
+use causeway_core::hlc::Timestamp;
+use causeway_core::version::SiteId;
 use causeway_resp::Frame;
 
 pub async fn run(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
@@ -82,19 +83,19 @@ pub fn fields(node: &Node) -> Vec<(String, String)> {
     f
 }
 
-/// Waits, up to `timeout_ms`, until `missing(applied here, seen_by)` (see
-/// `Node::geo_view`) names no site; else the sites still missing, as text.
-/// A single site has nothing to wait for.
-pub async fn wait_for(node: &Node, timeout_ms: u64, missing: impl Fn(&VersionVector, &VersionVector) -> Vec<SiteId>) -> Result<(), String> {
+/// Waits, up to `timeout_ms`, until every site of `sites` has applied this
+/// site's updates through `mine` (`seen_by`, see `Node::geo_view`); else
+/// the sites still missing, as text. A single site has nothing to wait for.
+async fn wait_for(node: &Node, timeout_ms: u64, sites: &[SiteId], mine: Timestamp) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
     loop {
-        let Some((applied, seen_by)) = node.geo_view() else { return Ok(()) };
-        let sites = missing(&applied, &seen_by);
-        if sites.is_empty() {
+        let Some((_, seen_by)) = node.geo_view() else { return Ok(()) };
+        let missing: Vec<String> = sites.iter().filter(|&&s| seen_by.get(s) < mine).map(|s| s.to_string()).collect();
+        if missing.is_empty() {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(sites.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(","));
+            return Err(missing.join(","));
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
@@ -121,7 +122,7 @@ pub async fn wait(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         _ => conn.node.site_links().iter().map(|l| l.site).collect(),
     };
     let mine = conn.driver.session().past().get(own);
-    match wait_for(&conn.node, timeout_ms, |_, seen_by| sites.iter().copied().filter(|&s| seen_by.get(s) < mine).collect()).await {
+    match wait_for(&conn.node, timeout_ms, &sites, mine).await {
         Ok(()) => Frame::ok(),
         Err(missing) => Frame::error(format!("TIMEOUT not yet applied in site(s) {missing}")),
     }

@@ -47,22 +47,22 @@ for round in $(seq 1 "$rounds"); do
     sleep 1
   done
 done
+# One line per mix, one value per mode and round: the python expression
+# $1 of `j` (the run's JSON) and `t` (its node CPU clock ticks).
+table() {
+  for reads in 99 90 75 50; do
+    line="$reads:$((100 - reads))"
+    for mode in causal eventual sequenced; do
+      vals=$(for round in $(seq 1 "$rounds"); do
+        f=$out/$mode-$reads-$round
+        python3 -c "import json; j=json.load(open('$f.json')); t=int(open('$f.ticks').read()); print(round($1))" 2>/dev/null || echo '?'
+      done | paste -sd/)
+      line="$line  $mode $vals"
+    done
+    echo "$line"
+  done
+}
 echo "== ops/s by mode and read:update mix, per round (JSON in $out)"
-for reads in 99 90 75 50; do
-  line="$reads:$((100 - reads))"
-  for mode in causal eventual sequenced; do
-    vals=$(for round in $(seq 1 "$rounds"); do python3 -c "import json,sys; print(round(json.load(open('$out/$mode-$reads-$round.json'))['ops_per_sec']))" 2>/dev/null || echo '?'; done | paste -sd/)
-    line="$line  $mode $vals"
-  done
-  echo "$line"
-done
+table "j['ops_per_sec']"
 echo "== node CPU per operation (microseconds; clock ticks of the nine nodes / operations), per round"
-hz=$(getconf CLK_TCK)
-for reads in 99 90 75 50; do
-  line="$reads:$((100 - reads))"
-  for mode in causal eventual sequenced; do
-    vals=$(for round in $(seq 1 "$rounds"); do python3 -c "import json; ops=json.load(open('$out/$mode-$reads-$round.json'))['total_ops']; t=int(open('$out/$mode-$reads-$round.ticks').read()); print(round(t * 1e6 / $hz / ops))" 2>/dev/null || echo '?'; done | paste -sd/)
-    line="$line  $mode $vals"
-  done
-  echo "$line"
-done
+table "t * 1e6 / $(getconf CLK_TCK) / j['total_ops']"

@@ -114,6 +114,15 @@ pub const MAX_SHIP: usize = 4096;
 /// over.
 pub const SHIP_WINDOW: usize = 65_536;
 
+/// At most this many ids reported and not yet stable are held: past it, a
+/// partition ahead of the stable time has its batches with ids refused
+/// (acknowledged where it was, so its reporter backs off and resends) until
+/// the partitions holding the stable time back catch up. Their batches,
+/// and promises alone, are always taken, so the stable time always moves.
+/// Bounds a stabilizer's memory when one partition straggles or ids come
+/// faster than they become stable.
+pub const MAX_UNSTABLE: usize = 1 << 20;
+
 /// A leader that has heard no progress from a site for this long ships again
 /// from the site's acknowledged point (the shipment or the ack was lost).
 pub const SHIP_RESEND_MS: u64 = 500;
@@ -306,8 +315,10 @@ pub struct Stabilizer {
     /// `PartitionTime_f`: per partition, the latest timestamp reported or
     /// promised.
     partition_time: Vec<Timestamp>,
-    /// `Ops_f`: reported and not yet stable.
+    /// `Ops_f`: reported and not yet stable (at most `max_unstable`, but
+    /// for what lagging partitions bring).
     ops: OrderedIds,
+    max_unstable: usize,
     /// Stable ids in stream order, from the first one some site has not
     /// applied.
     log: VecDeque<UpdateId>,
@@ -334,6 +345,7 @@ impl Stabilizer {
             term: 0,
             partition_time: vec![Timestamp::ZERO; partitions as usize],
             ops: OrderedIds::new(partitions),
+            max_unstable: MAX_UNSTABLE,
             log: VecDeque::new(),
             log_end: Position::START,
             dests: sites.iter().filter(|&&s| s != site).map(|&s| (s, dest)).collect(),
@@ -389,11 +401,16 @@ impl Stabilizer {
     /// Eunomia Alg. 4 `new_batch`: take the ids not seen yet, in order, and
     /// acknowledge how far this replica holds the partition's stream. A batch
     /// that does not continue what is held (a retransmission overtaken, or a
-    /// partition that lost track) is refused so the partition resends.
+    /// partition that lost track) is refused so the partition resends; so is
+    /// one of a partition ahead of the stable time while `MAX_UNSTABLE` ids
+    /// wait to become stable (acknowledged where it was: it backs off).
     fn new_batch(&mut self, batch: IdBatch, out: &mut Vec<StabilizerOut>) {
+        let stable = self.stable_time();
+        let full = self.ops.len() >= self.max_unstable && !batch.items.is_empty();
         let Some(time) = self.partition_time.get_mut(batch.partition as usize) else { return };
         let resend = batch.prev > *time;
-        if !resend {
+        // Full: only a partition holding the stable time back gets in.
+        if !resend && !(full && *time > stable) {
             for id in batch.items {
                 if id.ts > *time {
                     *time = id.ts;

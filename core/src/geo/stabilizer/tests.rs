@@ -96,6 +96,44 @@ fn a_straggler_partition_holds_the_stable_time_back_until_it_promises() {
     assert_eq!(site1.got, vec![(10, 0), (20, 0)]);
 }
 
+/// Ids come faster than they become stable (partition 1 lags): past the
+/// bound, partition 0's batches are refused and acknowledged where it was,
+/// while the lagging partition always gets in, so the stable time moves
+/// and room comes back.
+#[test]
+fn a_full_stabilizer_refuses_partitions_ahead_but_never_the_one_holding_it_back() {
+    let mut s = Stabilizer::new(0, 7, 2, &[0, 1]);
+    s.max_unstable = 3;
+    let mut out = Vec::new();
+    s.step(leader(7, 1), 0, &mut out);
+    s.step(batch(0, 0, &[10, 20, 30], 30), 0, &mut out);
+    out.clear();
+    s.step(batch(0, 30, &[40], 40), 1, &mut out);
+    let acked = |out: &Vec<StabilizerOut>| match out.last() {
+        Some(StabilizerOut::IdsAck(a)) => (a.partition, a.up_to, a.resend),
+        other => panic!("expected an ack, got {other:?}"),
+    };
+    assert_eq!(acked(&out), (0, ts(30), false), "full: refused, acknowledged where it was");
+    assert_eq!(s.held(), 3);
+    // A promise alone is always taken.
+    s.step(batch(0, 30, &[], 35), 1, &mut out);
+    assert_eq!(acked(&out), (0, ts(35), false));
+    // Partition 1 holds the stable time back (0): its ids get in, full or not.
+    s.step(batch(1, 0, &[5], 36), 2, &mut out);
+    assert_eq!(acked(&out), (1, ts(36), false));
+    s.tick(3, &mut out);
+    assert_eq!(s.stable_time(), ts(35));
+    // Now stable, they left the unstable set: partition 0 gets in again.
+    s.step(batch(0, 35, &[40], 40), 4, &mut out);
+    assert_eq!(acked(&out), (0, ts(40), false));
+    s.tick(5, &mut out);
+    let mut site1 = Stream::default();
+    for ship in ships(&mut out, 1) {
+        assert!(site1.take(&ship));
+    }
+    assert_eq!(site1.got, vec![(5, 1), (10, 0), (20, 0), (30, 0)], "in order, none lost");
+}
+
 #[test]
 fn ships_in_timestamp_order_ties_by_partition_each_id_once() {
     let mut s = Stabilizer::new(0, 1, 3, &[0, 1, 2]);

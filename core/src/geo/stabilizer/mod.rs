@@ -410,7 +410,8 @@ impl Stabilizer {
         let Some(time) = self.partition_time.get_mut(batch.partition as usize) else { return };
         let resend = batch.prev > *time;
         // Full: only a partition holding the stable time back gets in.
-        if !resend && !(full && *time > stable) {
+        let refused = resend || (full && *time > stable);
+        if !refused {
             for id in batch.items {
                 if id.ts > *time {
                     *time = id.ts;

@@ -85,7 +85,8 @@
 //!   whose partition count changes needs a new stream.
 //! * Nothing bounds the memory of ids kept for a site that stays cut off:
 //!   they are kept until it applies them (that is how it catches up without
-//!   a full copy).
+//!   a full copy). Ids not yet stable are bounded (`MAX_UNSTABLE`: past it,
+//!   partitions ahead of the stable time are refused and back off).
 //! * Every replica merges (orders) what became stable, not only the leader,
 //!   so that a new leader is ready at once; followers pay the merge but
 //!   never ship.

@@ -215,6 +215,16 @@ fn a_site_cut_off_keeps_serving_and_catches_up() {
     assert_eq!(get(&sites[0], 1, "b49"), None, "site 2's writes cannot get out");
     let status: String = redis::cmd("CW.SITES").query(&mut at2).unwrap();
     assert!(status.contains("link=cut"), "{status}");
+    // Cut off, site 2's view of site 0 stands still: its lag grows with
+    // the clock.
+    let site0 = |status: &str, field: &str| -> u64 {
+        let line = status.lines().find_map(|l| l.strip_prefix("site0:")).unwrap();
+        line.split(',').find_map(|f| f.strip_prefix(field)).unwrap().parse().unwrap()
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let later: String = redis::cmd("CW.SITES").query(&mut at2).unwrap();
+    assert_eq!(site0(&later, "applied_ms="), site0(&status, "applied_ms="), "{status}\n{later}");
+    assert!(site0(&later, "lag_ms=") >= site0(&status, "lag_ms=") + 300, "{status}\n{later}");
     link("restore", 0);
     link("restore", 1);
     for i in 0..50 {

@@ -1193,12 +1193,15 @@ impl ChainReplica {
         }
     }
 
-    /// The node's log is synced through ticket `through`.
-    pub fn synced(&mut self, through: u64) {
+    /// The node's log is synced through ticket `through`; returns whether
+    /// more of this replica is on disk now.
+    pub fn synced(&mut self, through: u64) -> bool {
+        let before = self.on_disk;
         while let Some(&(_, seq)) = self.marks.front().filter(|&&(ticket, _)| ticket <= through) {
             self.on_disk = self.on_disk.max(seq);
             self.marks.pop_front();
         }
+        self.on_disk > before
     }
 
     /// Recovered from this node's disk: all of it is there.

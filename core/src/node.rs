@@ -537,10 +537,10 @@ impl Node {
         self.synced = self.synced.max(through);
         if self.geo.is_some() {
             for p in 0..self.parts.len() as PartitionId {
-                if let Some(r) = &mut self.parts[p as usize] {
-                    r.synced(self.synced);
+                // Only a replica with more on disk has more to report.
+                if self.parts[p as usize].as_mut().is_some_and(|r| r.synced(self.synced)) {
+                    self.geo_tail(p, out);
                 }
-                self.geo_tail(p, out);
             }
         }
         self.answer_probes(now_ms, out);
@@ -550,9 +550,7 @@ impl Node {
     /// whose records are synced.
     fn answer_probes(&mut self, now_ms: u64, out: &mut Outbox) {
         let Some(geo) = &mut self.geo else { return };
-        // Records of this step not taken yet count too: they are the next
-        // `take_log`.
-        let logged = self.logged + u64::from(!self.log.is_empty());
+        let logged = ticket(self.logged, &self.log);
         self.probes.extend(geo.take_probes().into_iter().map(|p| (logged, p)));
         let synced = self.synced;
         let mut due: BTreeMap<NodeId, u64> = BTreeMap::new();
@@ -728,6 +726,12 @@ impl Node {
     }
 }
 
+/// The `take_log` number of everything logged so far: the next one if
+/// records wait in `log`, else the last one handed out.
+fn ticket(logged: u64, log: &[LogRecord]) -> u64 {
+    logged + u64::from(!log.is_empty())
+}
+
 /// Geo-replication: the chain side of it (promises down the chain, remote
 /// writes at heads, tails' reporters), around `geo::Geo`.
 impl Node {
@@ -750,10 +754,9 @@ impl Node {
     fn geo_feed(&mut self, partition: PartitionId) -> Option<u64> {
         let geo = self.geo.as_mut()?;
         if let Some(r) = self.parts[partition as usize].as_mut() {
-            // Whatever it applied is in the node's log now: the next
-            // `take_log`, or one taken already.
+            // Whatever it applied is in the node's log now.
             self.log.extend(r.take_log());
-            r.mark(self.logged + u64::from(!self.log.is_empty()));
+            r.mark(ticket(self.logged, &self.log));
         }
         let tail = self.parts[partition as usize].as_mut().filter(|r| self.admitted && r.reports());
         geo.tail(partition, tail)

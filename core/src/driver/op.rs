@@ -62,6 +62,12 @@ impl Ctx {
         }
     }
 
+    /// Any node of the site (for what every node can answer).
+    fn any_node(&mut self) -> NodeId {
+        let nodes: Vec<NodeId> = self.topology.nodes.iter().map(|n| n.id).collect();
+        self.pick(&nodes)
+    }
+
     /// Who to ask whether an update is stable: our own node (no hop) if it
     /// is in the chain, else the tail (it knows first), avoiding nodes that
     /// look down.
@@ -312,8 +318,7 @@ impl Op {
             }
             Request::Topology => self.refresh(cx, &mut p),
             Request::Resume(_) => {
-                let nodes: Vec<NodeId> = cx.topology.nodes.iter().map(|n| n.id).collect();
-                let node = cx.pick(&nodes);
+                let node = cx.any_node();
                 let op = self.next_op(cx);
                 p.send.push((node, Message::GetSiteTime { op }));
                 self.phase = Phase::Resuming;
@@ -466,8 +471,7 @@ impl Op {
     }
 
     fn refresh(&mut self, cx: &mut Ctx, p: &mut Step) {
-        let nodes: Vec<NodeId> = cx.topology.nodes.iter().map(|n| n.id).collect();
-        let node = cx.pick(&nodes);
+        let node = cx.any_node();
         let op = self.next_op(cx);
         p.send.push((node, Message::GetTopology { op }));
         self.phase = Phase::Refreshing;

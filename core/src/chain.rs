@@ -1222,13 +1222,14 @@ impl ChainReplica {
 
     /// At the head: promises that no later update of the partition will be
     /// timestamped at or below the time it returns (Eunomia Alg. 2 lines
-    /// 10-12), once everything it applied so far is reported. The promise
+    /// 10-12; at least `at`, past which the stabilizer leader asked), once
+    /// everything it applied so far is reported. The promise
     /// travels down the chain behind those updates (`on_promise`).
-    pub fn make_promise(&mut self, now_ms: u64) {
+    pub fn make_promise(&mut self, now_ms: u64, at: Timestamp) {
         if self.index != 0 || self.joining || self.catching_up || self.epoch == 0 {
             return;
         }
-        let ts = self.clock.last().max(Timestamp::new(now_ms, 0));
+        let ts = self.clock.last().max(Timestamp::new(now_ms, 0)).max(at);
         self.clock.observe(ts);
         self.on_promise(self.applied, ts);
     }
@@ -1674,7 +1675,7 @@ mod tests {
     #[test]
     fn a_promise_leaves_only_under_a_logged_ceiling() {
         let (t, [head, ..], [mut r, _, _]) = chain_of_three();
-        r.make_promise(13_000);
+        r.make_promise(13_000, Timestamp::ZERO);
         let promised = r.take_promise().expect("a head promises at once");
         let ceiling = r
             .take_log()

@@ -305,6 +305,11 @@ impl Node {
 
     /// Handles one message addressed to this node.
     pub fn step(&mut self, msg: Message, now: Now, out: &mut Outbox) {
+        self.handle(msg, now, out);
+        self.flush_geo(now.wall_ms, out);
+    }
+
+    fn handle(&mut self, msg: Message, now: Now, out: &mut Outbox) {
         let now_ms = now.wall_ms;
         if let Message::Reconfigure { topology } = msg {
             return self.install(topology, now_ms, out);
@@ -463,10 +468,7 @@ impl Node {
     fn put(&mut self, partition: PartitionId, req: PutRequest, now_ms: u64, out: &mut Outbox) {
         let op = req.op;
         if self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
-            return self.not_responsible(op, out);
-        }
-        if let Some(geo) = &mut self.geo {
-            geo.wrote(&self.topology, now_ms, out);
+            self.not_responsible(op, out);
         }
     }
 
@@ -478,6 +480,7 @@ impl Node {
                 self.with(p as PartitionId, |r| r.tick(now_ms, out));
             }
             self.geo_tick(now_ms, out);
+            self.flush_geo(now_ms, out);
         }
         if self.last_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= HEARTBEAT_MS) {
             self.last_beat_ms = Some(now.mono_ms);
@@ -540,8 +543,13 @@ impl Node {
                 // Only a replica with more on disk has more to report.
                 if self.parts[p as usize].as_mut().is_some_and(|r| r.synced(self.synced)) {
                     self.geo_tail(p, out);
+                    // A promise at the tail may have waited for the disk.
+                    let mut promises = BTreeMap::new();
+                    self.pass_promise(p, None, &mut promises);
+                    self.send_promises(promises, None, out);
                 }
             }
+            self.flush_geo(now_ms, out);
         }
         self.answer_probes(now_ms, out);
     }
@@ -771,6 +779,15 @@ impl Node {
         }
     }
 
+    /// Sends at once what this node's reporters got in this step
+    /// (`Geo::flush`): a write or a promise reaches the stabilizer leader
+    /// without waiting for the tick.
+    fn flush_geo(&mut self, now_ms: u64, out: &mut Outbox) {
+        if let Some(geo) = &mut self.geo {
+            geo.flush(now_ms, out);
+        }
+    }
+
     fn geo_tick(&mut self, now_ms: u64, out: &mut Outbox) {
         if self.geo.is_none() {
             return;
@@ -779,7 +796,7 @@ impl Node {
             self.not_responsible(op, out);
         }
         let due = self.geo.as_mut().is_some_and(|g| g.promises_due(now_ms));
-        self.promise(due, now_ms, out);
+        self.promise(due, None, now_ms, out);
         for p in 0..self.parts.len() as PartitionId {
             self.geo_tail(p, out);
         }
@@ -787,25 +804,41 @@ impl Node {
         if let Some(geo) = &mut self.geo {
             geo.tick(&topology, now_ms, out);
         }
+        self.promise_if_asked(now_ms, out);
         self.answer_probes(now_ms, out);
     }
 
-    /// Heads make a promise (if `make`), and every replica passes on the
-    /// promise it has all updates for.
-    fn promise(&mut self, make: bool, now_ms: u64, out: &mut Outbox) {
+    /// Heads promise at once if the stabilizer leader asked them to.
+    fn promise_if_asked(&mut self, now_ms: u64, out: &mut Outbox) {
+        if let Some(at) = self.geo.as_mut().and_then(|g| g.take_asked(now_ms)) {
+            self.promise(true, Some(at), now_ms, out);
+        }
+    }
+
+    /// Heads make a promise (if `make`; past `asked`, if the leader asked),
+    /// and every replica passes on the promise it has all updates for.
+    fn promise(&mut self, make: bool, asked: Option<Timestamp>, now_ms: u64, out: &mut Outbox) {
         let mut promises = BTreeMap::new();
         for p in 0..self.parts.len() as PartitionId {
             if let Some(r) = self.parts[p as usize].as_mut().filter(|_| make) {
-                r.make_promise(now_ms);
+                r.make_promise(now_ms, asked.unwrap_or(Timestamp::ZERO));
             }
-            self.pass_promise(p, &mut promises);
+            self.pass_promise(p, asked, &mut promises);
         }
-        self.send_promises(promises, out);
+        self.send_promises(promises, asked, out);
     }
 
     /// Passes `partition`'s promise on once this replica has what it covers:
     /// to the successor, or, at the tail, to the reporter.
-    fn pass_promise(&mut self, partition: PartitionId, to: &mut BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>) {
+    /// `asked`: the promise answers the leader's ask for promises past that
+    /// time (`GeoMsg::Promise`): tails send it on without waiting for the
+    /// tick.
+    fn pass_promise(
+        &mut self,
+        partition: PartitionId,
+        asked: Option<Timestamp>,
+        to: &mut BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>,
+    ) {
         let Some(r) = &mut self.parts[partition as usize] else { return };
         let Some(ts) = r.take_promise() else { return };
         // Its clock ceiling is durable before the promise leaves.
@@ -817,38 +850,38 @@ impl Node {
                 // before the promise.
                 self.geo_feed(partition);
                 if let Some(geo) = &mut self.geo {
-                    geo.promise(partition, ts);
+                    geo.promise(partition, ts, asked);
                 }
             }
             None => {}
         }
     }
 
-    fn send_promises(&self, promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>, out: &mut Outbox) {
+    fn send_promises(&self, promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>, asked: Option<Timestamp>, out: &mut Outbox) {
         for (next, items) in promises {
-            send(out, Dest::Node(next), Message::Geo(GeoMsg::Promises { epoch: self.topology.epoch, items }));
+            send(out, Dest::Node(next), Message::Geo(GeoMsg::Promises { epoch: self.topology.epoch, items, asked }));
         }
     }
 
     fn geo_step(&mut self, msg: GeoMsg, now_ms: u64, out: &mut Outbox) {
         let epoch = self.topology.epoch;
         match msg {
-            GeoMsg::Promises { epoch: e, items } if e == epoch => {
+            GeoMsg::Promises { epoch: e, items, asked } if e == epoch => {
                 let mut promises = BTreeMap::new();
                 for (p, seq, ts) in items {
                     if let Some(r) = self.parts.get_mut(p as usize).and_then(Option::as_mut) {
                         r.on_promise(seq, ts);
-                        self.pass_promise(p, &mut promises);
+                        self.pass_promise(p, asked, &mut promises);
                     }
                 }
-                self.send_promises(promises, out);
+                self.send_promises(promises, asked, out);
             }
             GeoMsg::Promises { .. } => {}
-            GeoMsg::Busy => {
+            GeoMsg::Promise(at) => {
                 if let Some(geo) = &mut self.geo {
-                    geo.busy(now_ms);
+                    geo.asked(at);
                 }
-                self.promise(true, now_ms, out);
+                self.promise_if_asked(now_ms, out);
             }
             GeoMsg::Sequenced(reply) => {
                 if let Some((partition, req)) = self.geo.as_mut().and_then(|g| g.sequenced(reply)) {
@@ -870,6 +903,7 @@ impl Node {
                 if let Some(geo) = &mut self.geo {
                     geo.step(msg, false, &topology, now_ms, out);
                 }
+                self.promise_if_asked(now_ms, out);
                 self.answer_probes(now_ms, out);
             }
         }

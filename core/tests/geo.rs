@@ -106,6 +106,6 @@ fn a_site_link_carries_only_what_sites_send_each_other() {
     let version = Version { ts: ts(5), site: 2, vv: VersionVector::local(2, ts(5)) };
     let write = RemoteWrite { partition: 0, key: Bytes::from("k"), value: Some(Bytes::from("v")), expires_at_ms: None, version };
     assert!(!GeoMsg::Apply { epoch: 1, write, from: 0 }.from_site(2, 1), "an Apply past the receiver");
-    assert!(!GeoMsg::Busy.from_site(2, 1));
-    assert!(!GeoMsg::Promises { epoch: 1, items: Vec::new() }.from_site(2, 1));
+    assert!(!GeoMsg::Promise(Timestamp::ZERO).from_site(2, 1));
+    assert!(!GeoMsg::Promises { epoch: 1, items: Vec::new(), asked: None }.from_site(2, 1));
 }

@@ -205,7 +205,7 @@ pub struct Sim {
 }
 
 /// Milliseconds between node ticks.
-const TICK_MS: u64 = 10;
+pub const TICK_MS: u64 = 10;
 /// Client request timeout in the simulation.
 pub const CLIENT_TIMEOUT_MS: u64 = 500;
 /// The coordinator's failure timeout in the simulation.

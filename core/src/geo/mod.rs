@@ -25,7 +25,7 @@ use reporter::{Batch, Reporter};
 use sequencer::{SeqReply, SeqRequest, Sequencer};
 use serde::{Deserialize, Serialize};
 use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use visibility::{Delays, Visibility};
 
 /// How a deployment replicates between sites (`causeway node --replication`).
@@ -101,8 +101,10 @@ pub enum GeoMsg {
     /// version of its key) is stable in the local chain.
     Applied { origin: SiteId, partition: PartitionId, ts: Timestamp },
     /// Down a chain, batched per successor: (partition, seq, ts) promises
-    /// (`ChainReplica::make_promise`).
-    Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)> },
+    /// (`ChainReplica::make_promise`). `asked`: made because the leader
+    /// asked for promises past this time (`Promise`), so tails send them on
+    /// as soon as they all have it (`Geo::flush`).
+    Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)>, asked: Option<Timestamp> },
     /// The leader -> every node of its site: what the site has applied of
     /// each other site (for get-transactions, `Message::SnapshotRead`), and
     /// what each other site has applied of this one (`seen_by`, from its
@@ -121,12 +123,12 @@ pub enum GeoMsg {
     /// Passed on inside a site by the node that received it from another
     /// site: handled where it lands, never passed on again.
     Relayed(Box<GeoMsg>),
-    /// A node whose head took a client write -> every node of its site:
-    /// the write's id needs every partition's promise past it to become
-    /// stable, so heads promise at once and then every tick for `BUSY_MS`
-    /// (`Geo::promises_due`). Sent alongside the write's own trip down its
-    /// chain, it adds no delay.
-    Busy,
+    /// The stabilizer leader -> every node of its site: ids up to this
+    /// time wait to become stable, so heads promise past it at once
+    /// (`Geo::ask_promises`). Heads promise only when asked (at most every
+    /// `ASK_MS`) and every `IDLE_PROMISE_MS`: a site that takes no writes
+    /// sends few promises, and a write's id does not wait for a tick.
+    Promise(Timestamp),
     /// `Replication::Sequenced`: a head -> the stabilizer leader, for the
     /// write's number before the head orders it.
     Sequence { from: NodeId, req: SeqRequest },
@@ -174,16 +176,20 @@ const FOLLOWER_PROMISE_MS: u64 = 500;
 const VALUE_PROMISE_MS: u64 = 250;
 /// How often the leader tells its site's nodes what the site has applied.
 const SITE_TIME_MS: u64 = 50;
-/// Heads promise this often while their site is idle: promises only move
-/// the stable time, which matters once some head takes a write (and says
-/// the site is `Busy`). Each promise costs a message down every chain, to
+/// Heads promise this often unasked: promises only move the stable time,
+/// which matters once ids wait for it (then the leader asks,
+/// `GeoMsg::Promise`). Each promise costs a message down every chain, to
 /// the stabilizer and on to every site: at every 5 ms tick, nine idle geo
 /// nodes used more than a core of two.
 const IDLE_PROMISE_MS: u64 = 100;
-/// After a `Busy`, heads promise every tick for this long.
-const BUSY_MS: u64 = 1000;
-/// A node taking writes says `Busy` again this often.
-const BUSY_REFRESH_MS: u64 = 250;
+/// The leader asks its site's heads for promises at most this often: under
+/// load, one round of promises per `ASK_MS` whatever the write rate.
+const ASK_MS: u64 = 5;
+/// Between ticks, a node's tails send new ids and values at once only if
+/// they sent none (promises alone do not count) for this long: the first write after a quiet spell
+/// does not wait for the tick, and a busy node sends on its ticks only
+/// (a batch per write would cost more than the wait saves).
+const EAGER_MS: u64 = 10;
 /// `Replication::Sequenced`: a write whose number has not come back this
 /// long after it was asked for is refused (the client retries; the leader
 /// may have changed or the message been lost).
@@ -281,11 +287,20 @@ pub struct Geo {
     /// Remote visibility delays per origin: recorded here while this node
     /// runs the receiver, else the leader's summary.
     visibility: Visibility,
-    /// Heads here promise every tick until then (`GeoMsg::Busy`).
-    busy_until_ms: u64,
-    /// When heads here last promised, and when this node last said `Busy`.
+    /// When heads here last promised.
     promised_ms: u64,
-    busy_sent_ms: Option<u64>,
+    /// Heads here promise past this at once (`GeoMsg::Promise`, or this
+    /// node's own stabilizer leader asked: `take_asked`).
+    asked: Option<Timestamp>,
+    /// While leading: when it last asked for promises.
+    asked_ms: u64,
+    /// Partitions whose reporter got items since it last sent (`flush`).
+    fed: BTreeSet<PartitionId>,
+    /// Promises past this answer the leader: tails here send theirs as
+    /// soon as they all have one (`flush`).
+    flush_at: Option<Timestamp>,
+    /// When tails here last sent ids or values (not promises alone).
+    sent_ms: u64,
     /// Local updates a tail could not report in timestamp order (never
     /// shipped). None should ever be: every head orders above the promises
     /// its chain passed on, and a replica drops updates parked behind a gap
@@ -332,9 +347,12 @@ impl Geo {
             seen_by: VersionVector::default(),
             site_time_sent_ms: 0,
             visibility: Visibility::default(),
-            busy_until_ms: 0,
             promised_ms: 0,
-            busy_sent_ms: None,
+            asked: None,
+            asked_ms: 0,
+            fed: BTreeSet::new(),
+            flush_at: None,
+            sent_ms: 0,
             out_of_order: 0,
             sequencer: (replication == Replication::Sequenced && replicas.contains(&me)).then(Sequencer::new),
             sequencing: BTreeMap::new(),
@@ -392,45 +410,86 @@ impl Geo {
             if !o.record(self.site, u) && !fresh {
                 self.out_of_order += 1;
             }
+            self.fed.insert(partition);
         }
         Some(o.reported(r.reportable_through()))
     }
 
-    /// A promise reached the tail of `partition`.
-    pub fn promise(&mut self, partition: PartitionId, ts: Timestamp) {
+    /// A promise reached the tail of `partition`. `asked`: it answers the
+    /// leader's ask for promises past that time (`flush`).
+    pub fn promise(&mut self, partition: PartitionId, ts: Timestamp, asked: Option<Timestamp>) {
         if let Some(o) = self.tails.get_mut(&partition) {
             o.promise(ts);
+            if let Some(at) = asked {
+                self.flush_at = Some(self.flush_at.map_or(at, |f| f.max(at)));
+            }
         }
     }
 
-    /// Whether this node's heads promise at this tick: every tick while
-    /// the site is busy, every `IDLE_PROMISE_MS` otherwise.
+    /// Whether heads here promise at this tick unasked: every
+    /// `IDLE_PROMISE_MS`.
     pub fn promises_due(&mut self, now_ms: u64) -> bool {
-        let due = now_ms < self.busy_until_ms || now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS;
+        let due = now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS;
         if due {
             self.promised_ms = now_ms;
         }
         due
     }
 
-    /// The site is busy (`GeoMsg::Busy`): heads promise every tick for a
-    /// while, starting now (the caller promises at once).
-    pub fn busy(&mut self, now_ms: u64) {
-        self.busy_until_ms = now_ms + BUSY_MS;
-        self.promised_ms = now_ms;
+    /// The leader asked heads here to promise past `at`
+    /// (`GeoMsg::Promise`; `take_asked`).
+    pub fn asked(&mut self, at: Timestamp) {
+        self.asked = Some(self.asked.map_or(at, |a| a.max(at)));
     }
 
-    /// A head here took a client write: tells every other node of the site
-    /// that it is busy (at most every `BUSY_REFRESH_MS`).
-    pub fn wrote(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
-        if self.busy_sent_ms.is_some_and(|at| now_ms.saturating_sub(at) < BUSY_REFRESH_MS) {
+    /// Past what heads here must promise now, if the leader asked.
+    pub fn take_asked(&mut self, now_ms: u64) -> Option<Timestamp> {
+        let at = self.asked.take()?;
+        self.promised_ms = now_ms;
+        Some(at)
+    }
+
+    /// While leading: if ids wait to become stable, asks every head of the
+    /// site to promise past the newest of them (this node's too, through
+    /// `asked`), at most every `ASK_MS`.
+    fn ask_promises(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        let Some(at) = self.stabilizer.as_ref().filter(|s| s.is_leader()).and_then(Stabilizer::waiting_for) else { return };
+        if now_ms.saturating_sub(self.asked_ms) < ASK_MS {
             return;
         }
-        self.busy_sent_ms = Some(now_ms);
-        self.busy_until_ms = now_ms + BUSY_MS;
+        self.asked_ms = now_ms;
+        self.asked(at);
         for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
-            send(out, Dest::Node(n), Message::Geo(GeoMsg::Busy));
+            send(out, Dest::Node(n), Message::Geo(GeoMsg::Promise(at)));
         }
+    }
+
+    /// Sends at once, between ticks: every tail's promise to the leader
+    /// once all of them answer its ask (one batch per ask, not one per
+    /// chain it came down); new items if tails here sent nothing for
+    /// `EAGER_MS`.
+    pub fn flush(&mut self, now_ms: u64, out: &mut Outbox) {
+        let answered = self.flush_at.is_some_and(|at| self.tails.values().all(|o| o.ids.promised() >= at));
+        let items = !self.fed.is_empty() && now_ms.saturating_sub(self.sent_ms) >= EAGER_MS;
+        if !answered && !items {
+            return;
+        }
+        let (mut ids, mut values) = (Vec::new(), Vec::new());
+        if answered {
+            self.flush_at = None;
+            for o in self.tails.values_mut() {
+                o.ids.flush(now_ms, true, &mut ids);
+            }
+        }
+        if items {
+            for p in std::mem::take(&mut self.fed) {
+                if let Some(o) = self.tails.get_mut(&p) {
+                    o.ids.flush(now_ms, false, &mut ids);
+                    o.values.flush(now_ms, false, &mut values);
+                }
+            }
+        }
+        self.send_batches(ids, values, now_ms, out);
     }
 
     /// `Replication::Sequenced`: a write `req` at the head of `partition`
@@ -502,17 +561,17 @@ impl Geo {
             o.ids.tick(now_ms, &mut ids);
             o.values.tick(now_ms, &mut values);
         }
-        for (replica, batches) in group(ids) {
-            send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batches)));
+        self.fed.clear();
+        if self.flush_at.is_some_and(|at| self.tails.values().all(|o| o.ids.promised() >= at)) {
+            self.flush_at = None;
         }
-        for (to, batches) in group(values) {
-            send(out, Dest::Site(to), Message::Geo(GeoMsg::Values { origin: self.site, batches }));
-        }
+        self.send_batches(ids, values, now_ms, out);
         if let Some(s) = &mut self.stabilizer {
             let mut sout = Vec::new();
             s.tick(now_ms, &mut sout);
             self.stabilizer_out(topology, sout, out);
         }
+        self.ask_promises(topology, now_ms, out);
         if let Some(r) = &mut self.receiver {
             let mut rout = Vec::new();
             r.tick(now_ms, &mut rout);
@@ -540,6 +599,18 @@ impl Geo {
                     send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by, probe, visible }));
                 }
             }
+        }
+    }
+
+    fn send_batches(&mut self, ids: Vec<(NodeId, IdBatch)>, values: Vec<(SiteId, Batch<RemoteValue>)>, now_ms: u64, out: &mut Outbox) {
+        if ids.iter().any(|(_, b)| !b.items.is_empty()) || values.iter().any(|(_, b)| !b.items.is_empty()) {
+            self.sent_ms = now_ms;
+        }
+        for (replica, batches) in group(ids) {
+            send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batches)));
+        }
+        for (to, batches) in group(values) {
+            send(out, Dest::Site(to), Message::Geo(GeoMsg::Values { origin: self.site, batches }));
         }
     }
 
@@ -576,6 +647,7 @@ impl Geo {
                         s.tick(now_ms, &mut sout);
                     }
                     self.stabilizer_out(topology, sout, out);
+                    self.ask_promises(topology, now_ms, out);
                 }
             }
             GeoMsg::IdsAcks(acks) => {
@@ -648,7 +720,7 @@ impl Geo {
                 }
             }
             // The node's (chain) business.
-            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } | GeoMsg::Busy | GeoMsg::Sequenced(_) => {}
+            GeoMsg::Apply { .. } | GeoMsg::Promises { .. } | GeoMsg::Promise(_) | GeoMsg::Sequenced(_) => {}
         }
     }
 
@@ -778,4 +850,115 @@ fn group<K: Ord, T>(items: Vec<(K, T)>) -> BTreeMap<K, Vec<T>> {
         by.entry(k).or_default().push(t);
     }
     by
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::{NodeInfo, Shape};
+    use stabilizer::IdVector;
+
+    fn ts(ms: u64) -> Timestamp {
+        Timestamp::new(ms, 0)
+    }
+
+    /// Ids of partition `p` (at `ms`), promised up to `up_to`.
+    fn ids(p: PartitionId, prev: u64, ms: &[u64], up_to: u64) -> GeoMsg {
+        let items = ms
+            .iter()
+            .map(|&m| UpdateId { partition: p, ts: ts(m), local_dep: ts(m).just_before(), vv: IdVector::from_elem(ts(m), 2) })
+            .collect();
+        GeoMsg::Ids(vec![IdBatch { partition: p, prev: ts(prev), items, up_to: ts(up_to) }])
+    }
+
+    /// The promises `out` asks of other nodes.
+    fn asks(out: &mut Outbox) -> Vec<(Dest, Timestamp)> {
+        std::mem::take(out)
+            .into_iter()
+            .filter_map(|e| match e.msg {
+                Message::Geo(GeoMsg::Promise(at)) => Some((e.to, at)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// An id that waits for other partitions' promises makes the leader ask
+    /// every node of its site (itself included) to promise past it at once,
+    /// rather than wait for heads to promise on their own; at most every
+    /// `ASK_MS`, and not once nothing waits.
+    #[test]
+    fn the_leader_asks_for_promises_when_ids_wait_for_them() {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let mut topology = Topology::new(1, Shape { partitions: 2, replicas: 3, k: 2 }, nodes).unwrap();
+        topology.admitted = (0..3).map(|n| (n, 1)).collect();
+        let mut geo = Geo::new(0, &[0, 1], 0, &[0, 1, 2], 2, Replication::Causal);
+        geo.configure(&topology, 0);
+        let mut out = Outbox::new();
+        // Partition 1 promised up to 50; partition 0 reports an id at 100.
+        geo.step(ids(1, 0, &[], 50), false, &topology, 1_000, &mut out);
+        assert!(asks(&mut out).is_empty(), "nothing waits yet");
+        geo.step(ids(0, 0, &[100], 100), false, &topology, 1_000, &mut out);
+        assert_eq!(asks(&mut out), [(Dest::Node(1), ts(100)), (Dest::Node(2), ts(100))]);
+        assert_eq!(geo.take_asked(1_000), Some(ts(100)), "its own heads too");
+        // Another id soon after: no new ask before `ASK_MS`.
+        geo.step(ids(0, 100, &[120], 120), false, &topology, 1_001, &mut out);
+        assert!(asks(&mut out).is_empty());
+        geo.tick(&topology, 1_000 + ASK_MS, &mut out);
+        assert_eq!(asks(&mut out), [(Dest::Node(1), ts(120)), (Dest::Node(2), ts(120))]);
+        // Partition 1 promises past both: they ship, nothing waits.
+        geo.step(ids(1, 50, &[], 130), false, &topology, 1_000 + 2 * ASK_MS, &mut out);
+        let shipped: usize = out.iter().map(|e| if let Message::Geo(GeoMsg::Ship(s)) = &e.msg { s.ids.len() } else { 0 }).sum();
+        assert_eq!(shipped, 2);
+        geo.tick(&topology, 1_000 + 3 * ASK_MS, &mut out);
+        assert!(asks(&mut out).is_empty(), "nothing waits any more");
+    }
+
+    /// A tail's promise that answers an ask goes to the leader as soon as
+    /// every tail here has one past the asked time (one message, not one per
+    /// chain it came down), without a tick.
+    #[test]
+    fn tails_send_what_the_leader_waits_for_without_waiting_for_a_tick() {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let mut topology = Topology::new(1, Shape { partitions: 12, replicas: 3, k: 2 }, nodes).unwrap();
+        topology.admitted = (0..3).map(|n| (n, 1)).collect();
+        let me = 2;
+        let mut geo = Geo::new(0, &[0, 1], me, &[0, 1, 2], 12, Replication::Causal);
+        geo.configure(&topology, 0);
+        let tails: Vec<PartitionId> = (0..12).filter(|&p| topology.chain(p).nodes.last() == Some(&me)).collect();
+        let mut replicas: Vec<crate::chain::ChainReplica> =
+            tails.iter().map(|&p| crate::chain::ChainReplica::new(&topology, p, me, 1).unwrap()).collect();
+        for (&p, r) in tails.iter().zip(&mut replicas) {
+            geo.tail(p, Some(r));
+        }
+        assert!(tails.len() > 1, "tails of several partitions here");
+        let to_leader = |out: &mut Outbox| -> Vec<IdBatch> {
+            std::mem::take(out)
+                .into_iter()
+                .filter_map(|e| match (e.to, e.msg) {
+                    (Dest::Node(0), Message::Geo(GeoMsg::Ids(b))) => Some(b),
+                    _ => None,
+                })
+                .flatten()
+                .collect()
+        };
+        let mut out = Outbox::new();
+        // Promises that answer no ask wait for the tick.
+        for &p in &tails {
+            geo.promise(p, ts(10), None);
+        }
+        geo.flush(1_000, &mut out);
+        assert!(to_leader(&mut out).is_empty());
+        // Answers to an ask for 100: sent once every tail has one.
+        let (first, rest) = tails.split_first().unwrap();
+        geo.promise(*first, ts(100), Some(ts(100)));
+        geo.flush(1_001, &mut out);
+        assert!(to_leader(&mut out).is_empty(), "not every tail answered yet");
+        for &p in rest {
+            geo.promise(p, ts(100), Some(ts(100)));
+        }
+        geo.flush(1_002, &mut out);
+        let sent = to_leader(&mut out);
+        assert_eq!(sent.len(), tails.len(), "one batch per tail, in one message");
+        assert!(sent.iter().all(|b| b.up_to == ts(100)));
+    }
 }

@@ -17,7 +17,8 @@
 //! nothing comes back, `Resend`). At most `REPORT_WINDOW` items are in
 //! flight beyond the acknowledged point, so a site that is cut off costs
 //! its origin nothing but memory. Batches are sent on `tick` (Eunomia §5:
-//! batch at partitions, about every millisecond).
+//! batch at partitions, about every millisecond) and, when the node asks,
+//! at once (`flush`).
 //!
 //! Acknowledgements carry two points: *received* (what need not be sent
 //! again) and *applied* (what may be forgotten: a receiver that fails over
@@ -207,20 +208,50 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
         for (&peer, p) in self.peers.iter_mut() {
             p.resend.resume(&mut p.sent, p.received, now_ms, REPORT_RESEND_MS);
             let start = self.items.partition_point(|i| i.ts() <= p.sent);
-            let acked = self.items.partition_point(|i| i.ts() <= p.received);
-            let room = REPORT_WINDOW.saturating_sub(start - acked).min(MAX_REPORT);
-            let end = (start + room).min(self.items.len());
-            let up_to = if end == self.items.len() { self.promised } else { self.items[end - 1].ts() };
-            if end == start && up_to <= p.sent {
-                continue;
-            }
-            if end == start && now_ms.saturating_sub(p.last_ms) < p.idle_ms {
+            if start == self.items.len() && now_ms.saturating_sub(p.last_ms) < p.idle_ms {
                 continue; // only a promise, and one went out recently
             }
-            let items = self.items.range(start..end).cloned().collect();
-            out.push((peer, Batch { partition: self.partition, prev: p.sent, items, up_to }));
-            p.sent = p.sent.max(up_to);
-            p.last_ms = now_ms;
+            Self::send(self.partition, &self.items, self.promised, peer, p, now_ms, out);
+        }
+    }
+
+    /// The next batch for `peer`, if there is anything new to send it: what
+    /// it was not sent, at most `MAX_REPORT` items and at most
+    /// `REPORT_WINDOW` beyond what it acknowledged, and the promise.
+    fn send(
+        partition: PartitionId,
+        items: &VecDeque<T>,
+        promised: Timestamp,
+        peer: P,
+        p: &mut Peer,
+        now_ms: u64,
+        out: &mut Vec<(P, Batch<T>)>,
+    ) {
+        p.sent = p.sent.max(p.received);
+        let start = items.partition_point(|i| i.ts() <= p.sent);
+        let acked = items.partition_point(|i| i.ts() <= p.received);
+        let room = REPORT_WINDOW.saturating_sub(start - acked).min(MAX_REPORT);
+        let end = (start + room).min(items.len());
+        let up_to = if end == items.len() { promised } else { items[end - 1].ts() };
+        if end == start && up_to <= p.sent {
+            return;
+        }
+        let batch = items.range(start..end).cloned().collect();
+        out.push((peer, Batch { partition, prev: p.sent, items: batch, up_to }));
+        p.sent = p.sent.max(up_to);
+        p.last_ms = now_ms;
+    }
+
+    /// Sends at once, between ticks, each destination the items it was
+    /// not sent and, if `promises`, each that takes promises every tick
+    /// (the stabilizer leader) the latest promise. The caller decides when
+    /// (`Geo::flush`).
+    pub fn flush(&mut self, now_ms: u64, promises: bool, out: &mut Vec<(P, Batch<T>)>) {
+        for (&peer, p) in self.peers.iter_mut() {
+            let items = self.items.back().is_some_and(|i| i.ts() > p.sent);
+            if items || (promises && p.idle_ms == 0) {
+                Self::send(self.partition, &self.items, self.promised, peer, p, now_ms, out);
+            }
         }
     }
 
@@ -284,5 +315,25 @@ mod tests {
         let mut out = Vec::new();
         r.tick(10_005, &mut out);
         assert_eq!(out[0].1.prev, Timestamp::new(REPORT_WINDOW as u64, 0));
+    }
+
+    /// Between ticks, new items go to every destination at once, and a new
+    /// promise alone only to those that take one every tick (the
+    /// stabilizer leader), and only when asked.
+    #[test]
+    fn a_flush_sends_new_items_everywhere_and_promises_to_the_leader_only() {
+        let mut r: Reporter<u16, Item> = Reporter::new(0, &[1, 2]);
+        r.set_idle_ms(2, 500);
+        let sent = |r: &mut Reporter<u16, Item>, promises: bool| {
+            let mut out = Vec::new();
+            r.flush(1_000, promises, &mut out);
+            out.into_iter().map(|(peer, b)| (peer, b.items.len(), b.up_to.physical_ms())).collect::<Vec<_>>()
+        };
+        assert!(r.record(Item(5)));
+        assert_eq!(sent(&mut r, false), [(1, 1, 5), (2, 1, 5)]);
+        r.promise(Timestamp::new(9, 0));
+        assert_eq!(sent(&mut r, false), [], "a promise alone waits for the tick unless asked");
+        assert_eq!(sent(&mut r, true), [(1, 0, 9)], "asked: to the leader only");
+        assert_eq!(sent(&mut r, true), [], "nothing new");
     }
 }

@@ -378,6 +378,13 @@ impl Stabilizer {
         self.partition_time.iter().copied().min().unwrap_or(Timestamp::ZERO)
     }
 
+    /// Ids wait to become stable: the newest time some partition reported
+    /// or promised, which every partition must promise past for all of
+    /// them to ship (`None`: nothing waits).
+    pub fn waiting_for(&self) -> Option<Timestamp> {
+        (!self.ops.is_empty()).then(|| self.partition_time.iter().copied().max().unwrap_or(Timestamp::ZERO))
+    }
+
     pub fn is_leader(&self) -> bool {
         self.leader == Some(self.me)
     }

@@ -7,7 +7,8 @@
 # modes take turns, `rounds` times, so a noisy machine hits them alike.
 # Beside ops/s it prints the CPU time the nine node processes spent per
 # operation (utime+stime from /proc), which moves less with the machine's
-# other load than throughput does.
+# other load than throughput does, and the messages they sent each other
+# per operation (INFO peer_messages_sent), which hardly moves at all.
 # Usage: scripts/bench-geo.sh [seconds per run] [clients] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,25 @@ node_ticks() {
   done
   echo $total
 }
+# Messages the nine nodes queued for each other so far (INFO replication).
+node_messages() {
+  python3 - <<'PY'
+import socket
+total = 0
+for base in (7380, 7390, 7400):
+    for port in range(base, base + 3):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n")
+        data = b""
+        while b"peer_messages_sent:" not in data or not data.endswith(b"\r\n"):
+            data += s.recv(65536)
+        s.close()
+        for line in data.decode().splitlines():
+            if line.startswith("peer_messages_sent:"):
+                total += int(line.split(":")[1])
+print(total)
+PY
+}
 for round in $(seq 1 "$rounds"); do
   for mode in causal eventual sequenced; do
     $B dev --sites 3 --port 7380 -- --replication $mode >$out/dev-$mode.log 2>&1 & pid=$!
@@ -38,24 +58,26 @@ for round in $(seq 1 "$rounds"); do
     # The records, once per cluster, written through every site.
     $B bench --addr $addrs --read-percent 100 --records 10000 --value-size 100 --clients $clients --duration 1 >/dev/null
     for reads in 99 90 75 50; do
-      before=$(node_ticks)
+      before=$(node_ticks); msgs=$(node_messages)
       $B bench --addr $addrs --no-load --records 10000 --value-size 100 --clients $clients --duration "$secs" \
         --read-percent $reads --label "$mode" --json $out/$mode-$reads-$round.json | sed -n "1,5s/^/[round $round] /p"
       echo $(( $(node_ticks) - before )) > $out/$mode-$reads-$round.ticks
+      echo $(( $(node_messages) - msgs )) > $out/$mode-$reads-$round.msgs
     done
     kill $pid; wait $pid 2>/dev/null || true; pid=
     sleep 1
   done
 done
 # One line per mix, one value per mode and round: the python expression
-# $1 of `j` (the run's JSON) and `t` (its node CPU clock ticks).
+# $1 of `j` (the run's JSON), `t` (its node CPU clock ticks) and `m` (the
+# messages the nodes sent each other).
 table() {
   for reads in 99 90 75 50; do
     line="$reads:$((100 - reads))"
     for mode in causal eventual sequenced; do
       vals=$(for round in $(seq 1 "$rounds"); do
         f=$out/$mode-$reads-$round
-        python3 -c "import json; j=json.load(open('$f.json')); t=int(open('$f.ticks').read()); print(round($1))" 2>/dev/null || echo '?'
+        python3 -c "import json; j=json.load(open('$f.json')); t=int(open('$f.ticks').read()); m=int(open('$f.msgs').read()); print(round($1, 1))" 2>/dev/null || echo '?'
       done | paste -sd/)
       line="$line  $mode $vals"
     done
@@ -66,3 +88,5 @@ echo "== ops/s by mode and read:update mix, per round (JSON in $out)"
 table "j['ops_per_sec']"
 echo "== node CPU per operation (microseconds; clock ticks of the nine nodes / operations), per round"
 table "t * 1e6 / $(getconf CLK_TCK) / j['total_ops']"
+echo "== messages between nodes per operation, per round"
+table "m / j['total_ops']"

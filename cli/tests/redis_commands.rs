@@ -352,6 +352,18 @@ fn info_status_and_command_table() {
     assert!(server.starts_with("# Server\r\n") && !server.contains("# Clients"), "{server}");
     let two: String = cmd("INFO").arg("CPU").arg("keyspace").query(&mut con).unwrap();
     assert!(two.contains("# Cpu") && two.contains("# Keyspace") && !two.contains("# Server"), "{two}");
+    // What the node sent its peers: the writes went down their chains.
+    let sent = |name: &str| -> u64 {
+        let info: String = cmd("INFO").arg("replication").query(&mut c.conn(1)).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in {info}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (messages, bytes) = (sent("peer_messages_sent"), sent("peer_bytes_sent"));
+    assert!(messages > 0 && bytes > messages, "{messages} messages, {bytes} bytes");
 
     // CW.STATUS on every node; roles add up to the partition count.
     let (mut heads, mut middles, mut tails) = (0, 0, 0);

@@ -242,6 +242,13 @@ impl Node {
         self.peers.read().values().map(Link::dropped).sum()
     }
 
+    /// Messages and bytes this node queued for other nodes, of its site
+    /// and of others.
+    pub fn peer_sent(&self) -> (u64, u64) {
+        let links = self.peers.read().values().map(Link::sent).chain(self.sites.values().map(|s| s.sent())).collect::<Vec<_>>();
+        links.into_iter().fold((0, 0), |(m, b), (lm, lb)| (m + lm, b + lb))
+    }
+
     /// A fresh client id for a session on this node.
     pub fn new_session(&self) -> ClientId {
         session_id(self.me, self.next_session.fetch_add(1, Ordering::Relaxed))

@@ -511,10 +511,12 @@ fn remote_visibility_and_idle_traffic() {
         // Simulated time, not a timing threshold: with hops of at most
         // 1 ms, a write that waits for no tick on its way (its id and the
         // promises it needs go out as they arrive, `Geo::flush`, and the
-        // leader asks for those promises, `GeoMsg::Promise`) shows well
-        // within one tick beyond the link. When ids and promises waited
-        // for ticks, the median was two ticks.
-        assert!(q(50) < TICK_MS, "seed {seed}: half the writes took {} ms or more beyond the link", q(50));
+        // leader asks for those promises, `GeoMsg::Promise`) shows about
+        // one tick beyond the link, its hops alone (8-10 ms at the median
+        // over seeds 0..100). When ids and promises waited for ticks, the
+        // median was two ticks (20-21 ms).
+        let bound = TICK_MS * 3 / 2;
+        assert!(q(50) < bound, "seed {seed}: half the writes took {bound} ms or more beyond the link");
         println!(
             "seed {seed}: extra delay at site 1 (ms): p50 {} p90 {} p95 {} p99 {} max {}; idle: {idle} messages per site per second",
             q(50),

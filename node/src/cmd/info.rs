@@ -102,6 +102,8 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
                 ("consistency", conn.driver.consistency().to_string()),
                 ("peer_backlog_bytes", node.peer_backlog().to_string()),
                 ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
+                ("peer_messages_sent", node.peer_sent().0.to_string()),
+                ("peer_bytes_sent", node.peer_sent().1.to_string()),
                 ("state_transfers_suffix", suffixes.to_string()),
                 ("state_transfers_whole", whole.to_string()),
             ]

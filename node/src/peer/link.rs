@@ -65,6 +65,9 @@ struct Shared {
     down: AtomicBool,
     /// Messages dropped because the backlog was over `HARD_LIMIT`.
     dropped: AtomicU64,
+    /// Messages and bytes queued (`Link::sent`).
+    sent: AtomicU64,
+    sent_bytes: AtomicU64,
 }
 
 #[derive(Default)]
@@ -103,6 +106,8 @@ impl Link {
             room: Notify::new(),
             down: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            sent_bytes: AtomicU64::new(0),
         });
         let stream = rand::random();
         let hello = hello(stream);
@@ -125,6 +130,13 @@ impl Link {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 
+    /// Messages and their bytes queued for the peer so far (INFO: what a
+    /// replication mode costs in messages, steadier than CPU time on a
+    /// shared machine).
+    pub fn sent(&self) -> (u64, u64) {
+        (self.shared.sent.load(Ordering::Relaxed), self.shared.sent_bytes.load(Ordering::Relaxed))
+    }
+
     /// Queues `msg` for the peer. Never waits: it is called while routing
     /// a state machine's output.
     pub fn send(&self, msg: &Message) {
@@ -138,6 +150,8 @@ impl Link {
             return;
         }
         q.queued += frame.len();
+        self.shared.sent.fetch_add(1, Ordering::Relaxed);
+        self.shared.sent_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
         if matches!(msg, Message::Forward { lazy: true, .. }) {
             q.lazy.push_back(frame);
         } else {

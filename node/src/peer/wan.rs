@@ -100,6 +100,11 @@ impl SiteLink {
         self.delay_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Messages and bytes handed to the link so far (after the delay).
+    pub fn sent(&self) -> (u64, u64) {
+        self.link.sent()
+    }
+
     /// Whether the connection to the site is down right now.
     pub fn is_down(&self) -> bool {
         self.link.is_down()

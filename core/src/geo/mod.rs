@@ -186,9 +186,10 @@ const IDLE_PROMISE_MS: u64 = 100;
 /// load, one round of promises per `ASK_MS` whatever the write rate.
 const ASK_MS: u64 = 5;
 /// Between ticks, a node's tails send new ids and values at once only if
-/// they sent none (promises alone do not count) for this long: the first write after a quiet spell
-/// does not wait for the tick, and a busy node sends on its ticks only
-/// (a batch per write would cost more than the wait saves).
+/// they sent none (promises alone do not count) for this long: the first
+/// write after a quiet spell does not wait for the tick, and a busy node
+/// sends on its ticks only (a batch per write would cost more than the
+/// wait saves).
 const EAGER_MS: u64 = 10;
 /// `Replication::Sequenced`: a write whose number has not come back this
 /// long after it was asked for is refused (the client retries; the leader

@@ -1229,6 +1229,9 @@ impl ChainReplica {
         if self.index != 0 || self.joining || self.catching_up || self.epoch == 0 {
             return;
         }
+        // A leader's ask from a clock far ahead of this one does not drag
+        // this clock along (as a session's past would not: `MAX_CLOCK_SKEW_MS`).
+        let at = at.min(Timestamp::new(now_ms.saturating_add(crate::hlc::MAX_CLOCK_SKEW_MS), 0));
         let ts = self.clock.last().max(Timestamp::new(now_ms, 0)).max(at);
         self.clock.observe(ts);
         self.on_promise(self.applied, ts);
@@ -1667,6 +1670,21 @@ mod tests {
                 LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } | LogRecord::Clock { .. } => Vec::new(),
             })
             .collect()
+    }
+
+    /// A head asked to promise past a time promises past it, so the id
+    /// waiting for it becomes stable even if this clock lags; but an ask
+    /// from a clock more than `MAX_CLOCK_SKEW_MS` ahead does not drag this
+    /// one along.
+    #[test]
+    fn a_head_promises_past_what_the_leader_asks_within_the_skew_bound() {
+        let (_, _, [mut r, _, _]) = chain_of_three();
+        r.make_promise(13_000, Timestamp::new(13_050, 3));
+        assert_eq!(r.take_promise(), Some(Timestamp::new(13_050, 3)));
+        let far = 20_000 + crate::hlc::MAX_CLOCK_SKEW_MS + 1;
+        r.make_promise(20_000, Timestamp::new(far, 0));
+        let promised = r.take_promise().expect("a promise");
+        assert!(promised.physical_ms() <= 20_000 + crate::hlc::MAX_CLOCK_SKEW_MS, "{promised:?}");
     }
 
     /// A head whose clock ran 3 s ahead promises; restarted with the clock

@@ -543,13 +543,20 @@ impl Node {
                 // Only a replica with more on disk has more to report.
                 if self.parts[p as usize].as_mut().is_some_and(|r| r.synced(self.synced)) {
                     self.geo_tail(p, out);
-                    // A promise at the tail may have waited for the disk.
-                    let mut promises = BTreeMap::new();
-                    self.pass_promise(p, None, &mut promises);
-                    self.send_promises(promises, None, out);
+                    // A promise at the tail may have waited for the disk
+                    // (tails pass promises to their reporter only).
+                    if self.parts[p as usize].as_ref().is_some_and(ChainReplica::reports) {
+                        self.pass_promise(p, None, &mut BTreeMap::new());
+                    }
                 }
             }
-            self.flush_geo(now_ms, out);
+            // What this produced leaves now only if it logged nothing: a
+            // promise must not leave before the clock ceiling it logged is
+            // on disk (the driver syncs it with the next step's records,
+            // before that step's output, and the flush goes then).
+            if self.log.is_empty() {
+                self.flush_geo(now_ms, out);
+            }
         }
         self.answer_probes(now_ms, out);
     }

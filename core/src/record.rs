@@ -58,6 +58,7 @@ impl LogRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![FORMAT];
         crate::wire::encode_into(self, &mut out);
+        crate::wire::within_limit(out.len());
         out
     }
 

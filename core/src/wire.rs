@@ -19,18 +19,28 @@ fn options() -> impl bincode::Options {
 
 /// What is encoded is this process's own: no limit, which spares bincode a
 /// whole pass over the value to measure it first (a third of the cost of
-/// encoding a shipment: `tests::frame_cost`). A frame over `MAX_FRAME` is
-/// refused where it is decoded.
+/// encoding a shipment: `tests::frame_cost`). The size is checked once the
+/// encoding is there (`within_limit`): nothing is written or sent that
+/// could not be decoded.
 fn encoding() -> impl bincode::Options {
     bincode::DefaultOptions::new()
 }
 
+/// Panics on an encoding over `MAX_FRAME`, as bincode's own limit did: the
+/// limits on values and batches keep every message far below it.
+pub(crate) fn within_limit(len: usize) {
+    assert!(len as u64 <= MAX_FRAME, "an encoding of {len} bytes is over the {MAX_FRAME}-byte limit");
+}
+
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     use bincode::Options;
-    encoding().serialize(value).expect("in-memory values always encode")
+    let bytes = encoding().serialize(value).expect("in-memory values always encode");
+    within_limit(bytes.len());
+    bytes
 }
 
 /// Appends the encoding of `value` to `out` (no intermediate buffer).
+/// Callers check its size (`put_frame`, `LogRecord::encode`).
 pub fn encode_into<T: Serialize>(value: &T, out: &mut impl std::io::Write) {
     use bincode::Options;
     encoding().serialize_into(out, value).expect("in-memory values always encode")
@@ -47,8 +57,9 @@ pub fn put_frame<T: Serialize>(value: &T, out: &mut BytesMut) {
     let at = out.len();
     out.put_u32_le(0);
     encode_into(value, &mut out.writer());
-    let len = (out.len() - at - 4) as u32;
-    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    let len = out.len() - at - 4;
+    within_limit(len);
+    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
 }
 
 /// Takes one complete frame from the front of `buf`, if there is one.

@@ -82,7 +82,7 @@ pub fn paper_delays(sites: usize) -> Vec<Vec<u64>> {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum GeoMsg {
     /// A node's tails -> a stabilizer replica of its site (one batch per
-    /// partition, all of a tick in one message).
+    /// partition, all of a tick or a `Geo::flush` in one message).
     Ids(Vec<IdBatch>),
     /// A stabilizer replica -> the tail of each `ack.partition`.
     IdsAcks(Vec<IdsAck>),
@@ -562,10 +562,11 @@ impl Geo {
             o.ids.tick(now_ms, &mut ids);
             o.values.tick(now_ms, &mut values);
         }
+        // The tick sent the leader every tail's latest promise: nothing
+        // waits for an answer any more (a tail whose head is down never
+        // answers, and must not keep `flush` checking every step).
         self.fed.clear();
-        if self.flush_at.is_some_and(|at| self.tails.values().all(|o| o.ids.promised() >= at)) {
-            self.flush_at = None;
-        }
+        self.flush_at = None;
         self.send_batches(ids, values, now_ms, out);
         if let Some(s) = &mut self.stabilizer {
             let mut sout = Vec::new();

@@ -32,23 +32,26 @@ node_ticks() {
   done
   echo $total
 }
-# Messages the nine nodes queued for each other so far (INFO replication).
+# Messages the nine nodes queued for each other so far, by kind (INFO
+# replication), as JSON into $1.
 node_messages() {
-  python3 - <<'PY'
-import socket
-total = 0
+  python3 - "$1" <<'PY'
+import json, socket, sys
+kinds = {}
 for base in (7380, 7390, 7400):
     for port in range(base, base + 3):
         s = socket.create_connection(("127.0.0.1", port))
         s.sendall(b"*2\r\n$4\r\nINFO\r\n$11\r\nreplication\r\n")
         data = b""
-        while b"peer_messages_sent:" not in data or not data.endswith(b"\r\n"):
+        while b"peer_messages_by_kind:" not in data or not data.endswith(b"\r\n"):
             data += s.recv(65536)
         s.close()
         for line in data.decode().splitlines():
-            if line.startswith("peer_messages_sent:"):
-                total += int(line.split(":")[1])
-print(total)
+            if line.startswith("peer_messages_by_kind:") and "=" in line:
+                for kv in line.split(":", 1)[1].split(","):
+                    k, n = kv.split("=")
+                    kinds[k] = kinds.get(k, 0) + int(n)
+json.dump(kinds, open(sys.argv[1], "w"))
 PY
 }
 for round in $(seq 1 "$rounds"); do
@@ -58,11 +61,11 @@ for round in $(seq 1 "$rounds"); do
     # The records, once per cluster, written through every site.
     $B bench --addr $addrs --read-percent 100 --records 10000 --value-size 100 --clients $clients --duration 1 >/dev/null
     for reads in 99 90 75 50; do
-      before=$(node_ticks); msgs=$(node_messages)
+      before=$(node_ticks); node_messages $out/$mode-$reads-$round.msgs-before
       $B bench --addr $addrs --no-load --records 10000 --value-size 100 --clients $clients --duration "$secs" \
         --read-percent $reads --label "$mode" --json $out/$mode-$reads-$round.json | sed -n "1,5s/^/[round $round] /p"
       echo $(( $(node_ticks) - before )) > $out/$mode-$reads-$round.ticks
-      echo $(( $(node_messages) - msgs )) > $out/$mode-$reads-$round.msgs
+      node_messages $out/$mode-$reads-$round.msgs-after
     done
     kill $pid; wait $pid 2>/dev/null || true; pid=
     sleep 1
@@ -77,7 +80,7 @@ table() {
     for mode in causal eventual sequenced; do
       vals=$(for round in $(seq 1 "$rounds"); do
         f=$out/$mode-$reads-$round
-        python3 -c "import json; j=json.load(open('$f.json')); t=int(open('$f.ticks').read()); m=int(open('$f.msgs').read()); print(round($1, 1))" 2>/dev/null || echo '?'
+        python3 -c "import json; j=json.load(open('$f.json')); t=int(open('$f.ticks').read()); a=json.load(open('$f.msgs-after')); b=json.load(open('$f.msgs-before')); m=sum(a.values())-sum(b.values()); print(round($1, 1))" 2>/dev/null || echo '?'
       done | paste -sd/)
       line="$line  $mode $vals"
     done
@@ -90,3 +93,16 @@ echo "== node CPU per operation (microseconds; clock ticks of the nine nodes / o
 table "t * 1e6 / $(getconf CLK_TCK) / j['total_ops']"
 echo "== messages between nodes per operation, per round"
 table "m / j['total_ops']"
+echo "== messages between nodes per operation by kind, 90:10, round 1"
+python3 - $out <<'PY'
+import json, sys
+out = sys.argv[1]
+rows = {}
+for mode in ("causal", "eventual", "sequenced"):
+    f = f"{out}/{mode}-90-1"
+    a, b, ops = json.load(open(f + ".msgs-after")), json.load(open(f + ".msgs-before")), json.load(open(f + ".json"))["total_ops"]
+    for k in a:
+        rows.setdefault(k, {})[mode] = (a[k] - b.get(k, 0)) / ops
+for k, v in sorted(rows.items(), key=lambda kv: -max(kv[1].values())):
+    print(f"{k:12s}" + "".join(f"  {m} {v.get(m, 0):.3f}" for m in ("causal", "eventual", "sequenced")))
+PY

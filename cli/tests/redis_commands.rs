@@ -353,17 +353,19 @@ fn info_status_and_command_table() {
     let two: String = cmd("INFO").arg("CPU").arg("keyspace").query(&mut con).unwrap();
     assert!(two.contains("# Cpu") && two.contains("# Keyspace") && !two.contains("# Server"), "{two}");
     // What the node sent its peers: the writes went down their chains.
-    let sent = |name: &str| -> u64 {
-        let info: String = cmd("INFO").arg("replication").query(&mut c.conn(1)).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .unwrap_or_else(|| panic!("no {name} in {info}"))
-            .trim()
-            .parse()
-            .unwrap()
+    let replication: String = cmd("INFO").arg("replication").query(&mut c.conn(1)).unwrap();
+    let field = |name: &str| -> &str {
+        replication.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).unwrap_or_else(|| panic!("no {name} in {replication}")).trim()
     };
-    let (messages, bytes) = (sent("peer_messages_sent"), sent("peer_bytes_sent"));
+    let (messages, bytes): (u64, u64) = (field("peer_messages_sent").parse().unwrap(), field("peer_bytes_sent").parse().unwrap());
     assert!(messages > 0 && bytes > messages, "{messages} messages, {bytes} bytes");
+    // By kind (read after the total, so at least as many).
+    let kinds: Vec<(&str, u64)> =
+        field("peer_messages_by_kind").split(',').map(|kv| kv.split_once('=').map(|(k, n)| (k, n.parse().unwrap())).unwrap()).collect();
+    // The SETs went to their heads (`Put`) or, where this node is the
+    // head, down their chains (`Forward`).
+    assert!(kinds.iter().any(|&(k, _)| k == "Put" || k == "Forward"), "{kinds:?}");
+    assert!(kinds.iter().map(|&(_, n)| n).sum::<u64>() >= messages, "{kinds:?} against {messages}");
 
     // CW.STATUS on every node; roles add up to the partition count.
     let (mut heads, mut middles, mut tails) = (0, 0, 0);

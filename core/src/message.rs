@@ -116,7 +116,7 @@ pub enum Refusal {
 /// write is on its way still answers only at its end.
 pub const ACK_AT_TAIL: u8 = u8::MAX;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Message {
     // ---- client -> node -------------------------------------------------
     /// Write `key` (sent to the head). `past` is the session's causal past
@@ -335,6 +335,15 @@ pub enum Message {
 }
 
 impl Message {
+    /// The message's variant, or for geo-replication the geo message's
+    /// (`Ids`, `Promises`, ...): what INFO counts peer messages by.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Geo(g) => g.into(),
+            m => m.into(),
+        }
+    }
+
     /// The request a reply answers, or a request's own id.
     pub fn op(&self) -> Option<OpId> {
         use Message::*;

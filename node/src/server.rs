@@ -249,6 +249,18 @@ impl Node {
         links.into_iter().fold((0, 0), |(m, b), (lm, lb)| (m + lm, b + lb))
     }
 
+    /// Messages this node queued for other nodes so far, by kind
+    /// (`Message::kind`).
+    pub fn peer_sent_by_kind(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let mut kinds = std::collections::BTreeMap::new();
+        let links =
+            self.peers.read().values().map(Link::sent_by_kind).chain(self.sites.values().map(|s| s.sent_by_kind())).collect::<Vec<_>>();
+        for (kind, n) in links.into_iter().flatten() {
+            *kinds.entry(kind).or_default() += n;
+        }
+        kinds
+    }
+
     /// A fresh client id for a session on this node.
     pub fn new_session(&self) -> ClientId {
         session_id(self.me, self.next_session.fetch_add(1, Ordering::Relaxed))

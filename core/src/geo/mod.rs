@@ -79,7 +79,7 @@ pub fn paper_delays(sites: usize) -> Vec<Vec<u64>> {
 }
 
 /// What geo-replication sends, between sites and inside one.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum GeoMsg {
     /// A node's tails -> a stabilizer replica of its site (one batch per
     /// partition, all of a tick or a `Geo::flush` in one message).

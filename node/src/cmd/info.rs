@@ -104,6 +104,7 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
                 ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
                 ("peer_messages_sent", node.peer_sent().0.to_string()),
                 ("peer_bytes_sent", node.peer_sent().1.to_string()),
+                ("peer_messages_by_kind", node.peer_sent_by_kind().iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(",")),
                 ("state_transfers_suffix", suffixes.to_string()),
                 ("state_transfers_whole", whole.to_string()),
             ]

@@ -32,7 +32,7 @@ use causeway_core::ring::NodeId;
 use causeway_core::version::SiteId;
 use causeway_core::wire::{encode, encode_into, put_frame, take_frame};
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +78,8 @@ struct Queue {
     queued: usize,
     /// Bytes written but not yet acknowledged (the writer keeps them).
     unacked: usize,
+    /// Messages queued so far, by kind (`Link::sent_by_kind`).
+    kinds: BTreeMap<&'static str, u64>,
 }
 
 impl Queue {
@@ -137,6 +139,11 @@ impl Link {
         (self.shared.sent.load(Ordering::Relaxed), self.shared.sent_bytes.load(Ordering::Relaxed))
     }
 
+    /// Messages queued for the peer so far, by kind (`Message::kind`).
+    pub fn sent_by_kind(&self) -> BTreeMap<&'static str, u64> {
+        self.shared.queue.lock().kinds.clone()
+    }
+
     /// Queues `msg` for the peer. Never waits: it is called while routing
     /// a state machine's output.
     pub fn send(&self, msg: &Message) {
@@ -150,6 +157,7 @@ impl Link {
             return;
         }
         q.queued += frame.len();
+        *q.kinds.entry(msg.kind()).or_default() += 1;
         self.shared.sent.fetch_add(1, Ordering::Relaxed);
         self.shared.sent_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
         if matches!(msg, Message::Forward { lazy: true, .. }) {

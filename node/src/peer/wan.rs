@@ -105,6 +105,11 @@ impl SiteLink {
         self.link.sent()
     }
 
+    /// Messages handed to the link so far, by kind.
+    pub fn sent_by_kind(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.link.sent_by_kind()
+    }
+
     /// Whether the connection to the site is down right now.
     pub fn is_down(&self) -> bool {
         self.link.is_down()

@@ -167,10 +167,11 @@ struct Outbound {
     report_ids: bool,
 }
 
-/// Promises alone go to stabilizer replicas that do not lead at most this
-/// often: only the leader's stable time makes remote writes visible; a
-/// follower needs them only to take over.
-const FOLLOWER_PROMISE_MS: u64 = 500;
+/// What stabilizer replicas that do not lead need only to take over goes
+/// to them at most this often: promises alone (only the leader's stable
+/// time makes remote writes visible) and other sites' acknowledgements
+/// (where to resume shipping, what to forget).
+const FOLLOWER_MS: u64 = 500;
 /// Promises alone go to other sites' receivers at most this often: values
 /// wait for their ids there anyway.
 const VALUE_PROMISE_MS: u64 = 250;
@@ -216,7 +217,7 @@ impl Outbound {
     /// Promises go to the leader every tick, to the other replicas rarely.
     fn follow(&mut self, replicas: &[NodeId], leader: Option<NodeId>) {
         for &r in replicas {
-            self.ids.set_idle_ms(r, if Some(r) == leader { 0 } else { FOLLOWER_PROMISE_MS });
+            self.ids.set_idle_ms(r, if Some(r) == leader { 0 } else { FOLLOWER_MS });
         }
     }
 
@@ -302,6 +303,13 @@ pub struct Geo {
     flush_at: Option<Timestamp>,
     /// When tails here last sent ids or values (not promises alone).
     sent_ms: u64,
+    /// The stabilizer replica's acknowledgements of ids, sent on the tick
+    /// (one message per tail a tick, however many batches came: the
+    /// acknowledgements are not on the way to visibility).
+    ids_acks: Vec<IdsAck>,
+    /// When another site's acknowledgement was last passed on to the
+    /// replicas that do not lead (`FOLLOWER_MS`).
+    site_ack_relayed_ms: u64,
     /// Local updates a tail could not report in timestamp order (never
     /// shipped). None should ever be: every head orders above the promises
     /// its chain passed on, and a replica drops updates parked behind a gap
@@ -354,6 +362,8 @@ impl Geo {
             fed: BTreeSet::new(),
             flush_at: None,
             sent_ms: 0,
+            ids_acks: Vec::new(),
+            site_ack_relayed_ms: 0,
             out_of_order: 0,
             sequencer: (replication == Replication::Sequenced && replicas.contains(&me)).then(Sequencer::new),
             sequencing: BTreeMap::new(),
@@ -571,7 +581,11 @@ impl Geo {
         if let Some(s) = &mut self.stabilizer {
             let mut sout = Vec::new();
             s.tick(now_ms, &mut sout);
-            self.stabilizer_out(topology, sout, out);
+            self.stabilizer_out(sout, out);
+        }
+        let acks = std::mem::take(&mut self.ids_acks).into_iter().filter_map(|a| Some((*topology.chain(a.partition).nodes.last()?, a)));
+        for (tail, acks) in group(acks.collect()) {
+            send(out, Dest::Node(tail), Message::Geo(GeoMsg::IdsAcks(acks)));
         }
         self.ask_promises(topology, now_ms, out);
         if let Some(r) = &mut self.receiver {
@@ -648,7 +662,7 @@ impl Geo {
                         // arrivals: a tick's wait less of visibility delay).
                         s.tick(now_ms, &mut sout);
                     }
-                    self.stabilizer_out(topology, sout, out);
+                    self.stabilizer_out(sout, out);
                     self.ask_promises(topology, now_ms, out);
                 }
             }
@@ -667,7 +681,13 @@ impl Geo {
                     s.step(StabilizerMsg::SiteAck(ack), now_ms, &mut Vec::new());
                 }
                 if !relayed {
-                    for &r in self.replicas.iter().filter(|&&r| r != self.me) {
+                    // To the leader always; to the others now and then (a
+                    // later acknowledgement covers an earlier one).
+                    let followers = now_ms.saturating_sub(self.site_ack_relayed_ms) >= FOLLOWER_MS;
+                    if followers {
+                        self.site_ack_relayed_ms = now_ms;
+                    }
+                    for &r in self.replicas.iter().filter(|&&r| r != self.me && (followers || Some(r) == self.leader)) {
                         send(out, Dest::Node(r), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::SiteAck(ack)))));
                     }
                 }
@@ -758,16 +778,13 @@ impl Geo {
         }
     }
 
-    fn stabilizer_out(&self, topology: &Topology, sout: Vec<StabilizerOut>, out: &mut Outbox) {
-        let mut acks = Vec::new();
+    /// Ships now; acknowledgements wait for the tick (`ids_acks`).
+    fn stabilizer_out(&mut self, sout: Vec<StabilizerOut>, out: &mut Outbox) {
         for o in sout {
             match o {
-                StabilizerOut::IdsAck(ack) => acks.extend(topology.chain(ack.partition).nodes.last().map(|&tail| (tail, ack))),
+                StabilizerOut::IdsAck(ack) => self.ids_acks.push(ack),
                 StabilizerOut::Ship(ship) => send(out, Dest::Site(ship.to), Message::Geo(GeoMsg::Ship(ship))),
             }
-        }
-        for (tail, acks) in group(acks) {
-            send(out, Dest::Node(tail), Message::Geo(GeoMsg::IdsAcks(acks)));
         }
     }
 

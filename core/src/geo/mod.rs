@@ -932,6 +932,37 @@ mod tests {
         assert!(asks(&mut out).is_empty(), "nothing waits any more");
     }
 
+    /// A stabilizer replica acknowledges the batches of a tick in one
+    /// message per tail, on its tick: not one per batch.
+    #[test]
+    fn ids_are_acknowledged_on_the_tick_once_per_tail() {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let mut topology = Topology::new(1, Shape { partitions: 2, replicas: 3, k: 2 }, nodes).unwrap();
+        topology.admitted = (0..3).map(|n| (n, 1)).collect();
+        let mut geo = Geo::new(0, &[0, 1], 0, &[0, 1, 2], 2, Replication::Causal);
+        geo.configure(&topology, 0);
+        let acks = |out: &mut Outbox| -> Vec<(Dest, usize)> {
+            std::mem::take(out)
+                .into_iter()
+                .filter_map(|e| match e.msg {
+                    Message::Geo(GeoMsg::IdsAcks(a)) => Some((e.to, a.len())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut out = Outbox::new();
+        for (p, up_to) in [(0, 10), (1, 10), (0, 20), (1, 20)] {
+            geo.step(ids(p, up_to - 10, &[], up_to), false, &topology, 1_000, &mut out);
+        }
+        assert!(acks(&mut out).is_empty(), "none before the tick");
+        geo.tick(&topology, 1_005, &mut out);
+        let tails: BTreeSet<NodeId> = (0..2).map(|p| *topology.chain(p).nodes.last().unwrap()).collect();
+        let sent = acks(&mut out);
+        let to: Vec<Dest> = sent.iter().map(|&(to, _)| to).collect();
+        assert_eq!(to, tails.into_iter().map(Dest::Node).collect::<Vec<_>>(), "one message per tail");
+        assert_eq!(sent.iter().map(|&(_, n)| n).sum::<usize>(), 4, "every batch acknowledged");
+    }
+
     /// A tail's promise that answers an ask goes to the leader as soon as
     /// every tail here has one past the asked time (one message, not one per
     /// chain it came down), without a tick.

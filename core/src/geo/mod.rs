@@ -890,15 +890,31 @@ mod tests {
         GeoMsg::Ids(vec![IdBatch { partition: p, prev: ts(prev), items, up_to: ts(up_to) }])
     }
 
-    /// The promises `out` asks of other nodes.
-    fn asks(out: &mut Outbox) -> Vec<(Dest, Timestamp)> {
+    /// Site 0 of sites 0 and 1: three nodes, all admitted, all stabilizer
+    /// replicas (node 0 leads), and node `me`'s part in it.
+    fn site(partitions: u32, me: NodeId) -> (Topology, Geo) {
+        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let mut topology = Topology::new(1, Shape { partitions, replicas: 3, k: 2 }, nodes).unwrap();
+        topology.admitted = (0..3).map(|n| (n, 1)).collect();
+        let mut geo = Geo::new(0, &[0, 1], me, &[0, 1, 2], partitions, Replication::Causal);
+        geo.configure(&topology, 0);
+        (topology, geo)
+    }
+
+    /// Takes everything out of `out`, keeping what `keep` picks.
+    fn drain<T>(out: &mut Outbox, mut keep: impl FnMut(Dest, GeoMsg) -> Option<T>) -> Vec<T> {
         std::mem::take(out)
             .into_iter()
             .filter_map(|e| match e.msg {
-                Message::Geo(GeoMsg::Promise(at)) => Some((e.to, at)),
+                Message::Geo(g) => keep(e.to, g),
                 _ => None,
             })
             .collect()
+    }
+
+    /// The promises `out` asks of other nodes.
+    fn asks(out: &mut Outbox) -> Vec<(Dest, Timestamp)> {
+        drain(out, |to, g| if let GeoMsg::Promise(at) = g { Some((to, at)) } else { None })
     }
 
     /// An id that waits for other partitions' promises makes the leader ask
@@ -907,11 +923,7 @@ mod tests {
     /// `ASK_MS`, and not once nothing waits.
     #[test]
     fn the_leader_asks_for_promises_when_ids_wait_for_them() {
-        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let mut topology = Topology::new(1, Shape { partitions: 2, replicas: 3, k: 2 }, nodes).unwrap();
-        topology.admitted = (0..3).map(|n| (n, 1)).collect();
-        let mut geo = Geo::new(0, &[0, 1], 0, &[0, 1, 2], 2, Replication::Causal);
-        geo.configure(&topology, 0);
+        let (topology, mut geo) = site(2, 0);
         let mut out = Outbox::new();
         // Partition 1 promised up to 50; partition 0 reports an id at 100.
         geo.step(ids(1, 0, &[], 50), false, &topology, 1_000, &mut out);
@@ -936,20 +948,8 @@ mod tests {
     /// message per tail, on its tick: not one per batch.
     #[test]
     fn ids_are_acknowledged_on_the_tick_once_per_tail() {
-        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let mut topology = Topology::new(1, Shape { partitions: 2, replicas: 3, k: 2 }, nodes).unwrap();
-        topology.admitted = (0..3).map(|n| (n, 1)).collect();
-        let mut geo = Geo::new(0, &[0, 1], 0, &[0, 1, 2], 2, Replication::Causal);
-        geo.configure(&topology, 0);
-        let acks = |out: &mut Outbox| -> Vec<(Dest, usize)> {
-            std::mem::take(out)
-                .into_iter()
-                .filter_map(|e| match e.msg {
-                    Message::Geo(GeoMsg::IdsAcks(a)) => Some((e.to, a.len())),
-                    _ => None,
-                })
-                .collect()
-        };
+        let (topology, mut geo) = site(2, 0);
+        let acks = |out: &mut Outbox| drain(out, |to, g| if let GeoMsg::IdsAcks(a) = g { Some((to, a.len())) } else { None });
         let mut out = Outbox::new();
         for (p, up_to) in [(0, 10), (1, 10), (0, 20), (1, 20)] {
             geo.step(ids(p, up_to - 10, &[], up_to), false, &topology, 1_000, &mut out);
@@ -968,12 +968,8 @@ mod tests {
     /// chain it came down), without a tick.
     #[test]
     fn tails_send_what_the_leader_waits_for_without_waiting_for_a_tick() {
-        let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let mut topology = Topology::new(1, Shape { partitions: 12, replicas: 3, k: 2 }, nodes).unwrap();
-        topology.admitted = (0..3).map(|n| (n, 1)).collect();
         let me = 2;
-        let mut geo = Geo::new(0, &[0, 1], me, &[0, 1, 2], 12, Replication::Causal);
-        geo.configure(&topology, 0);
+        let (topology, mut geo) = site(12, me);
         let tails: Vec<PartitionId> = (0..12).filter(|&p| topology.chain(p).nodes.last() == Some(&me)).collect();
         let mut replicas: Vec<crate::chain::ChainReplica> =
             tails.iter().map(|&p| crate::chain::ChainReplica::new(&topology, p, me, 1).unwrap()).collect();
@@ -982,14 +978,11 @@ mod tests {
         }
         assert!(tails.len() > 1, "tails of several partitions here");
         let to_leader = |out: &mut Outbox| -> Vec<IdBatch> {
-            std::mem::take(out)
-                .into_iter()
-                .filter_map(|e| match (e.to, e.msg) {
-                    (Dest::Node(0), Message::Geo(GeoMsg::Ids(b))) => Some(b),
-                    _ => None,
-                })
-                .flatten()
-                .collect()
+            drain(out, |to, g| match (to, g) {
+                (Dest::Node(0), GeoMsg::Ids(b)) => Some(b),
+                _ => None,
+            })
+            .concat()
         };
         let mut out = Outbox::new();
         // Promises that answer no ask wait for the tick.

@@ -359,7 +359,7 @@ fn info_status_and_command_table() {
     };
     let (messages, bytes): (u64, u64) = (field("peer_messages_sent").parse().unwrap(), field("peer_bytes_sent").parse().unwrap());
     assert!(messages > 0 && bytes > messages, "{messages} messages, {bytes} bytes");
-    // By kind (read after the total, so at least as many).
+    // By kind (counted where the total is: they add up to it).
     let kinds: Vec<(&str, u64)> =
         field("peer_messages_by_kind").split(',').map(|kv| kv.split_once('=').map(|(k, n)| (k, n.parse().unwrap())).unwrap()).collect();
     // The SETs went to their heads (`Put`) or, where this node is the

@@ -7,7 +7,7 @@
 
 use crate::config::NodeConfig;
 use crate::coordinator::{self, Coordinator};
-use crate::peer::link::{Inbound, Link, SOFT_LIMIT};
+use crate::peer::link::{Inbound, Link, Sent, SOFT_LIMIT};
 use crate::peer::wan::SiteLink;
 use crate::peer::Peer;
 use crate::wal::{Fsync, Wal};
@@ -242,23 +242,17 @@ impl Node {
         self.peers.read().values().map(Link::dropped).sum()
     }
 
-    /// Messages and bytes this node queued for other nodes, of its site
-    /// and of others.
-    pub fn peer_sent(&self) -> (u64, u64) {
-        let links = self.peers.read().values().map(Link::sent).chain(self.sites.values().map(|s| s.sent())).collect::<Vec<_>>();
-        links.into_iter().fold((0, 0), |(m, b), (lm, lb)| (m + lm, b + lb))
-    }
-
-    /// Messages this node queued for other nodes so far, by kind
-    /// (`Message::kind`).
-    pub fn peer_sent_by_kind(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        let mut kinds = std::collections::BTreeMap::new();
-        let links =
-            self.peers.read().values().map(Link::sent_by_kind).chain(self.sites.values().map(|s| s.sent_by_kind())).collect::<Vec<_>>();
-        for (kind, n) in links.into_iter().flatten() {
-            *kinds.entry(kind).or_default() += n;
+    /// What this node queued for other nodes so far, of its site and of
+    /// others.
+    pub fn peer_sent(&self) -> Sent {
+        let mut sent = Sent::default();
+        for link in self.peers.read().values() {
+            sent.add(&link.sent());
         }
-        kinds
+        for site in self.sites.values() {
+            sent.add(&site.sent());
+        }
+        sent
     }
 
     /// A fresh client id for a session on this node.

@@ -88,6 +88,7 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
             let topology = node.topology();
             let causeway_core::ring::Roles { head, middle, tail } = topology.roles(node.me);
             let (suffixes, whole) = node.transfers();
+            let sent = node.peer_sent();
             vec![
                 ("role", "master".into()),
                 ("serving", if node.is_admitted() { "yes" } else { "no" }.into()),
@@ -102,9 +103,9 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
                 ("consistency", conn.driver.consistency().to_string()),
                 ("peer_backlog_bytes", node.peer_backlog().to_string()),
                 ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
-                ("peer_messages_sent", node.peer_sent().0.to_string()),
-                ("peer_bytes_sent", node.peer_sent().1.to_string()),
-                ("peer_messages_by_kind", node.peer_sent_by_kind().iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(",")),
+                ("peer_messages_sent", sent.messages().to_string()),
+                ("peer_bytes_sent", sent.bytes.to_string()),
+                ("peer_messages_by_kind", sent.kinds.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(",")),
                 ("state_transfers_suffix", suffixes.to_string()),
                 ("state_transfers_whole", whole.to_string()),
             ]

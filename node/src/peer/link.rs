@@ -65,9 +65,6 @@ struct Shared {
     down: AtomicBool,
     /// Messages dropped because the backlog was over `HARD_LIMIT`.
     dropped: AtomicU64,
-    /// Messages and bytes queued (`Link::sent`).
-    sent: AtomicU64,
-    sent_bytes: AtomicU64,
 }
 
 #[derive(Default)]
@@ -78,8 +75,31 @@ struct Queue {
     queued: usize,
     /// Bytes written but not yet acknowledged (the writer keeps them).
     unacked: usize,
-    /// Messages queued so far, by kind (`Link::sent_by_kind`).
-    kinds: BTreeMap<&'static str, u64>,
+    /// What was queued so far (`Link::sent`).
+    sent: Sent,
+}
+
+/// Messages queued for peers, by kind (`Message::kind`), and their bytes
+/// (INFO: what a replication mode costs in messages, steadier than CPU
+/// time on a shared machine).
+#[derive(Clone, Default)]
+pub struct Sent {
+    pub kinds: BTreeMap<&'static str, u64>,
+    pub bytes: u64,
+}
+
+impl Sent {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Sent) {
+        for (&kind, n) in &other.kinds {
+            *self.kinds.entry(kind).or_default() += n;
+        }
+        self.bytes += other.bytes;
+    }
+
+    pub fn messages(&self) -> u64 {
+        self.kinds.values().sum()
+    }
 }
 
 impl Queue {
@@ -108,8 +128,6 @@ impl Link {
             room: Notify::new(),
             down: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
-            sent: AtomicU64::new(0),
-            sent_bytes: AtomicU64::new(0),
         });
         let stream = rand::random();
         let hello = hello(stream);
@@ -132,16 +150,9 @@ impl Link {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 
-    /// Messages and their bytes queued for the peer so far (INFO: what a
-    /// replication mode costs in messages, steadier than CPU time on a
-    /// shared machine).
-    pub fn sent(&self) -> (u64, u64) {
-        (self.shared.sent.load(Ordering::Relaxed), self.shared.sent_bytes.load(Ordering::Relaxed))
-    }
-
-    /// Messages queued for the peer so far, by kind (`Message::kind`).
-    pub fn sent_by_kind(&self) -> BTreeMap<&'static str, u64> {
-        self.shared.queue.lock().kinds.clone()
+    /// What was queued for the peer so far.
+    pub fn sent(&self) -> Sent {
+        self.shared.queue.lock().sent.clone()
     }
 
     /// Queues `msg` for the peer. Never waits: it is called while routing
@@ -157,9 +168,8 @@ impl Link {
             return;
         }
         q.queued += frame.len();
-        *q.kinds.entry(msg.kind()).or_default() += 1;
-        self.shared.sent.fetch_add(1, Ordering::Relaxed);
-        self.shared.sent_bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        *q.sent.kinds.entry(msg.kind()).or_default() += 1;
+        q.sent.bytes += frame.len() as u64;
         if matches!(msg, Message::Forward { lazy: true, .. }) {
             q.lazy.push_back(frame);
         } else {

@@ -100,14 +100,9 @@ impl SiteLink {
         self.delay_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Messages and bytes handed to the link so far (after the delay).
-    pub fn sent(&self) -> (u64, u64) {
+    /// What was handed to the link so far (after the delay).
+    pub fn sent(&self) -> super::link::Sent {
         self.link.sent()
-    }
-
-    /// Messages handed to the link so far, by kind.
-    pub fn sent_by_kind(&self) -> std::collections::BTreeMap<&'static str, u64> {
-        self.link.sent_by_kind()
     }
 
     /// Whether the connection to the site is down right now.

@@ -182,7 +182,7 @@ fn main() -> ExitCode {
 
 fn run_node(args: NodeArgs) -> Result<(), String> {
     let config = args.config()?;
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(causeway_node::run(config, shutdown_signal()))
 }
 

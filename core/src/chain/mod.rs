@@ -1,0 +1,736 @@
+//! One node's replica of one partition: a link of a ChainReaction chain.
+//!
+//! ChainReaction §3.3 changes classic chain replication (§2.3.4) in two ways:
+//!
+//! * A write is ordered at the head, forwarded *eagerly* down to position
+//!   k-1 (0-based), which answers the client, and then *lazily* to the tail.
+//!   When it reaches the tail it is *stable* and a `StableUpTo` flows back to
+//!   the head. Any prefix of the chain holds every write that any later
+//!   position holds ("the update invariant"), so a client that saw a version
+//!   at position i may read from any position <= i, and from anywhere once
+//!   that version is stable.
+//! * Reads are served by every replica, each returning its own latest
+//!   version, its chain position and whether that version is stable; the
+//!   client library (`session`) turns that into the metadata that keeps its
+//!   reads causal+.
+//!
+//! Updates carry a per-partition sequence number. A replica applies them in
+//! order, parks early arrivals and drops duplicates, and keeps every update it
+//! forwarded until it is known stable, resending them when the successor goes
+//! quiet. Acknowledgements are cumulative (`StableUpTo`), so a lost
+//! acknowledgement is repaired by the next one, and a duplicate update is
+//! answered with the receiver's stable watermark. This is what lets the
+//! simulator drop and reorder messages, and what chain repair (issue 3) will
+//! use to retransmit in-flight writes after a failure.
+//!
+//! Get-transactions (ChainReaction §3.5) are served by heads: see
+//! `snapshot_read`.
+
+mod geo;
+mod log;
+mod repair;
+#[cfg(test)]
+mod tests;
+mod transfer;
+
+pub use geo::{Conflict, RECENT_CONFLICTS};
+
+use crate::geo::receiver::RemoteWrite;
+use crate::hlc::{Clock, Timestamp};
+use crate::message::{send, ClientId, Condition, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::record::LogRecord;
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::store::{PartitionStore, Stored};
+use crate::version::{SiteId, Version, VersionVector};
+use ahash::AHashMap;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Resend unacknowledged updates to the successor after this long without
+/// progress.
+pub const RETRANSMIT_MS: u64 = 200;
+
+/// A replica's state in brief, to compare replicas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digest {
+    pub applied: u64,
+    pub stable: u64,
+    /// Every key's latest version, sorted by key.
+    pub latest: Vec<(Bytes, Stored)>,
+}
+
+impl Digest {
+    /// A hash of every key's latest version and value.
+    pub fn fingerprint(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&crate::wire::encode(&self.latest))
+    }
+}
+
+/// A write as the head receives it.
+#[derive(Clone, Debug)]
+pub struct PutRequest {
+    pub op: OpId,
+    pub key: Bytes,
+    pub value: Option<Bytes>,
+    pub ttl_ms: Option<u64>,
+    pub condition: Condition,
+    /// The session's causal past (`Message::Put`).
+    pub past: VersionVector,
+    pub ack_at: u8,
+    /// The write's id in its session (see `Message::Put`).
+    pub write: u64,
+}
+
+/// How long a replica remembers a session's last write, to recognise it
+/// when it is resent after a failure (well past any request timeout).
+pub const WRITE_MEMORY_MS: u64 = 60_000;
+
+/// How many bytes of recent updates (keys and values) a replica keeps for
+/// a successor that returns after a short absence (`ChainReplica::fetch`):
+/// values are shared with the store, so this costs memory only for values
+/// overwritten since. Past it, a returning node gets the whole state.
+pub const RECENT_BYTES: usize = 256 * 1024;
+
+/// The history after `u`, given the history before it: a hash chain over
+/// each update's position, key, version and value.
+fn chain_history(before: u64, u: &Update) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(before);
+    h.update(&u.seq.to_le_bytes());
+    h.update(&(u.key.len() as u64).to_le_bytes());
+    h.update(&u.key);
+    h.update(&u.version.ts.physical_ms().to_le_bytes());
+    h.update(&(u.version.ts.logical() as u32).to_le_bytes());
+    h.update(&[u.version.site as u8]);
+    match &u.value {
+        Some(v) => {
+            h.update(&[1]);
+            h.update(v);
+        }
+        None => h.update(&[0]),
+    }
+    h.update(&u.expires_at_ms.unwrap_or(0).to_le_bytes());
+    h.digest()
+}
+
+fn update_bytes(u: &Update) -> usize {
+    u.key.len() + u.value.as_ref().map_or(0, |v| v.len()) + 64
+}
+
+/// A replica's state as a state transfer or a checkpoint carries it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PartitionState {
+    pub applied: u64,
+    pub stable: u64,
+    /// Every key's latest version.
+    pub entries: Vec<(Bytes, Stored)>,
+    /// Each session's last write, so that a resent write is still
+    /// recognised by a replica that got its state this way.
+    pub sessions: Vec<(ClientId, LastWrite)>,
+    /// The partition's update history up to `applied`, hashed
+    /// (`ChainReplica::history`).
+    pub history: u64,
+    /// This site's updates not known to have reached every stabilizer
+    /// replica and other site (several sites only; `ChainReplica::
+    /// outgoing`).
+    pub unreported: Vec<Update>,
+}
+
+/// A session's last write this replica applied.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LastWrite {
+    key: Bytes,
+    write: u64,
+    seq: u64,
+    version: Version,
+    at_ms: u64,
+}
+
+/// How far ahead of a promise the logged clock ceiling goes
+/// (`ChainReplica::cover`): one log record per partition per this much.
+const CEILING_MS: u64 = 1_000;
+
+/// This node's replica of one partition.
+#[derive(Debug)]
+pub struct ChainReplica {
+    partition: PartitionId,
+    epoch: u64,
+    site: SiteId,
+    /// The chain, head first, and this replica's position in it.
+    chain: Vec<NodeId>,
+    index: usize,
+    /// Writes need this many live replicas (k).
+    k: usize,
+    /// Joined the chain and still waiting for the partition's state from its
+    /// predecessor (the paper's "zombie" node): applies nothing, serves no
+    /// reads.
+    joining: bool,
+    /// Moved up the chain past nodes that may hold more: serves nothing
+    /// until it has what its successor had (`catch_up`).
+    catching_up: bool,
+    /// What this replica had not known stable at its last reconfiguration:
+    /// a predecessor that moved up past it may need it (`catch_up`), even
+    /// once the new order's acknowledgements have pruned `unstable`.
+    handoff: Vec<Update>,
+    /// A predecessor's `CatchUp` that came while this replica was catching
+    /// up itself: answered once it has (node, after).
+    owed: Option<(NodeId, u64)>,
+    store: PartitionStore,
+    /// Orders writes at the head.
+    clock: Clock,
+    /// No promise this replica made or passed on is above this, and the
+    /// log holds it (`LogRecord::Clock`, `cover`).
+    ceiling: Timestamp,
+    /// Highest seq applied (all below it are applied too).
+    applied: u64,
+    /// A hash of every update applied, in order (`chain_history`): two
+    /// replicas at the same `applied` with the same history hold the same
+    /// updates, so a returning replica needs only what came after.
+    history: u64,
+    /// The latest updates applied, each with the history before it, up to
+    /// `RECENT_BYTES`: what a returning successor may lack (`fetch`).
+    recent: VecDeque<(Update, u64)>,
+    recent_bytes: usize,
+    /// Highest seq known to have reached the tail.
+    stable: u64,
+    /// Highest seq known to be on k replicas (`durable`), as the
+    /// successors said; kept by replicas before the k-th only.
+    durable: u64,
+    /// Applied here, forwarded, not yet known stable: resent on silence.
+    unstable: VecDeque<Update>,
+    /// Arrived ahead of a gap.
+    early: BTreeMap<u64, Update>,
+    /// Applied in the current step, to be logged before its effects leave.
+    to_log: Vec<Update>,
+    /// Records for the write-ahead log, in the order they were produced
+    /// (`take_log`).
+    log: Vec<LogRecord>,
+    /// Replies to send once the update with this seq is stable:
+    /// dependency-stabilization answers, acknowledgements of resent
+    /// writes, and the receiver's `Applied` for remote writes.
+    waiters: BTreeMap<u64, Vec<Envelope>>,
+    /// With several sites: every update up to this seq has reached every
+    /// stabilizer replica and every other site (`geo`), so a new tail need
+    /// not send it again. `None` with one site.
+    reported: Option<u64>,
+    /// With several sites: this site's updates applied here and not known
+    /// reported, in seq order: what a new tail starts its reporter with.
+    /// Carried by state transfers and checkpoints, rebuilt by replay.
+    outgoing: VecDeque<Update>,
+    /// The highest seq of `outgoing` handed to the node's reporter (the
+    /// tail's, several sites only).
+    handed: u64,
+    /// How far this replica's log is on disk (`Node::synced`): a tail hands
+    /// its reporter, and so other sites, only updates and promises its disk
+    /// holds. A site whose machines all crash loses what its disks had not
+    /// synced (`fsync=everysec`); no other site may have applied it.
+    on_disk: u64,
+    /// Log tickets (`Node::take_log`'s numbers) not known synced yet, with
+    /// how far this replica had applied when each was taken.
+    marks: VecDeque<(u64, u64)>,
+    /// A promise (`make_promise`) to pass down the chain, or, at the tail,
+    /// to report, once everything up to its seq is applied here.
+    promise: Option<(u64, Timestamp)>,
+    /// Concurrent writes of one key from different sites this head
+    /// resolved by last-writer-wins, and the latest few of them.
+    conflicts: u64,
+    recent_conflicts: VecDeque<Conflict>,
+    /// Each session's last write applied here (sessions are sequential, so
+    /// one per session), to apply a resent write only once.
+    last_writes: AHashMap<ClientId, LastWrite>,
+    /// When `last_writes` was last pruned.
+    pruned_ms: u64,
+    /// When the successor last made progress (or we last resent).
+    last_progress_ms: u64,
+    /// When this replica last asked for what it lacks: the state, from its
+    /// predecessor, while joining; the suffix, from its successor, while
+    /// catching up. Asked again every `RETRANSMIT_MS` until answered, apart
+    /// from `last_progress_ms`: writes flowing past a member that moved up
+    /// keep its successor making progress, yet its request may have been
+    /// lost, or ignored by a successor not in the new order yet.
+    asked_ms: u64,
+    /// Since when updates have waited behind a gap (see `tick`).
+    gap_since_ms: Option<u64>,
+}
+
+impl ChainReplica {
+    /// `me`'s replica of `partition`, if `me` is in its chain.
+    pub fn new(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
+        let chain = topology.chain(partition);
+        let index = chain.index_of(me)?;
+        Some(ChainReplica::at(partition, site, topology.epoch, chain.nodes.clone(), index, topology.shape.k))
+    }
+
+    /// An empty replica at position `index` of `chain`.
+    fn at(partition: PartitionId, site: SiteId, epoch: u64, chain: Vec<NodeId>, index: usize, k: usize) -> Self {
+        ChainReplica {
+            partition,
+            epoch,
+            site,
+            chain,
+            index,
+            k,
+            joining: false,
+            catching_up: false,
+            handoff: Vec::new(),
+            owed: None,
+            store: PartitionStore::default(),
+            clock: Clock::default(),
+            ceiling: Timestamp::ZERO,
+            applied: 0,
+            history: 0,
+            recent: VecDeque::new(),
+            recent_bytes: 0,
+            stable: 0,
+            unstable: VecDeque::new(),
+            early: BTreeMap::new(),
+            to_log: Vec::new(),
+            log: Vec::new(),
+            waiters: BTreeMap::new(),
+            last_writes: AHashMap::new(),
+            pruned_ms: 0,
+            last_progress_ms: 0,
+            asked_ms: 0,
+            gap_since_ms: None,
+            durable: 0,
+            reported: None,
+            outgoing: VecDeque::new(),
+            handed: 0,
+            on_disk: 0,
+            marks: VecDeque::new(),
+            promise: None,
+            conflicts: 0,
+            recent_conflicts: VecDeque::new(),
+        }
+    }
+
+    /// A replica recovered from the log, in no chain yet (epoch 0, alone,
+    /// and no tail): `reconfigure` gives it its place once the node is
+    /// admitted.
+    pub fn detached(partition: PartitionId, me: NodeId, site: SiteId, k: usize) -> Self {
+        ChainReplica::at(partition, site, 0, vec![me], 0, k)
+    }
+
+    /// A replica of a partition that starts empty (the site's birth): its
+    /// log starts with the empty state, as every replica's log starts with
+    /// a state record (see `node::Node::recover`).
+    pub fn born(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
+        let mut r = ChainReplica::new(topology, partition, me, site)?;
+        r.log.push(LogRecord::State { partition, state: r.state() });
+        Some(r)
+    }
+
+    /// Still waiting for the partition's state (a node that just joined).
+    pub fn is_joining(&self) -> bool {
+        self.joining
+    }
+
+    /// Catching up from its successor after moving up the chain (it holds
+    /// the partition's data, maybe without the latest updates).
+    pub fn is_catching_up(&self) -> bool {
+        self.catching_up
+    }
+
+    /// The highest sequence number applied here.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// A detached replica (epoch 0, recovered from the log) is no tail: it
+    /// keeps what it does not know stable, to resend it once it has a place.
+    fn is_tail(&self) -> bool {
+        self.epoch != 0 && self.index + 1 == self.chain.len()
+    }
+
+    fn successor(&self) -> Option<NodeId> {
+        self.chain.get(self.index + 1).copied()
+    }
+
+    fn predecessor(&self) -> Option<NodeId> {
+        self.index.checked_sub(1).map(|i| self.chain[i])
+    }
+
+    fn refuse(&self, out: &mut Outbox, op: OpId, reason: Refusal) {
+        send(out, Dest::Client(op.client), Message::Refused { op, reason });
+    }
+
+    fn not_responsible(&self, out: &mut Outbox, op: OpId) {
+        self.refuse(out, op, Refusal::NotResponsible { epoch: self.epoch });
+    }
+
+    /// Whether this replica heads its chain (client writes are ordered here).
+    pub fn is_head(&self) -> bool {
+        self.index == 0
+    }
+
+    /// A write at the head: order it, apply it, start it down the chain.
+    pub fn put(&mut self, req: PutRequest, now_ms: u64, out: &mut Outbox) {
+        if self.index != 0 || self.catching_up {
+            // A head still catching up would order writes over sequence
+            // numbers its successor may hold: the client retries shortly.
+            return self.not_responsible(out, req.op);
+        }
+        if self.chain.len() < self.k {
+            // Acknowledging with fewer than k copies would promise durability
+            // we do not have (ChainReaction §3.3.3: R - k failures tolerated).
+            return self.refuse(out, req.op, Refusal::Unavailable { alive: self.chain.len() as u8, needed: self.k as u8 });
+        }
+        let write = OpId { client: req.op.client, seq: req.write };
+        if self.last_writes.get(&write.client).is_some_and(|l| write.seq < l.write) {
+            // A late resend of an earlier write of this session (resent on a
+            // new configuration, overtaken by the session's next write):
+            // the session has moved on, so that write was answered or given
+            // up on, and applying it now would put an old value over a
+            // newer one. Dropped; nobody waits for an answer.
+            return;
+        }
+        if let Some(last) = self.last_writes.get(&write.client).filter(|l| l.write == write.seq && l.key == req.key) {
+            // A resend of a write this chain already has (its first head
+            // failed after forwarding it): answer once it is stable, which
+            // satisfies every level, instead of applying it twice.
+            let chain_index = (self.chain.len() - 1) as u8;
+            let done = Message::PutDone { op: write, version: Some(last.version.clone()), seq: last.seq, chain_index, stable: true };
+            return self.when_stable(last.seq, Envelope { to: Dest::Client(write.client), msg: done }, out);
+        }
+        let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
+        let holds = match req.condition {
+            Condition::Always => true,
+            Condition::IfAbsent => !current,
+            Condition::IfPresent => current,
+        };
+        if !holds {
+            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false };
+            return send(out, Dest::Client(req.op.client), msg);
+        }
+        let ts = self.clock.tick(now_ms, req.past.max());
+        let local_dep = req.past.get(self.site);
+        let mut vv = req.past;
+        vv.set(self.site, ts);
+        let update = Update {
+            seq: self.applied + 1,
+            key: req.key,
+            version: Version { ts, site: self.site, vv },
+            value: req.value,
+            expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
+            ack: Some((write, req.ack_at)),
+            local_dep,
+        };
+        let mut effects = Outbox::new();
+        let mut forward = Vec::with_capacity(1);
+        self.apply(update, now_ms, &mut forward, &mut effects);
+        self.flush(forward, now_ms, &mut effects);
+        self.emit(effects, out);
+    }
+
+    /// Updates from the predecessor.
+    pub fn forward(&mut self, updates: Vec<Update>, now_ms: u64, out: &mut Outbox) {
+        if self.joining {
+            // Kept until the state transfer says where they start.
+            self.early.extend(updates.into_iter().map(|u| (u.seq, u)));
+            return;
+        }
+        let mut effects = Outbox::new();
+        let mut forward = Vec::with_capacity(updates.len());
+        let mut duplicate = false;
+        for u in updates {
+            if u.seq <= self.applied {
+                duplicate = true;
+                // Already here, maybe inside the state transfer that
+                // installed this replica: its answer may never have been
+                // sent (answering twice is harmless).
+                self.answer(&u, &mut effects);
+            } else if u.seq == self.applied + 1 {
+                self.apply(u, now_ms, &mut forward, &mut effects);
+                while let Some(next) = self.early.remove(&(self.applied + 1)) {
+                    self.apply(next, now_ms, &mut forward, &mut effects);
+                }
+            } else {
+                self.early.insert(u.seq, u);
+            }
+        }
+        if duplicate && self.stable > 0 {
+            // The predecessor resent what we have: our acknowledgement may
+            // have been lost.
+            self.ack_upwards(&mut effects);
+        }
+        self.flush(forward, now_ms, &mut effects);
+        self.emit(effects, out);
+    }
+
+    fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
+        self.applied = u.seq;
+        self.remember(&u);
+        self.to_log.push(u.clone());
+        self.clock.observe(u.version.ts);
+        let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
+        self.store.apply(u.key.clone(), stored, now_ms);
+        if let Some((op, _)) = u.ack {
+            let last = LastWrite { key: u.key.clone(), write: op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
+            self.last_writes.insert(op.client, last);
+        }
+        self.answer(&u, out);
+        if self.reported.is_some_and(|r| u.seq > r) && u.version.site == self.site {
+            self.outgoing.push_back(u.clone());
+        }
+        if self.is_tail() {
+            self.stable = u.seq;
+            self.wake_waiters(out);
+        } else {
+            forward.push(u);
+        }
+    }
+
+    /// Adds `u` to the history and to the recent updates.
+    fn remember(&mut self, u: &Update) {
+        let before = self.history;
+        self.history = chain_history(before, u);
+        self.recent_bytes += update_bytes(u);
+        self.recent.push_back((u.clone(), before));
+        while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
+            let (old, _) = self.recent.pop_front().expect("not empty");
+            self.recent_bytes -= update_bytes(&old);
+        }
+    }
+
+    /// Answers the client of `u` if this position is the one it waits for.
+    /// The tail also answers for positions past the end of a chain that
+    /// has shrunk.
+    fn answer(&self, u: &Update, out: &mut Outbox) {
+        if let Some((op, at)) = u.ack {
+            if at as usize == self.index || (self.is_tail() && at as usize > self.index) {
+                let msg = Message::PutDone {
+                    op,
+                    version: Some(u.version.clone()),
+                    seq: u.seq,
+                    chain_index: self.index as u8,
+                    stable: self.is_tail(),
+                };
+                send(out, Dest::Client(op.client), msg);
+            }
+        }
+    }
+
+    /// Sends what `apply` produced on to the successor, or, at the tail,
+    /// acknowledges it.
+    fn flush(&mut self, forward: Vec<Update>, now_ms: u64, out: &mut Outbox) {
+        if self.is_tail() {
+            if self.applied > 0 {
+                self.ack_upwards(out);
+            }
+            return;
+        }
+        if forward.is_empty() {
+            return;
+        }
+        if self.predecessor_waits_durable() {
+            self.ack_upwards(out);
+        }
+        if self.unstable.is_empty() {
+            self.last_progress_ms = now_ms;
+        }
+        self.unstable.extend(forward.iter().cloned());
+        self.send_forward(forward, out);
+    }
+
+    fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
+        let next = self.index + 1;
+        let lazy = updates.iter().all(|u| u.ack.is_none_or(|(_, at)| (at as usize) < next));
+        let msg = Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy };
+        send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
+    }
+
+    fn ack_upwards(&self, out: &mut Outbox) {
+        if let Some(prev) = self.predecessor() {
+            let (epoch, partition, seq, reported) = (self.epoch, self.partition, self.stable, self.reported.unwrap_or(0));
+            let durable = self.durable();
+            send(out, Dest::Node(prev), Message::StableUpTo { epoch, partition, seq, reported, durable });
+        }
+    }
+
+    /// Everything up to here is on at least k replicas of the chain: a
+    /// write the chain acknowledges, which no failure of fewer than k
+    /// replicas loses. The k-th replica and those after it hold only such
+    /// updates (each replica holds what its successors hold); replicas
+    /// before it learn it from `StableUpTo::durable`. Reads by other
+    /// sessions are answered only with durable versions (`node`): a version
+    /// read at a head that then crashed with it would be a cause its
+    /// readers' later writes lose.
+    pub fn durable(&self) -> u64 {
+        match self.index + 1 >= self.k || self.is_tail() {
+            true => self.applied,
+            false => self.durable.max(self.stable).min(self.applied),
+        }
+    }
+
+    /// Whether this replica's predecessor learns durability from it (it is
+    /// before the k-th replica).
+    fn predecessor_waits_durable(&self) -> bool {
+        self.index > 0 && self.index < self.k
+    }
+
+    /// The successor says everything up to `seq` reached the tail (and up
+    /// to `reported` every stabilizer replica and site).
+    pub fn stable_up_to(&mut self, seq: u64, reported: u64, durable: u64, now_ms: u64, out: &mut Outbox) {
+        let more_reported = self.reported.is_some_and(|r| reported > r);
+        if more_reported {
+            self.set_reported(reported, out);
+        }
+        let durable = durable.min(self.applied);
+        let more_durable = durable > self.durable;
+        self.durable = self.durable.max(durable);
+        if seq <= self.stable {
+            if more_durable && self.predecessor_waits_durable() {
+                self.ack_upwards(out);
+            }
+            return;
+        }
+        self.stable = seq.min(self.applied);
+        while self.unstable.front().is_some_and(|u| u.seq <= self.stable) {
+            self.unstable.pop_front();
+        }
+        self.wake_waiters(out);
+        self.last_progress_ms = now_ms;
+        self.ack_upwards(out);
+    }
+
+    /// Periodic work: resend unacknowledged updates if the successor has made
+    /// no progress for `RETRANSMIT_MS`.
+    pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if now_ms.saturating_sub(self.pruned_ms) >= WRITE_MEMORY_MS / 4 {
+            self.pruned_ms = now_ms;
+            self.last_writes.retain(|_, w| now_ms.saturating_sub(w.at_ms) < WRITE_MEMORY_MS);
+        }
+        if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
+            self.asked_ms = now_ms;
+            self.request_state(out);
+        }
+        if self.catching_up && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
+            self.asked_ms = now_ms;
+            self.request_suffix(out);
+        }
+        // Updates wait behind a gap that resends have not filled: the
+        // predecessor may no longer count what is missing as unstable (this
+        // replica resumed from its log into a chain that moved on), so it
+        // asks for the updates after its position, or the whole state.
+        match self.early.keys().next() {
+            Some(&first) if !self.joining && !self.catching_up && first > self.applied + 1 => {
+                let since = *self.gap_since_ms.get_or_insert(now_ms);
+                if now_ms.saturating_sub(since) >= 2 * RETRANSMIT_MS {
+                    self.gap_since_ms = Some(now_ms);
+                    self.request_state(out);
+                }
+            }
+            _ => self.gap_since_ms = None,
+        }
+        if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
+            self.last_progress_ms = now_ms;
+            self.send_forward(self.unstable.iter().cloned().collect(), out);
+        }
+    }
+
+    /// A client read of the latest version held here, and this replica's
+    /// position in the chain. The node answers once the version is
+    /// `durable`.
+    pub fn get(&self, key: &[u8], min: Option<&Version>, now_ms: u64) -> Result<(Item, u8), Refusal> {
+        if self.joining {
+            return Err(Refusal::Behind);
+        }
+        if self.catching_up {
+            // Below this position may be versions a session saw: not yet here.
+            return Err(if self.index == 0 { Refusal::NotResponsible { epoch: self.epoch } } else { Refusal::Behind });
+        }
+        let latest = self.store.latest(key);
+        if let Some(min) = min {
+            if latest.is_none_or(|s| s.version < *min) {
+                return Err(Refusal::Behind);
+            }
+        }
+        Ok((self.item(latest, now_ms), self.index as u8))
+    }
+
+    fn item(&self, stored: Option<&Stored>, now_ms: u64) -> Item {
+        match stored {
+            None => Item { value: None, version: None, seq: 0, stable: true },
+            Some(s) => {
+                Item { value: s.live_value(now_ms).cloned(), version: Some(s.version.clone()), seq: s.seq, stable: s.seq <= self.stable }
+            }
+        }
+    }
+
+    /// Dependency stabilization: answer once the update with sequence
+    /// number `seq` is known to have reached the tail. Any replica of the
+    /// chain can answer (the tail at once, the others when `StableUpTo`
+    /// reaches them), so a session asks its own node when it is in the chain
+    /// and spares a round trip.
+    pub fn wait_stable(&mut self, op: OpId, seq: u64, out: &mut Outbox) {
+        self.when_stable(seq, Envelope { to: Dest::Client(op.client), msg: Message::Stable { op } }, out);
+    }
+
+    /// Sends `reply` once update `seq` is stable.
+    fn when_stable(&mut self, seq: u64, reply: Envelope, out: &mut Outbox) {
+        if seq <= self.stable {
+            out.push(reply);
+        } else {
+            self.waiters.entry(seq).or_default().push(reply);
+        }
+    }
+
+    fn wake_waiters(&mut self, out: &mut Outbox) {
+        while let Some(entry) = self.waiters.first_entry() {
+            if *entry.key() > self.stable {
+                break;
+            }
+            out.extend(entry.remove());
+        }
+    }
+
+    /// One key of a get-transaction, read at the head at snapshot time `at`.
+    ///
+    /// The head first moves its clock past `at`, so every write it orders
+    /// from now on is timestamped after the snapshot; every write it ordered
+    /// before is already in its store. So "latest version <= at" here is
+    /// final. A version included this way was written after all of its
+    /// dependencies were stable (dependency stabilization), and those have
+    /// smaller timestamps (the client passes its causal past as `after`), so
+    /// they are at their heads too and inside the same snapshot: no
+    /// fractured reads (the ACL / photo-album example of §3.5).
+    ///
+    /// With several sites, remote writes arrive with timestamps of their
+    /// own, possibly below `at` after the snapshot was read elsewhere: a
+    /// version is included only if its dependencies on every other site are
+    /// within `remote` (what this site had applied of each when the
+    /// snapshot began). Every such remote version is stable here already,
+    /// and none arriving later is, so the snapshot stays final.
+    pub fn snapshot_read(&mut self, key: &[u8], at: Timestamp, remote: &VersionVector, now_ms: u64) -> Result<Item, Refusal> {
+        if self.index != 0 || self.joining || self.catching_up {
+            return Err(Refusal::NotResponsible { epoch: self.epoch });
+        }
+        self.clock.observe(at);
+        let site = self.site;
+        let visible =
+            |v: &Version| v.ts <= at && v.vv.0.iter().enumerate().all(|(s, &t)| s as SiteId == site || t <= remote.get(s as SiteId));
+        let stored = self.store.latest_where(key, visible).map_err(|_| Refusal::SnapshotTooOld)?;
+        Ok(self.item(stored, now_ms))
+    }
+
+    /// What this replica holds, to compare replicas.
+    pub fn digest(&self) -> Digest {
+        Digest { applied: self.applied, stable: self.stable, latest: self.store.digest() }
+    }
+
+    /// Live keys held here.
+    pub fn keyspace(&self, now_ms: u64) -> crate::message::Keyspace {
+        self.store.keyspace(now_ms)
+    }
+
+    /// FLUSHALL: forget every key. Sequence numbers carry on so that updates
+    /// in flight still line up.
+    pub fn flush_all(&mut self) {
+        self.store.clear();
+        // Not ordered with the updates: replicas flush at different points
+        // of the history, so none of them can vouch for another's state by
+        // history any more (a returning replica gets the whole state).
+        self.history = xxhash_rust::xxh3::xxh3_64_with_seed(b"FLUSHALL", self.history);
+        self.set_recent(VecDeque::new());
+    }
+}

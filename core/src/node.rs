@@ -165,6 +165,8 @@ pub struct Node {
     /// Read replies waiting for what they return to be durable
     /// (`ChainReplica::durable`): for each, the (partition, seq) pairs.
     parked: Vec<(Vec<(PartitionId, u64)>, Envelope)>,
+    /// Chain traffic of the steps since the last `flush`.
+    chain_out: Outbox,
 }
 
 impl Node {
@@ -191,6 +193,7 @@ impl Node {
             lease: None,
             geo: None,
             parked: Vec::new(),
+            chain_out: Outbox::new(),
         };
         if node.id.sites.len() > 1 {
             let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32, node.id.replication);
@@ -303,10 +306,35 @@ impl Node {
         report
     }
 
-    /// Handles one message addressed to this node.
+    /// Handles one message addressed to this node. What it sends down and
+    /// up its chains (`Forward`, `StableUpTo`) waits for `flush`, which the
+    /// driver calls once it has stepped every message at hand: all of a
+    /// burst's traffic for one neighbour and partition leaves as one
+    /// message.
     pub fn step(&mut self, msg: Message, now: Now, out: &mut Outbox) {
+        let at = out.len();
         self.handle(msg, now, out);
-        self.flush_geo(now.wall_ms, out);
+        self.defer_chain_traffic(out, at);
+    }
+
+    /// Sends what the steps since the last flush hold back: chain traffic,
+    /// coalesced (`coalesce`), and what this node's tails have for the
+    /// stabilizer and other sites (`Geo::flush`).
+    pub fn flush(&mut self, now_ms: u64, out: &mut Outbox) {
+        coalesce(std::mem::take(&mut self.chain_out), out);
+        self.flush_geo(now_ms, out);
+    }
+
+    /// Moves the chain traffic in `out[at..]` to `chain_out`.
+    fn defer_chain_traffic(&mut self, out: &mut Outbox, at: usize) {
+        if out[at..].iter().any(|e| is_chain_traffic(&e.msg)) {
+            for env in out.split_off(at) {
+                match is_chain_traffic(&env.msg) {
+                    true => self.chain_out.push(env),
+                    false => out.push(env),
+                }
+            }
+        }
     }
 
     fn handle(&mut self, msg: Message, now: Now, out: &mut Outbox) {
@@ -475,13 +503,15 @@ impl Node {
     /// Periodic work: retransmissions, and the heartbeat when it is due.
     pub fn tick(&mut self, now: Now, out: &mut Outbox) {
         let now_ms = now.wall_ms;
+        let at = out.len();
         if self.admitted {
             for p in 0..self.parts.len() {
                 self.with(p as PartitionId, |r| r.tick(now_ms, out));
             }
             self.geo_tick(now_ms, out);
-            self.flush_geo(now_ms, out);
         }
+        self.defer_chain_traffic(out, at);
+        self.flush(now_ms, out);
         if self.last_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= HEARTBEAT_MS) {
             self.last_beat_ms = Some(now.mono_ms);
             let beat = self.beat(now.mono_ms);
@@ -738,6 +768,46 @@ impl Node {
             }
         }
         self.retained.iter_mut().for_each(|r| *r = None);
+    }
+}
+
+/// Whether `msg` is traffic along a chain that `flush` coalesces.
+fn is_chain_traffic(msg: &Message) -> bool {
+    matches!(msg, Message::Forward { .. } | Message::StableUpTo { .. })
+}
+
+/// Moves `pending` to `out`, merging what goes to one node for one
+/// partition at one epoch: forwards into one (updates in the order they
+/// were applied; lazy only if every part was), acknowledgements into the
+/// last one (they are cumulative).
+fn coalesce(pending: Outbox, out: &mut Outbox) {
+    if pending.len() < 2 {
+        out.extend(pending);
+        return;
+    }
+    let mut at: ahash::AHashMap<(Dest, PartitionId, u64, bool), usize> = ahash::AHashMap::new();
+    for env in pending {
+        let key = match &env.msg {
+            Message::Forward { epoch, partition, .. } => (env.to, *partition, *epoch, true),
+            Message::StableUpTo { epoch, partition, .. } => (env.to, *partition, *epoch, false),
+            _ => {
+                out.push(env);
+                continue;
+            }
+        };
+        let Some(&i) = at.get(&key) else {
+            at.insert(key, out.len());
+            out.push(env);
+            continue;
+        };
+        match (&mut out[i].msg, env.msg) {
+            (Message::Forward { updates, lazy, .. }, Message::Forward { updates: more, lazy: more_lazy, .. }) => {
+                updates.extend(more);
+                *lazy &= more_lazy;
+            }
+            (ack @ Message::StableUpTo { .. }, later @ Message::StableUpTo { .. }) => *ack = later,
+            _ => unreachable!("keyed by kind"),
+        }
     }
 }
 

@@ -107,6 +107,8 @@ pub struct Node {
     /// Where to deliver replies for sessions and native clients on this node.
     clients: Mutex<AHashMap<ClientId, mpsc::UnboundedSender<Message>>>,
     next_session: AtomicU64,
+    /// Wakes `flush_loop` once messages were stepped.
+    flush_wake: tokio::sync::Notify,
 }
 
 impl Node {
@@ -289,7 +291,12 @@ impl Node {
                             queue.push_back(Envelope { to: Dest::Node(from), msg: lease });
                         }
                     }
-                    msg => queue.extend(self.step(|core, out| core.step(msg, now(), out))),
+                    msg => {
+                        queue.extend(self.step(|core, out| core.step(msg, now(), out)));
+                        // What the step holds back for its chains leaves
+                        // with the rest of the burst (`flush_loop`).
+                        self.flush_wake.notify_one();
+                    }
                 },
                 Dest::Node(n) => self.send_to_peer(n, env.msg),
                 Dest::Site(s) => {
@@ -435,12 +442,14 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         started: Instant::now(),
         clients: Mutex::new(AHashMap::new()),
         next_session: AtomicU64::new(random_u64() >> 17),
+        flush_wake: tokio::sync::Notify::new(),
     });
     if let Some(dir) = &node.config.data_dir {
         recover(&node, Path::new(dir))?;
     }
     tracing::info!("node {me} listening on {} (incarnation {incarnation:x}); serving once the coordinator admits it", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
+    let flusher = tokio::spawn(flush_loop(node.clone()));
     let sampler = tokio::spawn(sample_loop(node.clone()));
     let compaction = tokio::spawn(compact_loop(node.clone()));
     coordinator::start(&node).await?;
@@ -449,6 +458,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         _ = shutdown => tracing::info!("node {me} shutting down"),
     }
     ticker.abort();
+    flusher.abort();
     sampler.abort();
     compaction.abort();
     if let Some(c) = node.coordinator.get() {
@@ -464,6 +474,25 @@ async fn tick_loop(node: Arc<Node>) {
     loop {
         interval.tick().await;
         let out = node.step(|core, out| core.tick(now(), out));
+        node.route(out, None);
+    }
+}
+
+/// Sends what the steps of a burst held back (`core::node::Node::flush`).
+/// The runtime has one thread: this task runs once the tasks woken with it
+/// (connections and peers with input at hand) have all stepped theirs, so
+/// a burst's chain traffic for one neighbour leaves as one message per
+/// partition, in one write. It leaves once everything logged so far is
+/// durable (it may come from any earlier step).
+async fn flush_loop(node: Arc<Node>) {
+    loop {
+        node.flush_wake.notified().await;
+        let out = node.step(|core, out| core.flush(now_ms(), out));
+        let ticket = node.with_core(|core| core.logged());
+        let out = match node.wal.get() {
+            Some(wal) => wal.after(ticket, out),
+            None => out,
+        };
         node.route(out, None);
     }
 }
@@ -540,7 +569,11 @@ fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
     let (wal, records) = Wal::open(dir, policy, move |synced, then| {
         if let Some(node) = releaser.upgrade() {
             node.route(then, None);
-            let more = node.step(|core, out| core.synced(synced, now_ms(), out));
+            let more = node.step(|core, out| {
+                let now = now_ms();
+                core.synced(synced, now, out);
+                core.flush(now, out);
+            });
             node.route(more, None);
         }
     })?;

@@ -385,6 +385,7 @@ impl Sim {
         let mut out = Outbox::new();
         let before = node.core.topology().epoch;
         run(&mut node.core, &mut out);
+        node.core.flush(node.now(self.now_ms).wall_ms, &mut out);
         node.disk.extend(node.core.take_log());
         if self.fsync == Fsync::Always {
             node.synced = node.disk.len();

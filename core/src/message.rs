@@ -55,15 +55,52 @@ pub struct Update {
     /// `None` deletes.
     pub value: Option<Bytes>,
     pub expires_at_ms: Option<u64>,
-    /// Who to answer (the client and its write id), and at which chain
-    /// position (k-1 for causal writes).
-    pub ack: Option<(OpId, u8)>,
+    /// Who to answer and where (a client's write; `None` for other sites'
+    /// writes applied here).
+    pub ack: Option<Ack>,
     /// The writer's causal past in this site when it wrote (its session's
     /// entry for this site): the update depends on no other update of this
     /// site after it. Other sites apply concurrent updates of this site in
     /// parallel thanks to it (`geo::receiver`). Zero for other sites'
     /// updates applied here.
     pub local_dep: Timestamp,
+}
+
+/// A client write's answer, as its update carries it down the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The client and the write's id in its session.
+    pub op: OpId,
+    /// The chain position that answers (k-1 for causal writes).
+    pub at: u8,
+    /// Every write of the session with a smaller id was finished when this
+    /// one was sent (`Message::Put`): replicas forget those.
+    pub done_below: u64,
+}
+
+/// Something a write's head must wait for before it orders the write
+/// (`Message::Put`): a version of another key the session saw or wrote,
+/// stable, so that nobody reads the write and then an older value of that
+/// key (ChainReaction's dependency stabilization, done at the head); or,
+/// for the same key, just applied before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteDep {
+    pub partition: PartitionId,
+    pub on: DepOn,
+    /// It writes the same key: applied is enough (the new version
+    /// supersedes it).
+    pub same_key: bool,
+}
+
+/// How a dependency is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DepOn {
+    /// The partition's update with this sequence number (a version the
+    /// session read, or a write of its that was acknowledged).
+    Seq(u64),
+    /// The session's write with this id, not acknowledged yet when this
+    /// one was sent (pipelined writes).
+    Write(u64),
 }
 
 /// A value as read, with what the client library needs to keep its metadata.
@@ -134,10 +171,21 @@ pub enum Message {
         condition: Condition,
         past: VersionVector,
         ack_at: u8,
-        /// The write's id within the client's session: the `op` seq of its
-        /// first attempt. A write resent after a failure keeps it, so a head
-        /// that already has the write answers instead of applying it again.
+        /// The write's id within the client's session. A write resent after
+        /// a failure keeps it, so a head that already has the write answers
+        /// instead of applying it again; its acknowledgement names it.
         write: u64,
+        /// What the head waits for before it orders the write: the
+        /// session's unstable past, when the head holds a replica of the
+        /// partition concerned (otherwise the session waited for it before
+        /// sending), and the session's previous write if it is still in
+        /// flight. A session's writes thus run together (pipelining)
+        /// without any reader seeing one before what it depends on.
+        deps: Vec<WriteDep>,
+        /// Every write of the session with a smaller id is finished (answered
+        /// or given up): a late copy of one is dropped, and replicas forget
+        /// them.
+        done_below: u64,
     },
     /// Read the latest version of `key` at this replica; refused as `Behind`
     /// if older than `min` (the version the session already saw).

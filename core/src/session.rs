@@ -55,6 +55,8 @@ pub struct Session {
     /// What the session last heard its site had applied of each other
     /// site (`Message::Snapshot`).
     site_time: VersionVector,
+    /// The id of the newest write of its own it has seen acknowledged.
+    last_write: u64,
 }
 
 impl Session {
@@ -109,10 +111,20 @@ impl Session {
         self.note_accessed(key, Dep { version: version.clone(), seq: item.seq });
     }
 
-    /// Records this session's own write, acknowledged at `chain_index`. The
-    /// accessed list restarts with just this write.
-    pub fn observe_write(&mut self, key: &Bytes, version: &Version, seq: u64, chain_index: u8, stable: bool) {
+    /// Records this session's own write `write` (its id), acknowledged at
+    /// `chain_index`. The accessed list restarts with just this write. The
+    /// acknowledgement of an earlier write of a pipeline may arrive after a
+    /// later one's: the later write was ordered once the earlier one was
+    /// stable, so the earlier one adds nothing to wait for.
+    pub fn observe_write(&mut self, key: &Bytes, version: &Version, seq: u64, chain_index: u8, stable: bool, write: u64) {
         self.past.merge(&version.vv);
+        if write < self.last_write {
+            if !stable && self.index.get(key).is_none_or(|s| s.version < *version) {
+                self.index.insert(key.clone(), Seen { version: version.clone(), seq, chain_index });
+            }
+            return;
+        }
+        self.last_write = write;
         self.accessed.clear();
         if stable {
             self.index.remove(key);
@@ -223,7 +235,7 @@ mod tests {
         s.observe_read(&Bytes::from("a"), &item(10, false), 0);
         s.observe_read(&Bytes::from("b"), &item(11, false), 0);
         assert_eq!(s.dependencies().count(), 2);
-        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false);
+        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false, 1);
         let deps: Vec<_> = s.dependencies().map(|(k, _)| k.clone()).collect();
         assert_eq!(deps, vec![Bytes::from("c")]);
         // The reads still constrain where those keys may be read.
@@ -231,13 +243,24 @@ mod tests {
     }
 
     #[test]
+    fn an_earlier_write_acknowledged_late_does_not_reset_accessed_objects() {
+        let mut s = Session::default();
+        s.observe_write(&Bytes::from("b"), &v(13), 13, 1, false, 2);
+        s.observe_write(&Bytes::from("a"), &v(12), 12, 1, false, 1);
+        let deps: Vec<_> = s.dependencies().map(|(k, _)| k.clone()).collect();
+        assert_eq!(deps, vec![Bytes::from("b")], "the later write waited for the earlier one to be stable");
+        assert_eq!(s.read_limit(b"a"), Some(1));
+        assert_eq!(s.max_ts(), Timestamp::new(13, 0));
+    }
+
+    #[test]
     fn tokens_round_trip_and_reject_garbage() {
         let mut s = Session::default();
-        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false);
+        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false, 1);
         assert_eq!(Session::import(&s.export(), 12).unwrap(), s);
         assert!(Session::import(b"\xff\xff garbage", 12).is_err());
         let mut future = Session::default();
-        future.observe_write(&Bytes::from("c"), &v(10_000_000), 1, 1, false);
+        future.observe_write(&Bytes::from("c"), &v(10_000_000), 1, 1, false, 1);
         assert!(Session::import(&future.export(), 12).is_err());
     }
 }

@@ -30,6 +30,7 @@ fn put(key: &str, past: VersionVector) -> PutRequest {
         past,
         ack_at: 0,
         write: 1,
+        done_below: 1,
     }
 }
 

@@ -28,6 +28,7 @@ fn put(seq: u64, write: u64, ack_at: u8, condition: Condition, value: Option<&'s
         past: Default::default(),
         ack_at,
         write,
+        done_below: write,
     }
 }
 
@@ -209,7 +210,7 @@ fn a_head_that_joined_by_state_transfer_applies_a_resend_twice() {
 }
 
 /// The driver accepts the first attempt's reply after it resent the write
-/// (op seq == write id), including a condition-false "not written" that the
+/// (acknowledgements name the write's id), but not a condition-false "not written" that the
 /// old head sent before the configuration changed; the resend meanwhile
 /// wrote the key at the new head.
 #[test]
@@ -221,7 +222,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
     let mut d = Driver::new(9, Arc::new(t1.clone()), None, 5_000);
     let req = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("mine")), ttl_ms: None, condition: Condition::IfAbsent };
     let p = d.start(req, 0);
-    let [(to, Message::Put { op: first, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
+    let [(to, Message::Put { op: first, write: first_write, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
     assert_eq!(*to, a);
     // a evaluates the NX: the key is there -> "not written"; the reply is
     // slow. a leaves the chain (e.g. rebalanced away) and b heads it.
@@ -232,7 +233,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
         panic!("{:?}", p.send)
     };
     assert_eq!(*to, b);
-    assert_eq!(*write, first.seq);
+    assert_eq!(write, first_write, "a resend keeps the write's id");
     // Someone deleted k meanwhile; b evaluates the resend: absent -> writes it.
     let mut rb = ChainReplica::new(&t2, 0, b, 0).unwrap();
     let mut out = Outbox::new();
@@ -247,6 +248,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
             past: past.clone(),
             ack_at: *ack_at,
             write: *write,
+            done_below: *write,
         },
         101,
         &mut out,

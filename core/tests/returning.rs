@@ -34,6 +34,7 @@ fn put(write: u64, value: Bytes) -> PutRequest {
         past: Default::default(),
         ack_at: 0,
         write,
+        done_below: write,
     }
 }
 

@@ -50,6 +50,15 @@ pub struct CausalChecker {
     clients: HashMap<usize, Frontier>,
     /// The writer's frontier for each written value (unique per write).
     writes: HashMap<Bytes, Frontier>,
+    /// For each written value, the writes its client had issued before it
+    /// and not seen completed yet (a pipeline): they precede it too, once
+    /// acknowledged.
+    after: HashMap<Bytes, Vec<Bytes>>,
+    /// Each client's writes issued and not completed.
+    in_flight: HashMap<usize, Vec<Bytes>>,
+    /// Writes that completed with an error (they may or may not have taken
+    /// effect: nothing after them in their session depends on them).
+    failed: std::collections::HashSet<Bytes>,
     /// Acknowledged writes: (key, version).
     pub acknowledged: Vec<(Bytes, Version)>,
     pub violations: Vec<String>,
@@ -63,10 +72,44 @@ impl CausalChecker {
     pub fn issued_write(&mut self, client: usize, value: &Bytes) {
         let frontier = self.clients.entry(client).or_default().clone();
         self.writes.insert(value.clone(), frontier);
+        let in_flight = self.in_flight.entry(client).or_default();
+        self.after.insert(value.clone(), in_flight.clone());
+        in_flight.push(value.clone());
+    }
+
+    /// The causal past of the write of `value`: its writer's frontier when
+    /// it issued it, and that of every acknowledged write its session had
+    /// in flight then (with their own versions).
+    fn past_of(&self, value: &Bytes) -> Frontier {
+        let mut past = Frontier::new();
+        let mut todo = vec![value.clone()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(v) = todo.pop() {
+            if !seen.insert(v.clone()) {
+                continue;
+            }
+            if let Some(f) = self.writes.get(&v) {
+                merge(&mut past, f);
+            }
+            for before in self.after.get(&v).into_iter().flatten() {
+                if !self.failed.contains(before) {
+                    todo.push(before.clone());
+                }
+            }
+        }
+        past
     }
 
     /// Call for every completed operation, in completion order.
     pub fn completed(&mut self, c: &Completed) {
+        if let Request::Put { value: Some(value), .. } = &c.request {
+            if let Some(in_flight) = self.in_flight.get_mut(&c.client) {
+                in_flight.retain(|v| v != value);
+            }
+            if !matches!(c.result, Ok(Response::Written(_))) {
+                self.failed.insert(value.clone());
+            }
+        }
         match (&c.request, &c.result) {
             (Request::Put { key, value: Some(value), .. }, Ok(Response::Written(true))) => {
                 let version = c.written.clone().expect("an acknowledged write has a version");
@@ -97,7 +140,7 @@ impl CausalChecker {
 
     fn check_reads(&mut self, client: usize, items: &[(Bytes, Item)], what: &str) {
         let mut learned = Frontier::new();
-        let frontier = self.clients.entry(client).or_default();
+        let frontier = self.clients.entry(client).or_default().clone();
         for (key, item) in items {
             match (&item.version, frontier.get(key)) {
                 (None, Some(need)) => {
@@ -110,22 +153,20 @@ impl CausalChecker {
             }
             if let (Some(version), Some(value)) = (&item.version, &item.value) {
                 bump(&mut learned, key, version);
-                if let Some(f) = self.writes.get(value) {
-                    merge(&mut learned, f);
-                }
+                merge(&mut learned, &self.past_of(value));
             }
         }
-        merge(frontier, &learned);
+        merge(self.clients.entry(client).or_default(), &learned);
     }
 
     fn check_snapshot(&mut self, client: usize, items: &[(Bytes, Item)]) {
         let got: HashMap<&Bytes, Option<&Version>> = items.iter().map(|(k, i)| (k, i.version.as_ref())).collect();
         for (key, item) in items {
             let Some(value) = &item.value else { continue };
-            let Some(deps) = self.writes.get(value) else {
+            if !self.writes.contains_key(value) {
                 continue;
-            };
-            for (dep_key, dep_version) in deps {
+            }
+            for (dep_key, dep_version) in &self.past_of(value) {
                 if let Some(have) = got.get(dep_key) {
                     if have.is_none_or(|h| h < dep_version) {
                         self.violations.push(format!(

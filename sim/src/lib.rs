@@ -136,17 +136,47 @@ pub struct Completed {
 
 struct SimClient {
     driver: Driver,
-    /// Items from the replies to the request in flight, with the op seq of
-    /// the reply each came from.
+    /// Its requests started and not answered, oldest first (the driver
+    /// answers in that order; a pipeline has several).
+    pending: std::collections::VecDeque<Pending>,
+    /// Which pending request (by `Pending::serial`) each op seq sent, and
+    /// each write id, belongs to.
+    ops: std::collections::HashMap<u64, u64>,
+    serial: u64,
+    /// Its connection died (`Sim::disconnect`): what it had in flight is
+    /// never answered, and it starts nothing more.
+    gone: bool,
+}
+
+/// A request of a simulated client in flight, and what its replies showed.
+struct Pending {
+    serial: u64,
+    request: Request,
+    /// Items from the replies, with the op seq of the reply each came from.
     items: Vec<(bytes::Bytes, Item, u64)>,
     /// Keys of the snapshot reads sent, by op seq.
     snapshot_keys: std::collections::HashMap<u64, Vec<bytes::Bytes>>,
     written: Option<causeway_core::version::Version>,
     acked_at: Option<u8>,
-    request: Option<Request>,
-    /// Its connection died (`Sim::disconnect`): what it had in flight is
-    /// never answered, and it starts nothing more.
-    gone: bool,
+}
+
+impl SimClient {
+    /// The pending request a message it sends belongs to: a write by its
+    /// (unique) value, a read by its key, a get-transaction by its keys.
+    fn owner(&self, msg: &Message) -> Option<u64> {
+        let found = self.pending.iter().find(|p| match (&p.request, msg) {
+            (Request::Put { value, .. }, Message::Put { value: v, .. }) => value == v,
+            (Request::Get(k), Message::Get { key, .. }) => k == key,
+            (Request::MultiGet(ks), Message::SnapshotRead { keys, .. }) => keys.iter().all(|(_, k)| ks.contains(k)),
+            (Request::MultiGet(ks), Message::Get { key, .. }) => ks.contains(key),
+            _ => false,
+        });
+        found.map(|p| p.serial)
+    }
+
+    fn pending_mut(&mut self, serial: u64) -> Option<&mut Pending> {
+        self.pending.iter_mut().find(|p| p.serial == serial)
+    }
 }
 
 #[derive(PartialEq, Eq)]
@@ -284,11 +314,9 @@ impl Sim {
         let id = causeway_core::message::session_id(local.unwrap_or(0), i as u64);
         self.clients.push(SimClient {
             driver: Driver::new(id, self.topology.clone(), local, CLIENT_TIMEOUT_MS),
-            items: Vec::new(),
-            snapshot_keys: Default::default(),
-            written: None,
-            acked_at: None,
-            request: None,
+            pending: Default::default(),
+            ops: Default::default(),
+            serial: 0,
             gone: false,
         });
         i
@@ -398,25 +426,38 @@ impl Sim {
         self.send_all(out);
     }
 
-    /// Starts `request` on an idle client; returns its result if it needed
-    /// no messages.
-    pub fn start(&mut self, client: usize, request: Request) -> Option<Completed> {
+    /// Starts `request` on a client, after what it has in flight (a
+    /// pipeline); returns what completed at once (requests that needed no
+    /// messages).
+    pub fn start(&mut self, client: usize, request: Request) -> Vec<Completed> {
         let c = &mut self.clients[client];
         assert!(!c.gone, "client {client} was disconnected");
-        c.items.clear();
-        c.snapshot_keys.clear();
-        c.written = None;
-        c.request = Some(request.clone());
+        c.serial += 1;
+        let pending = Pending {
+            serial: c.serial,
+            request: request.clone(),
+            items: Vec::new(),
+            snapshot_keys: Default::default(),
+            written: None,
+            acked_at: None,
+        };
+        c.pending.push_back(pending);
         let progress = c.driver.start(request, self.now_ms);
         self.client_sends(client, progress.send);
-        // One request at a time per simulated client: at most one answer.
-        progress.done.into_iter().next().map(|result| self.complete(client, result))
+        progress.done.into_iter().map(|result| self.complete(client, result)).collect()
     }
 
     fn client_sends(&mut self, client: usize, send: Vec<(NodeId, Message)>) {
         for (n, msg) in send {
-            if let Message::SnapshotRead { op, keys, .. } = &msg {
-                self.clients[client].snapshot_keys.insert(op.seq, keys.iter().map(|(_, k)| k.clone()).collect());
+            let c = &mut self.clients[client];
+            if let (Some(op), Some(serial)) = (msg.op(), c.owner(&msg)) {
+                c.ops.insert(op.seq, serial);
+                if let Message::Put { write, .. } = &msg {
+                    c.ops.insert(*write, serial);
+                }
+                if let (Message::SnapshotRead { op, keys, .. }, Some(p)) = (&msg, c.pending_mut(serial)) {
+                    p.snapshot_keys.insert(op.seq, keys.iter().map(|(_, k)| k.clone()).collect());
+                }
             }
             self.enqueue(Envelope { to: Dest::Node(n), msg });
         }
@@ -495,28 +536,31 @@ impl Sim {
                     return;
                 };
                 let c = &mut self.clients[i];
-                match (&env.msg, &c.request) {
-                    (Message::Value { item, .. }, Some(Request::Get(key))) => c.items = vec![(key.clone(), item.clone(), 0)],
-                    (Message::Snapshot { op, items, .. }, _) => {
-                        // A get-transaction that was refused somewhere
-                        // starts over with a new snapshot: a key's item is
-                        // the one of the latest attempt that read it (the
-                        // one the driver answers with).
-                        if let Some(keys) = c.snapshot_keys.get(&op.seq) {
-                            for (key, item) in keys.iter().zip(items) {
-                                match c.items.iter_mut().find(|(k, _, _)| k == key) {
-                                    Some((_, _, seq)) if *seq > op.seq => {}
-                                    Some(slot) => *slot = (key.clone(), item.clone(), op.seq),
-                                    None => c.items.push((key.clone(), item.clone(), op.seq)),
+                let serial = env.msg.op().and_then(|op| c.ops.get(&op.seq).copied());
+                if let Some(p) = serial.and_then(|s| c.pending_mut(s)) {
+                    match (&env.msg, &p.request) {
+                        (Message::Value { item, .. }, Request::Get(key)) => p.items = vec![(key.clone(), item.clone(), 0)],
+                        (Message::Snapshot { op, items, .. }, _) => {
+                            // A get-transaction that was refused somewhere
+                            // starts over with a new snapshot: a key's item
+                            // is the one of the latest attempt that read it
+                            // (the one the driver answers with).
+                            if let Some(keys) = p.snapshot_keys.get(&op.seq) {
+                                for (key, item) in keys.iter().zip(items) {
+                                    match p.items.iter_mut().find(|(k, _, _)| k == key) {
+                                        Some((_, _, seq)) if *seq > op.seq => {}
+                                        Some(slot) => *slot = (key.clone(), item.clone(), op.seq),
+                                        None => p.items.push((key.clone(), item.clone(), op.seq)),
+                                    }
                                 }
                             }
                         }
+                        (Message::PutDone { version, chain_index, .. }, _) => {
+                            p.written = version.clone();
+                            p.acked_at = Some(*chain_index);
+                        }
+                        _ => {}
                     }
-                    (Message::PutDone { version, chain_index, .. }, _) => {
-                        c.written = version.clone();
-                        c.acked_at = Some(*chain_index);
-                    }
-                    _ => {}
                 }
                 let progress = c.driver.on_message(env.msg, self.now_ms);
                 self.client_sends(i, progress.send);
@@ -553,11 +597,11 @@ impl Sim {
 
     fn complete(&mut self, client: usize, result: Result<Response, Error>) -> Completed {
         let c = &mut self.clients[client];
-        let request = c.request.take().expect("a request was in flight");
-        let items = std::mem::take(&mut c.items);
-        let items = if result.is_ok() { items.into_iter().map(|(k, item, _)| (k, item)).collect() } else { Vec::new() };
-        let written = if matches!(result, Ok(Response::Written(true))) { c.written.clone() } else { None };
-        Completed { client, request, result, items, written, acked_at: c.acked_at.take() }
+        let p = c.pending.pop_front().expect("a request was in flight");
+        c.ops.retain(|_, s| *s != p.serial);
+        let items = if result.is_ok() { p.items.into_iter().map(|(k, item, _)| (k, item)).collect() } else { Vec::new() };
+        let written = if matches!(result, Ok(Response::Written(true))) { p.written } else { None };
+        Completed { client, request: p.request, result, items, written, acked_at: p.acked_at }
     }
 
     fn tick(&mut self, done: &mut Vec<Completed>) {

@@ -18,6 +18,7 @@ fn causal_plus_with_delays_and_reordering() {
         let r = run(seed, DEV, 3, Network { min_delay_ms: 0, max_delay_ms: 20, drop_rate: 0.0 }, 6, 2_000);
         assert!(r.completed > 200 && r.failed == 0, "seed {seed}: {} completed, {} failed", r.completed, r.failed);
         assert!(r.checker.reads_checked > 50 && r.checker.snapshots_checked > 20);
+        assert!(r.parked > 10, "seed {seed}: pipelined writes waited at their heads {} times", r.parked);
     }
 }
 

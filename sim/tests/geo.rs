@@ -179,7 +179,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                         Request::MultiGet(ks)
                     }
                 };
-                if let Some(c) = world.sites[site].start(client, request) {
+                for c in world.sites[site].start(client, request) {
                     record(&mut checker, &mut world, &mut slots, &alias, vec![(site, c)]);
                 }
             }
@@ -197,7 +197,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                     let moved = world.sites[to].add_client(None);
                     alias.insert((to, moved), alias.get(&(from, client)).copied().unwrap_or(global(from, client)));
                     slots[to][other] = moved;
-                    if let Some(c) = world.sites[to].start(moved, Request::Resume(Box::new(session))) {
+                    for c in world.sites[to].start(moved, Request::Resume(Box::new(session))) {
                         record(&mut checker, &mut world, &mut slots, &alias, vec![(to, c)]);
                     }
                 }
@@ -459,7 +459,7 @@ fn a_site_cut_off_catches_up() {
                     checker.issued_write(site * 100 + client, &value);
                     let key = Bytes::from(format!("key{}", rng.below(1_000)));
                     let put = Request::Put { key, value: Some(value), ttl_ms: None, condition: Condition::Always };
-                    if let Some(mut c) = world.sites[site].start(client, put) {
+                    for mut c in world.sites[site].start(client, put) {
                         c.client += site * 100;
                         checker.completed(&c);
                     }

@@ -91,7 +91,7 @@ fn check_history(seed: u64, mut sim: Sim, mut faults: impl FnMut(&mut Sim)) {
             };
             clock += 1;
             pending[client] = Some(Op { client, key, kind, call: clock, ret: None });
-            if let Some(c) = sim.start(client, request) {
+            for c in sim.start(client, request) {
                 finish(c, &mut clock, &mut pending, &mut history);
             }
         }

@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use causeway_core::chain::PartitionState;
 use causeway_core::hlc::Timestamp;
-use causeway_core::message::{Condition, Hello, Message, OpId, Update};
+use causeway_core::message::{Ack, Condition, DepOn, Hello, Message, OpId, Update, WriteDep};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::version::{Version, VersionVector};
 use causeway_core::wire::{put_frame, take_frame};
@@ -21,7 +21,7 @@ fn corpus() -> Vec<Vec<u8>> {
         version: Version::local(0, Timestamp::new(1_000, 2)),
         value: Some(Bytes::from("v")),
         expires_at_ms: Some(5),
-        ack: Some((op, 1)),
+        ack: Some(Ack { op, at: 1, done_below: 5 }),
         local_dep: Timestamp::new(990, 0),
     };
     let topology =
@@ -43,6 +43,11 @@ fn corpus() -> Vec<Vec<u8>> {
             },
             ack_at: 1,
             write: 7,
+            deps: vec![
+                WriteDep { partition: 2, on: DepOn::Write(6), same_key: false },
+                WriteDep { partition: 1, on: DepOn::Seq(40), same_key: true },
+            ],
+            done_below: 6,
         },
         Message::Get { op, epoch: 4, partition: 1, key: Bytes::from("key"), min: None, leased: true },
         Message::Forward { epoch: 4, partition: 2, updates: vec![update.clone(), update.clone()], lazy: false },

@@ -74,7 +74,7 @@ impl ChainReplica {
             applied: self.applied,
             stable: self.stable,
             entries: self.store.digest(),
-            sessions: self.last_writes.iter().map(|(c, w)| (*c, w.clone())).collect(),
+            sessions: self.writes.export(),
             history: self.history,
             unreported: self.outgoing.iter().cloned().collect(),
         }
@@ -90,10 +90,7 @@ impl ChainReplica {
             self.clock.observe(s.version.ts);
         }
         self.store.install(entries);
-        for (client, mut w) in sessions {
-            w.at_ms = now_ms;
-            self.last_writes.insert(client, w);
-        }
+        self.writes.import(sessions, now_ms);
         self.applied = applied;
         self.history = history;
         self.set_recent(VecDeque::new());

@@ -32,17 +32,19 @@ mod repair;
 #[cfg(test)]
 mod tests;
 mod transfer;
+mod writes;
 
 pub use geo::{Conflict, RECENT_CONFLICTS};
+use writes::Writes;
+pub use writes::{LastWrite, WRITE_MEMORY_MS};
 
 use crate::geo::receiver::RemoteWrite;
 use crate::hlc::{Clock, Timestamp};
-use crate::message::{send, ClientId, Condition, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, Ack, ClientId, Condition, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored};
 use crate::version::{SiteId, Version, VersionVector};
-use ahash::AHashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -80,11 +82,9 @@ pub struct PutRequest {
     pub ack_at: u8,
     /// The write's id in its session (see `Message::Put`).
     pub write: u64,
+    /// The session finished its writes below this one (`Message::Put`).
+    pub done_below: u64,
 }
-
-/// How long a replica remembers a session's last write, to recognise it
-/// when it is resent after a failure (well past any request timeout).
-pub const WRITE_MEMORY_MS: u64 = 60_000;
 
 /// How many bytes of recent updates (keys and values) a replica keeps for
 /// a successor that returns after a short absence (`ChainReplica::fetch`):
@@ -124,8 +124,8 @@ pub struct PartitionState {
     pub stable: u64,
     /// Every key's latest version.
     pub entries: Vec<(Bytes, Stored)>,
-    /// Each session's last write, so that a resent write is still
-    /// recognised by a replica that got its state this way.
+    /// Each session's writes in flight (`writes`), so that a resent write
+    /// is still recognised by a replica that got its state this way.
     pub sessions: Vec<(ClientId, LastWrite)>,
     /// The partition's update history up to `applied`, hashed
     /// (`ChainReplica::history`).
@@ -134,16 +134,6 @@ pub struct PartitionState {
     /// replica and other site (several sites only; `ChainReplica::
     /// outgoing`).
     pub unreported: Vec<Update>,
-}
-
-/// A session's last write this replica applied.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LastWrite {
-    key: Bytes,
-    write: u64,
-    seq: u64,
-    version: Version,
-    at_ms: u64,
 }
 
 /// How far ahead of a promise the logged clock ceiling goes
@@ -235,11 +225,9 @@ pub struct ChainReplica {
     /// resolved by last-writer-wins, and the latest few of them.
     conflicts: u64,
     recent_conflicts: VecDeque<Conflict>,
-    /// Each session's last write applied here (sessions are sequential, so
-    /// one per session), to apply a resent write only once.
-    last_writes: AHashMap<ClientId, LastWrite>,
-    /// When `last_writes` was last pruned.
-    pruned_ms: u64,
+    /// Each session's writes applied here that it may still resend or
+    /// depend on (`writes`).
+    writes: Writes,
     /// When the successor last made progress (or we last resent).
     last_progress_ms: u64,
     /// When this replica last asked for what it lacks: the state, from its
@@ -287,8 +275,7 @@ impl ChainReplica {
             to_log: Vec::new(),
             log: Vec::new(),
             waiters: BTreeMap::new(),
-            last_writes: AHashMap::new(),
-            pruned_ms: 0,
+            writes: Writes::default(),
             last_progress_ms: 0,
             asked_ms: 0,
             gap_since_ms: None,
@@ -358,6 +345,22 @@ impl ChainReplica {
         self.refuse(out, op, Refusal::NotResponsible { epoch: self.epoch });
     }
 
+    /// Highest seq known to have reached the tail.
+    pub fn stable(&self) -> u64 {
+        self.stable
+    }
+
+    /// Write `write` of session `client`, if applied here and still
+    /// remembered (`writes`).
+    pub fn written(&self, client: ClientId, write: u64) -> Option<&LastWrite> {
+        self.writes.get(client, write)
+    }
+
+    /// Whether session `client` has finished with its write `write`.
+    pub fn finished(&self, client: ClientId, write: u64) -> bool {
+        self.writes.finished(client, write)
+    }
+
     /// Whether this replica heads its chain (client writes are ordered here).
     pub fn is_head(&self) -> bool {
         self.index == 0
@@ -376,15 +379,14 @@ impl ChainReplica {
             return self.refuse(out, req.op, Refusal::Unavailable { alive: self.chain.len() as u8, needed: self.k as u8 });
         }
         let write = OpId { client: req.op.client, seq: req.write };
-        if self.last_writes.get(&write.client).is_some_and(|l| write.seq < l.write) {
-            // A late resend of an earlier write of this session (resent on a
-            // new configuration, overtaken by the session's next write):
-            // the session has moved on, so that write was answered or given
-            // up on, and applying it now would put an old value over a
-            // newer one. Dropped; nobody waits for an answer.
+        if self.writes.finished(write.client, write.seq) {
+            // A late copy of a write its session has finished with (resent
+            // on a new configuration, then answered or given up on): applying
+            // it now could put an old value over a newer one. Dropped;
+            // nobody waits for an answer.
             return;
         }
-        if let Some(last) = self.last_writes.get(&write.client).filter(|l| l.write == write.seq && l.key == req.key) {
+        if let Some(last) = self.writes.get(write.client, write.seq).filter(|l| l.key == req.key) {
             // A resend of a write this chain already has (its first head
             // failed after forwarding it): answer once it is stable, which
             // satisfies every level, instead of applying it twice.
@@ -412,7 +414,7 @@ impl ChainReplica {
             version: Version { ts, site: self.site, vv },
             value: req.value,
             expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
-            ack: Some((write, req.ack_at)),
+            ack: Some(Ack { op: write, at: req.ack_at, done_below: req.done_below }),
             local_dep,
         };
         let mut effects = Outbox::new();
@@ -464,9 +466,9 @@ impl ChainReplica {
         self.clock.observe(u.version.ts);
         let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
         self.store.apply(u.key.clone(), stored, now_ms);
-        if let Some((op, _)) = u.ack {
-            let last = LastWrite { key: u.key.clone(), write: op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
-            self.last_writes.insert(op.client, last);
+        if let Some(ack) = u.ack {
+            let last = LastWrite { key: u.key.clone(), write: ack.op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
+            self.writes.applied(ack.op.client, last, ack.done_below, self.stable);
         }
         self.answer(&u, out);
         if self.reported.is_some_and(|r| u.seq > r) && u.version.site == self.site {
@@ -496,7 +498,7 @@ impl ChainReplica {
     /// The tail also answers for positions past the end of a chain that
     /// has shrunk.
     fn answer(&self, u: &Update, out: &mut Outbox) {
-        if let Some((op, at)) = u.ack {
+        if let Some(Ack { op, at, .. }) = u.ack {
             if at as usize == self.index || (self.is_tail() && at as usize > self.index) {
                 let msg = Message::PutDone {
                     op,
@@ -534,7 +536,7 @@ impl ChainReplica {
 
     fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
         let next = self.index + 1;
-        let lazy = updates.iter().all(|u| u.ack.is_none_or(|(_, at)| (at as usize) < next));
+        let lazy = updates.iter().all(|u| u.ack.is_none_or(|a| (a.at as usize) < next));
         let msg = Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy };
         send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
     }
@@ -596,10 +598,7 @@ impl ChainReplica {
     /// Periodic work: resend unacknowledged updates if the successor has made
     /// no progress for `RETRANSMIT_MS`.
     pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
-        if now_ms.saturating_sub(self.pruned_ms) >= WRITE_MEMORY_MS / 4 {
-            self.pruned_ms = now_ms;
-            self.last_writes.retain(|_, w| now_ms.saturating_sub(w.at_ms) < WRITE_MEMORY_MS);
-        }
+        self.writes.prune(now_ms);
         if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
             self.asked_ms = now_ms;
             self.request_state(out);

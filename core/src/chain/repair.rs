@@ -56,7 +56,7 @@ impl ChainReplica {
             // Writes waiting for a position that no longer exists are
             // answered here, the end of the chain.
             for u in std::mem::take(&mut self.unstable) {
-                if let Some((op, at)) = u.ack {
+                if let Some(Ack { op, at, .. }) = u.ack {
                     if at as usize > was && at as usize >= index {
                         let msg = Message::PutDone { op, version: Some(u.version), seq: u.seq, chain_index: index as u8, stable: true };
                         send(out, Dest::Client(op.client), msg);

@@ -11,6 +11,7 @@ fn put(seq: u64, write: u64) -> PutRequest {
         past: VersionVector::default(),
         ack_at: 1,
         write,
+        done_below: write,
     }
 }
 

@@ -36,7 +36,7 @@ impl ChainReplica {
             r.applied = old.applied;
             r.history = old.history;
             r.stable = old.stable.min(old.applied);
-            r.last_writes = old.last_writes;
+            r.writes = old.writes;
             // Its updates not yet reported to every site: if it becomes the
             // tail, its reporter starts from them (the predecessor sends
             // only what came after, and a tail that started without them

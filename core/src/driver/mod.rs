@@ -192,10 +192,60 @@ enum Slot {
     Done(Result<Response, Error>),
 }
 
+/// What runs before a waiting request of its session (see the module doc).
+#[derive(Clone, Debug, PartialEq)]
+enum Before {
+    Nothing,
+    /// Eventual reads only: another may run with them.
+    EventualReads,
+    /// Unconditional writes at `level`, the last of them to `key`: another
+    /// such write may run with them (the head waits for the one before).
+    Writes {
+        level: Consistency,
+        key: Bytes,
+    },
+    /// Nothing may run with it.
+    Barrier,
+}
+
+impl Before {
+    /// What runs once `request` at `level` runs too.
+    fn then(self, request: &Request, level: Consistency) -> Before {
+        match (self, pipelined(request, level)) {
+            (Before::Nothing | Before::EventualReads, _) if overlaps(request, level) => Before::EventualReads,
+            (Before::Nothing, Some(key)) => Before::Writes { level, key: key.clone() },
+            (Before::Writes { level: l, .. }, Some(key)) if l == level => Before::Writes { level, key: key.clone() },
+            _ => Before::Barrier,
+        }
+    }
+
+    /// Whether `request` at `level` may start now. A causal write after
+    /// one in flight may only if its head holds a replica of that one's
+    /// partition, to wait for it there.
+    fn lets_start(&self, request: &Request, level: Consistency, cx: &Ctx) -> bool {
+        match self {
+            Before::Nothing => true,
+            Before::EventualReads => overlaps(request, level),
+            Before::Writes { level: l, key: last } => pipelined(request, level)
+                .is_some_and(|key| *l == level && (level == Consistency::Eventual || key == last || cx.head_holds(key, last))),
+            Before::Barrier => false,
+        }
+    }
+}
+
 /// Whether a request may run while other requests of its session run (see
-/// the module doc: only eventual reads, with each other).
+/// the module doc: eventual reads, with each other).
 fn overlaps(request: &Request, level: Consistency) -> bool {
     level == Consistency::Eventual && matches!(request, Request::Get(_) | Request::MultiGet(_))
+}
+
+/// The key of a write that may run while earlier writes of its session run
+/// (unconditional, causal or eventual: see the module doc).
+fn pipelined(request: &Request, level: Consistency) -> Option<&Bytes> {
+    match request {
+        Request::Put { key, condition: Condition::Always, .. } if level != Consistency::Linearizable => Some(key),
+        _ => None,
+    }
 }
 
 /// One session: its metadata and its requests, in order.
@@ -211,8 +261,16 @@ pub struct Driver {
 
 impl Driver {
     pub fn new(id: ClientId, topology: Arc<Topology>, local: Option<NodeId>, timeout_ms: u64) -> Self {
-        let cx =
-            Ctx { id, topology, local, session: Session::default(), next_seq: 0, rng: id ^ 0x9E37_79B9_7F4A_7C15, down: AHashMap::new() };
+        let cx = Ctx {
+            id,
+            topology,
+            local,
+            session: Session::default(),
+            next_seq: 0,
+            rng: id ^ 0x9E37_79B9_7F4A_7C15,
+            down: AHashMap::new(),
+            writes: Default::default(),
+        };
         Driver { cx, consistency: Consistency::Causal, timeout_ms, queue: VecDeque::new(), rechecked_ms: 0 }
     }
 
@@ -296,7 +354,7 @@ impl Driver {
         };
         let Slot::Running(op) = &mut self.queue[i] else { unreachable!("found above") };
         let step = op.on_message(&mut self.cx, msg, id.seq, now_ms);
-        settle(&mut self.queue[i], step, &mut p);
+        settle(&mut self.cx, &mut self.queue[i], step, &mut p);
         self.advance(now_ms, &mut p);
         p
     }
@@ -310,7 +368,7 @@ impl Driver {
         for slot in self.queue.iter_mut() {
             if let Slot::Running(op) = slot {
                 let step = op.tick(&mut self.cx, timeout_ms, now_ms);
-                settle(slot, step, &mut p);
+                settle(&mut self.cx, slot, step, &mut p);
             }
         }
         if self.recheck_due().is_some_and(|at| now_ms >= at) {
@@ -372,7 +430,7 @@ impl Driver {
         for slot in self.queue.iter_mut() {
             if let Slot::Running(op) = slot {
                 let step = f(op, &mut self.cx);
-                settle(slot, step, &mut p);
+                settle(&mut self.cx, slot, step, &mut p);
             }
         }
         self.advance(now_ms, &mut p);
@@ -382,10 +440,10 @@ impl Driver {
     /// Starts every waiting request the ones before it allow, and hands
     /// out the finished responses at the front, in order.
     fn advance(&mut self, now_ms: u64, p: &mut Progress) {
-        let mut unfinished_before = false;
+        let mut before = Before::Nothing;
         for slot in self.queue.iter_mut() {
             if let Slot::Waiting(request, level) = slot {
-                if unfinished_before && !overlaps(request, *level) {
+                if !before.lets_start(request, *level, &self.cx) {
                     break;
                 }
                 // Moved out, not cloned; the placeholder is replaced below.
@@ -394,14 +452,14 @@ impl Driver {
                 };
                 let (op, step) = Op::start(&mut self.cx, request, level, now_ms);
                 *slot = Slot::Running(op);
-                settle(slot, step, p);
+                settle(&mut self.cx, slot, step, p);
             }
-            match slot {
-                Slot::Done(_) => {}
-                Slot::Running(op) if overlaps(&op.request, op.consistency) => unfinished_before = true,
-                // Nothing after an unfinished request that allows no
-                // overlap may start.
-                _ => break,
+            if let Slot::Running(op) = slot {
+                before = before.then(&op.request, op.consistency);
+                if before == Before::Barrier {
+                    // Nothing after it may start.
+                    break;
+                }
             }
         }
         while let Some(Slot::Done(_)) = self.queue.front() {
@@ -412,11 +470,17 @@ impl Driver {
 }
 
 /// Applies one request's step to its slot: what it sends goes out, and a
-/// finished request keeps its response until the ones before it are done.
-fn settle(slot: &mut Slot, step: Step, p: &mut Progress) {
+/// finished request keeps its response until the ones before it are done
+/// (a finished write leaves the session's writes in flight).
+fn settle(cx: &mut Ctx, slot: &mut Slot, step: Step, p: &mut Progress) {
     let Step { send, done } = step;
     p.send.extend(send);
     if let Some(result) = done {
+        if let Slot::Running(op) = slot {
+            if let Some(write) = op.write_id() {
+                cx.writes.remove(&write);
+            }
+        }
         *slot = Slot::Done(result);
     }
 }
@@ -425,7 +489,7 @@ fn settle(slot: &mut Slot, step: Step, p: &mut Progress) {
 mod tests {
     use super::*;
     use crate::hlc::Timestamp;
-    use crate::message::{Item, OpId, ACK_AT_TAIL};
+    use crate::message::{DepOn, Item, OpId, WriteDep, ACK_AT_TAIL};
     use crate::ring::{NodeInfo, Shape};
     use crate::version::Version;
 
@@ -538,12 +602,12 @@ mod tests {
         let t = site();
         let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
         let chain = t.chain(t.partition_of(b"k")).clone();
-        // SET k v1; GET k; SET k v2; GET k, all queued at once.
+        // SET k v1; GET k; SET j v2; GET j, all queued at once.
         let p = d.start(set("k", "v1"), 0);
         assert!(matches!(&p.send[..], [(_, Message::Put { .. })]), "got {:?}", p.send);
         let first = op_of(&p.send[0].1);
-        for r in [get("k"), set("k", "v2"), get("k")] {
-            assert!(d.start(r, 0).send.is_empty(), "nothing overtakes the write");
+        for r in [get("k"), set("j", "v2"), get("j")] {
+            assert!(d.start(r, 0).send.is_empty(), "nothing overtakes the write and the read");
         }
         // The write is acknowledged at position 1: the read starts in the
         // same step and may only go to positions 0..=1 (read-your-writes).
@@ -553,13 +617,13 @@ mod tests {
         let [(at, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the read, got {:?}", p.send) };
         assert!(chain.index_of(*at).unwrap() <= 1);
         assert_eq!(min.as_ref(), Some(&v1));
-        // The read answers; the second write first waits for the first to
-        // be stable (dependency stabilization), then writes.
+        // The read answers; the second write carries the first as a
+        // dependency its head waits for (every node holds every partition
+        // here), instead of the session waiting for it to be stable.
         let p = d.on_message(value(*op, "v1", Some(v1.clone()), 1, 1), 2);
         assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1 })]);
-        let [(_, Message::WaitStable { op, seq: 1, .. })] = &p.send[..] else { panic!("expected the stability wait, got {:?}", p.send) };
-        let p = d.on_message(Message::Stable { op: *op }, 3);
-        let [(_, Message::Put { op, .. })] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
+        let [(_, Message::Put { op, deps, .. })] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
+        assert_eq!(deps, &vec![WriteDep { partition: t.partition_of(b"k"), on: DepOn::Seq(1), same_key: false }]);
         let v2 = Version::local(0, Timestamp::new(4, 0));
         let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false }, 4);
         assert_eq!(p.done, vec![Ok(Response::Written(true))]);
@@ -568,6 +632,59 @@ mod tests {
         let p = d.on_message(value(*op, "v2", Some(v2), 2, 1), 5);
         assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1 })]);
         assert!(!d.is_busy());
+    }
+
+    #[test]
+    fn pipelined_writes_run_together_each_naming_the_one_before() {
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
+        let mut puts = Vec::new();
+        for (k, v) in [("a", "1"), ("b", "2"), ("a", "3")] {
+            let p = d.start(set(k, v), 0);
+            let [(_, Message::Put { write, deps, done_below, .. })] = &p.send[..] else {
+                panic!("each write leaves at once: {:?}", p.send)
+            };
+            puts.push((*write, deps.clone(), *done_below));
+        }
+        let (w1, w2) = (puts[0].0, puts[1].0);
+        assert!(puts[0].1.is_empty(), "nothing before the first");
+        assert_eq!(puts[1].1, vec![WriteDep { partition: t.partition_of(b"a"), on: DepOn::Write(w1), same_key: false }]);
+        assert_eq!(puts[2].1, vec![WriteDep { partition: t.partition_of(b"b"), on: DepOn::Write(w2), same_key: false }]);
+        assert!(puts.iter().all(|p| p.2 == w1), "the first is unfinished");
+        // A read waits for the writes before it.
+        assert!(d.start(get("a"), 0).send.is_empty());
+        // The second write's acknowledgement arrives first; answers stay in order.
+        let v = |ms| Version::local(0, Timestamp::new(ms, 0));
+        let ack = |w, ms| Message::PutDone { op: OpId { client: 7, seq: w }, version: Some(v(ms)), seq: ms, chain_index: 1, stable: false };
+        assert!(d.on_message(ack(w2, 2), 3).done.is_empty());
+        assert_eq!(d.on_message(ack(w1, 1), 3).done.len(), 2);
+        let deps: Vec<Bytes> = d.session().dependencies().map(|(k, _)| k.clone()).collect();
+        assert_eq!(deps, vec![Bytes::from("b")], "the first write's late acknowledgement adds nothing to wait for");
+    }
+
+    #[test]
+    fn a_write_whose_head_holds_no_replica_of_a_dependency_waits_for_it_first() {
+        let nodes = (0..6).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
+        let t = Arc::new(Topology::new(1, Shape { partitions: 16, replicas: 2, k: 1 }, nodes).unwrap());
+        let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+        let holds = |a: &str, b: &str| t.chain(t.partition_of(b.as_bytes())).nodes.contains(&t.chain(t.partition_of(a.as_bytes())).head());
+        let (a, b) = keys
+            .iter()
+            .flat_map(|a| keys.iter().map(move |b| (a, b)))
+            .find(|(a, b)| !holds(a, b))
+            .expect("some head holds no replica of another key's partition");
+        let mut d = Driver::new(7, t.clone(), None, 5_000);
+        let p = d.start(get(b), 0);
+        let [(_, Message::Get { op, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
+        let item = Item { value: Some(Bytes::from("x")), version: Some(Version::local(0, Timestamp::new(1, 0))), seq: 9, stable: false };
+        d.on_message(Message::Value { op: *op, item, chain_index: 0 }, 1);
+        let p = d.start(set(a, "v"), 2);
+        assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 9, .. })]), "the session waits: {:?}", p.send);
+        // And a write after one in flight whose partition its head does not
+        // hold waits for that one to finish.
+        let mut d = Driver::new(8, t.clone(), None, 5_000);
+        assert_eq!(d.start(set(b, "1"), 0).send.len(), 1);
+        assert!(d.start(set(a, "2"), 0).send.is_empty());
     }
 
     #[test]

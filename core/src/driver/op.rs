@@ -18,7 +18,7 @@
 use super::{Consistency, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
 use crate::error::Error;
 use crate::hlc::Timestamp;
-use crate::message::{ClientId, Item, Keyspace, Message, OpId, Refusal, ACK_AT_TAIL};
+use crate::message::{ClientId, DepOn, Item, Keyspace, Message, OpId, Refusal, WriteDep, ACK_AT_TAIL};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::session::{Dep, Session};
 use crate::version::Version;
@@ -41,9 +41,30 @@ pub(super) struct Ctx {
     /// Nodes that look unreachable, until when (ms): avoided when another
     /// replica may serve.
     pub down: AHashMap<NodeId, u64>,
+    /// The session's writes not finished yet, by id, and their keys.
+    pub writes: BTreeMap<u64, Bytes>,
 }
 
 impl Ctx {
+    /// A new op sequence number that no message uses: a write's id.
+    fn reserve(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    /// The session's latest write before `write` that is not finished, if
+    /// any (a pipelined write depends on it).
+    pub fn earlier_write(&self, write: u64) -> Option<(u64, &Bytes)> {
+        self.writes.range(..write).next_back().map(|(&w, k)| (w, k))
+    }
+
+    /// Whether the head of `key`'s chain holds a replica of the partition
+    /// of `dep` (so it can wait for `dep` itself).
+    pub fn head_holds(&self, key: &[u8], dep: &[u8]) -> bool {
+        let head = self.topology.chain(self.topology.partition_of(key)).head();
+        self.topology.chain(self.topology.partition_of(dep)).nodes.contains(&head)
+    }
+
     fn random(&mut self, n: usize) -> usize {
         // xorshift64*: deterministic per client, good enough to spread reads.
         self.rng ^= self.rng >> 12;
@@ -175,9 +196,19 @@ impl Op {
             resends: 0,
             behind: Vec::new(),
         });
+        if let Request::Put { key, .. } = &op.request {
+            let write = cx.reserve();
+            op.write = Some(write);
+            cx.writes.insert(write, key.clone());
+        }
         let step = op.begin(cx, now_ms);
         let step = op.sent(step);
         (op, step)
+    }
+
+    /// The write's id, for a write.
+    pub fn write_id(&self) -> Option<u64> {
+        self.write
     }
 
     /// Whether `msg` (an answer to op `seq`) is for this request.
@@ -282,11 +313,22 @@ impl Op {
         let mut p = Step::default();
         match self.request.clone() {
             Request::Get(key) => self.read(cx, &key, false, &mut p),
-            Request::Put { .. } => {
+            Request::Put { key, .. } => {
+                // What the session waits for itself before it sends the
+                // write: everything, for a linearizable write; for a causal
+                // one, the versions of other keys whose partitions the head
+                // holds no replica of (the head waits for the others,
+                // `write_deps`). Nothing after a write still in flight: the
+                // head waits for that one, which waited for these.
+                let write = self.write.expect("a write's id is set at its start");
                 let deps: Vec<(Bytes, Dep)> = match self.consistency {
-                    Consistency::Causal | Consistency::Linearizable => {
-                        cx.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect()
-                    }
+                    Consistency::Linearizable => cx.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect(),
+                    Consistency::Causal if cx.earlier_write(write).is_none() => cx
+                        .session
+                        .dependencies()
+                        .filter(|(k, _)| **k != key && !cx.head_holds(&key, k))
+                        .map(|(k, d)| (k.clone(), d.clone()))
+                        .collect(),
                     _ => Vec::new(),
                 };
                 if !self.stabilize(cx, deps, false, &mut p) {
@@ -339,10 +381,38 @@ impl Op {
         let head = chain.head();
         let past = cx.session.past().clone();
         let op = self.next_op(cx);
-        let write = *self.write.get_or_insert(op.seq);
+        let write = self.write.expect("a write's id is set at its start");
+        let deps = self.write_deps(cx, &key, write);
+        let done_below = cx.writes.keys().next().copied().unwrap_or(write);
         let epoch = cx.topology.epoch;
-        p.send.push((head, Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write }));
+        let put = Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write, deps, done_below };
+        p.send.push((head, put));
         self.phase = Phase::Writing;
+    }
+
+    /// What the write's head waits for before it orders it (see
+    /// `core::node::put`): the session's previous write if it is still in
+    /// flight (for an eventual write, only if it wrote the same key: two
+    /// writes of one key must not swap); otherwise, for a causal write, the
+    /// unstable versions of other keys the session accessed (those whose
+    /// partitions the head holds no replica of were waited for already,
+    /// `begin`). A version of the same key needs no wait: the head holds
+    /// it, and the new one supersedes it.
+    fn write_deps(&self, cx: &Ctx, key: &Bytes, write: u64) -> Vec<WriteDep> {
+        let on_key = |k: &Bytes| k == key;
+        match (self.consistency, cx.earlier_write(write)) {
+            (Consistency::Linearizable, _) => Vec::new(),
+            (level, Some((w, k))) if level == Consistency::Causal || on_key(k) => {
+                vec![WriteDep { partition: cx.topology.partition_of(k), on: DepOn::Write(w), same_key: on_key(k) }]
+            }
+            (Consistency::Causal, None) => cx
+                .session
+                .dependencies()
+                .filter(|(k, _)| !on_key(k))
+                .map(|(k, d)| WriteDep { partition: cx.topology.partition_of(k), on: DepOn::Seq(d.seq), same_key: false })
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     fn read(&mut self, cx: &mut Ctx, key: &Bytes, at_head: bool, p: &mut Step) {
@@ -403,7 +473,9 @@ impl Op {
     }
 
     fn snapshot(&mut self, cx: &mut Ctx, keys: &[Bytes], now_ms: u64, p: &mut Step) {
-        let at = cx.session.max_ts().max(Timestamp::new(now_ms, 0));
+        // The end of this millisecond: every write completed before it
+        // started (on a machine with this clock) is in.
+        let at = cx.session.max_ts().max(Timestamp::new(now_ms, Timestamp::MAX_LOGICAL));
         let mut by_head: BTreeMap<NodeId, KeysAt> = BTreeMap::new();
         for (i, key) in keys.iter().enumerate() {
             let partition = cx.topology.partition_of(key);
@@ -567,7 +639,8 @@ impl Op {
                 };
                 if let Some(version) = &version {
                     if self.consistency != Consistency::Eventual {
-                        cx.session.observe_write(key, version, seq, chain_index, stable);
+                        let write = self.write.expect("a write's id is set at its start");
+                        cx.session.observe_write(key, version, seq, chain_index, stable, write);
                     }
                 }
                 p.done = Some(Ok(Response::Written(version.is_some())));

@@ -511,6 +511,8 @@ mod tests {
             past: Default::default(),
             ack_at: 1,
             write: i,
+            deps: Vec::new(),
+            done_below: i,
         };
         let n = (SOFT_LIMIT >> 20) as u64 + 4;
         for i in 1..=n {

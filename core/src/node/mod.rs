@@ -40,6 +40,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+mod coalesce;
+mod geo;
+mod put;
+
+use coalesce::{coalesce, is_chain_traffic};
+
 /// How often a node sends its heartbeat to every coordinator member.
 pub const HEARTBEAT_MS: u64 = 200;
 
@@ -167,6 +173,11 @@ pub struct Node {
     parked: Vec<(Vec<(PartitionId, u64)>, Envelope)>,
     /// Chain traffic of the steps since the last `flush`.
     chain_out: Outbox,
+    /// Client writes parked at heads here until what they depend on is in
+    /// (`put`), and the partitions touched by the step under way that
+    /// such writes wait on.
+    waiting: put::Waiting,
+    touched: Vec<PartitionId>,
 }
 
 impl Node {
@@ -194,6 +205,8 @@ impl Node {
             geo: None,
             parked: Vec::new(),
             chain_out: Outbox::new(),
+            waiting: put::Waiting::default(),
+            touched: Vec::new(),
         };
         if node.id.sites.len() > 1 {
             let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32, node.id.replication);
@@ -314,7 +327,19 @@ impl Node {
     pub fn step(&mut self, msg: Message, now: Now, out: &mut Outbox) {
         let at = out.len();
         self.handle(msg, now, out);
+        self.wake_touched(now.wall_ms, out);
         self.defer_chain_traffic(out, at);
+    }
+
+    /// Orders the parked writes that the step's changes let go (`put`).
+    fn wake_touched(&mut self, now_ms: u64, out: &mut Outbox) {
+        while !self.touched.is_empty() {
+            let mut touched = std::mem::take(&mut self.touched);
+            touched.sort_unstable();
+            touched.dedup();
+            // Ordering a write touches its partition in turn.
+            self.wake_puts(&touched, now_ms, out);
+        }
     }
 
     /// Sends what the steps since the last flush hold back: chain traffic,
@@ -356,21 +381,12 @@ impl Node {
         }
         let stale = |epoch: u64| epoch != self.topology.epoch;
         match msg {
-            Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write } => {
-                let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write };
+            Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write, deps, done_below } => {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
-                // Only a head's writes wait for a number (others are refused
-                // by the replica, as always, in `put`).
-                let head = self.parts.get(partition as usize).and_then(Option::as_ref).is_some_and(ChainReplica::is_head);
-                let req = match &mut self.geo {
-                    Some(geo) if head => geo.sequence(partition, req, now_ms, out),
-                    _ => Some(req),
-                };
-                if let Some(req) = req {
-                    self.put(partition, req, now_ms, out);
-                }
+                let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write, done_below };
+                self.client_put(partition, req, deps, now_ms, out);
             }
             Message::Get { op, epoch, partition, key, min, leased } => {
                 if leased && !self.has_lease(now.mono_ms) {
@@ -508,6 +524,8 @@ impl Node {
             for p in 0..self.parts.len() {
                 self.with(p as PartitionId, |r| r.tick(now_ms, out));
             }
+            self.wake_touched(now_ms, out);
+            self.expire_puts(now_ms);
             self.geo_tick(now_ms, out);
         }
         self.defer_chain_traffic(out, at);
@@ -664,6 +682,9 @@ impl Node {
         let result = f(r);
         self.log.extend(r.take_log());
         self.geo_feed(partition);
+        if self.waiting.on(partition) {
+            self.touched.push(partition);
+        }
         Some(result)
     }
 
@@ -701,6 +722,7 @@ impl Node {
         }
         self.geo_replicas(out);
         self.wake_parked(out);
+        self.refuse_parked_puts(out);
     }
 
     /// Sends `reply` once every (partition, seq) in `needs` is durable here
@@ -771,237 +793,8 @@ impl Node {
     }
 }
 
-/// Whether `msg` is traffic along a chain that `flush` coalesces.
-fn is_chain_traffic(msg: &Message) -> bool {
-    matches!(msg, Message::Forward { .. } | Message::StableUpTo { .. })
-}
-
-/// Moves `pending` to `out`, merging what goes to one node for one
-/// partition at one epoch: forwards into one (updates in the order they
-/// were applied; lazy only if every part was), acknowledgements into the
-/// last one (they are cumulative).
-fn coalesce(pending: Outbox, out: &mut Outbox) {
-    if pending.len() < 2 {
-        out.extend(pending);
-        return;
-    }
-    let mut at: ahash::AHashMap<(Dest, PartitionId, u64, bool), usize> = ahash::AHashMap::new();
-    for env in pending {
-        let key = match &env.msg {
-            Message::Forward { epoch, partition, .. } => (env.to, *partition, *epoch, true),
-            Message::StableUpTo { epoch, partition, .. } => (env.to, *partition, *epoch, false),
-            _ => {
-                out.push(env);
-                continue;
-            }
-        };
-        let Some(&i) = at.get(&key) else {
-            at.insert(key, out.len());
-            out.push(env);
-            continue;
-        };
-        match (&mut out[i].msg, env.msg) {
-            (Message::Forward { updates, lazy, .. }, Message::Forward { updates: more, lazy: more_lazy, .. }) => {
-                updates.extend(more);
-                *lazy &= more_lazy;
-            }
-            (ack @ Message::StableUpTo { .. }, later @ Message::StableUpTo { .. }) => *ack = later,
-            _ => unreachable!("keyed by kind"),
-        }
-    }
-}
-
 /// The `take_log` number of everything logged so far: the next one if
 /// records wait in `log`, else the last one handed out.
 fn ticket(logged: u64, log: &[LogRecord]) -> u64 {
     logged + u64::from(!log.is_empty())
-}
-
-/// Geo-replication: the chain side of it (promises down the chain, remote
-/// writes at heads, tails' reporters), around `geo::Geo`.
-impl Node {
-    /// With several sites: every replica keeps what is not reported yet,
-    /// and each tail's reporter follows its replica.
-    fn geo_replicas(&mut self, out: &mut Outbox) {
-        if self.geo.is_none() {
-            return;
-        }
-        for p in 0..self.parts.len() as PartitionId {
-            if let Some(r) = &mut self.parts[p as usize] {
-                r.enable_geo();
-            }
-            self.geo_tail(p, out);
-        }
-    }
-
-    /// Starts, feeds or stops `partition`'s reporter as its replica here is
-    /// the serving tail or not; returns how far everything is reported.
-    fn geo_feed(&mut self, partition: PartitionId) -> Option<u64> {
-        let geo = self.geo.as_mut()?;
-        if let Some(r) = self.parts[partition as usize].as_mut() {
-            // Whatever it applied is in the node's log now.
-            self.log.extend(r.take_log());
-            r.mark(ticket(self.logged, &self.log));
-        }
-        let tail = self.parts[partition as usize].as_mut().filter(|r| self.admitted && r.reports());
-        geo.tail(partition, tail)
-    }
-
-    /// `geo_feed`, then tells the chain how far everything is reported.
-    fn geo_tail(&mut self, partition: PartitionId, out: &mut Outbox) {
-        if let Some(seq) = self.geo_feed(partition) {
-            if let Some(r) = &mut self.parts[partition as usize] {
-                r.set_reported(seq, out);
-            }
-        }
-    }
-
-    /// Sends at once what this node's reporters got in this step
-    /// (`Geo::flush`): a write or a promise reaches the stabilizer leader
-    /// without waiting for the tick.
-    fn flush_geo(&mut self, now_ms: u64, out: &mut Outbox) {
-        if let Some(geo) = &mut self.geo {
-            geo.flush(now_ms, out);
-        }
-    }
-
-    fn geo_tick(&mut self, now_ms: u64, out: &mut Outbox) {
-        if self.geo.is_none() {
-            return;
-        }
-        for op in self.geo.as_mut().map(|g| g.unsequenced(now_ms)).unwrap_or_default() {
-            self.not_responsible(op, out);
-        }
-        let due = self.geo.as_mut().is_some_and(|g| g.promises_due(now_ms));
-        self.promise(due, None, now_ms, out);
-        for p in 0..self.parts.len() as PartitionId {
-            self.geo_tail(p, out);
-        }
-        let topology = self.topology.clone();
-        if let Some(geo) = &mut self.geo {
-            geo.tick(&topology, now_ms, out);
-        }
-        self.promise_if_asked(now_ms, out);
-        self.answer_probes(now_ms, out);
-    }
-
-    /// Heads promise at once if the stabilizer leader asked them to.
-    fn promise_if_asked(&mut self, now_ms: u64, out: &mut Outbox) {
-        if let Some(at) = self.geo.as_mut().and_then(|g| g.take_asked(now_ms)) {
-            self.promise(true, Some(at), now_ms, out);
-        }
-    }
-
-    /// Heads make a promise (if `make`; past `asked`, if the leader asked),
-    /// and every replica passes on the promise it has all updates for.
-    fn promise(&mut self, make: bool, asked: Option<Timestamp>, now_ms: u64, out: &mut Outbox) {
-        let mut promises = BTreeMap::new();
-        for p in 0..self.parts.len() as PartitionId {
-            if let Some(r) = self.parts[p as usize].as_mut().filter(|_| make) {
-                r.make_promise(now_ms, asked.unwrap_or(Timestamp::ZERO));
-            }
-            self.pass_promise(p, asked, &mut promises);
-        }
-        self.send_promises(promises, asked, out);
-    }
-
-    /// Passes `partition`'s promise on once this replica has what it covers:
-    /// to the successor, or, at the tail, to the reporter.
-    /// `asked`: the promise answers the leader's ask for promises past that
-    /// time (`GeoMsg::Promise`): tails send it on without waiting for the
-    /// tick.
-    fn pass_promise(
-        &mut self,
-        partition: PartitionId,
-        asked: Option<Timestamp>,
-        to: &mut BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>,
-    ) {
-        let Some(r) = &mut self.parts[partition as usize] else { return };
-        let Some(ts) = r.take_promise() else { return };
-        // Its clock ceiling is durable before the promise leaves.
-        self.log.extend(r.take_log());
-        match r.next() {
-            Some(next) => to.entry(next).or_default().push((partition, r.applied(), ts)),
-            None if r.reports() => {
-                // The updates it covers are on disk: the reporter has them
-                // before the promise.
-                self.geo_feed(partition);
-                if let Some(geo) = &mut self.geo {
-                    geo.promise(partition, ts, asked);
-                }
-            }
-            None => {}
-        }
-    }
-
-    fn send_promises(&self, promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>, asked: Option<Timestamp>, out: &mut Outbox) {
-        for (next, items) in promises {
-            send(out, Dest::Node(next), Message::Geo(GeoMsg::Promises { epoch: self.topology.epoch, items, asked }));
-        }
-    }
-
-    fn geo_step(&mut self, msg: GeoMsg, now_ms: u64, out: &mut Outbox) {
-        let epoch = self.topology.epoch;
-        match msg {
-            GeoMsg::Promises { epoch: e, items, asked } if e == epoch => {
-                let mut promises = BTreeMap::new();
-                for (p, seq, ts) in items {
-                    if let Some(r) = self.parts.get_mut(p as usize).and_then(Option::as_mut) {
-                        r.on_promise(seq, ts);
-                        self.pass_promise(p, asked, &mut promises);
-                    }
-                }
-                self.send_promises(promises, asked, out);
-            }
-            GeoMsg::Promises { .. } => {}
-            GeoMsg::Promise(at) => {
-                if let Some(geo) = &mut self.geo {
-                    geo.asked(at);
-                }
-                self.promise_if_asked(now_ms, out);
-            }
-            GeoMsg::Sequenced(reply) => {
-                if let Some((partition, req)) = self.geo.as_mut().and_then(|g| g.sequenced(reply)) {
-                    self.put(partition, req, now_ms, out);
-                }
-            }
-            GeoMsg::Apply { epoch: e, write, from } => {
-                if e != epoch {
-                    return;
-                }
-                let reply = crate::message::Envelope {
-                    to: Dest::Node(from),
-                    msg: Message::Geo(GeoMsg::Applied { origin: write.version.site, partition: write.partition, ts: write.version.ts }),
-                };
-                self.with(write.partition, |r| r.apply_remote(write, reply, now_ms, out));
-            }
-            msg => {
-                let topology = self.topology.clone();
-                if let Some(geo) = &mut self.geo {
-                    geo.step(msg, false, &topology, now_ms, out);
-                }
-                self.promise_if_asked(now_ms, out);
-                self.answer_probes(now_ms, out);
-            }
-        }
-    }
-
-    /// This node's part in geo-replication, if the deployment has several
-    /// sites.
-    pub fn geo(&self) -> Option<&Geo> {
-        self.geo.as_ref()
-    }
-
-    /// Concurrent writes from different sites resolved at heads here.
-    pub fn conflicts(&self) -> u64 {
-        self.parts.iter().flatten().map(|r| r.conflicts()).sum()
-    }
-
-    /// The latest `n` of them, newest first.
-    pub fn recent_conflicts(&self, n: usize) -> Vec<crate::chain::Conflict> {
-        let mut all: Vec<crate::chain::Conflict> = self.parts.iter().flatten().flat_map(|r| r.recent_conflicts().cloned()).collect();
-        all.sort_by_key(|c| std::cmp::Reverse(c.at_ms));
-        all.truncate(n);
-        all
-    }
 }

@@ -1,0 +1,44 @@
+//! Chain traffic held back until a flush (`Node::flush`), merged.
+
+use crate::message::{Dest, Message, Outbox};
+use crate::ring::PartitionId;
+
+/// Whether `msg` is traffic along a chain that `flush` coalesces.
+pub(super) fn is_chain_traffic(msg: &Message) -> bool {
+    matches!(msg, Message::Forward { .. } | Message::StableUpTo { .. })
+}
+
+/// Moves `pending` to `out`, merging what goes to one node for one
+/// partition at one epoch: forwards into one (updates in the order they
+/// were applied; lazy only if every part was), acknowledgements into the
+/// last one (they are cumulative).
+pub(super) fn coalesce(pending: Outbox, out: &mut Outbox) {
+    if pending.len() < 2 {
+        out.extend(pending);
+        return;
+    }
+    let mut at: ahash::AHashMap<(Dest, PartitionId, u64, bool), usize> = ahash::AHashMap::new();
+    for env in pending {
+        let key = match &env.msg {
+            Message::Forward { epoch, partition, .. } => (env.to, *partition, *epoch, true),
+            Message::StableUpTo { epoch, partition, .. } => (env.to, *partition, *epoch, false),
+            _ => {
+                out.push(env);
+                continue;
+            }
+        };
+        let Some(&i) = at.get(&key) else {
+            at.insert(key, out.len());
+            out.push(env);
+            continue;
+        };
+        match (&mut out[i].msg, env.msg) {
+            (Message::Forward { updates, lazy, .. }, Message::Forward { updates: more, lazy: more_lazy, .. }) => {
+                updates.extend(more);
+                *lazy &= more_lazy;
+            }
+            (ack @ Message::StableUpTo { .. }, later @ Message::StableUpTo { .. }) => *ack = later,
+            _ => unreachable!("keyed by kind"),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The node's part in geo-replication around `geo::Geo`: promises down
+//! the chains, remote writes at heads, tails' reporters.
+
+use super::*;
+
+/// Geo-replication: the chain side of it (promises down the chain, remote
+/// writes at heads, tails' reporters), around `geo::Geo`.
+impl Node {
+    /// With several sites: every replica keeps what is not reported yet,
+    /// and each tail's reporter follows its replica.
+    pub(super) fn geo_replicas(&mut self, out: &mut Outbox) {
+        if self.geo.is_none() {
+            return;
+        }
+        for p in 0..self.parts.len() as PartitionId {
+            if let Some(r) = &mut self.parts[p as usize] {
+                r.enable_geo();
+            }
+            self.geo_tail(p, out);
+        }
+    }
+
+    /// Starts, feeds or stops `partition`'s reporter as its replica here is
+    /// the serving tail or not; returns how far everything is reported.
+    pub(super) fn geo_feed(&mut self, partition: PartitionId) -> Option<u64> {
+        let geo = self.geo.as_mut()?;
+        if let Some(r) = self.parts[partition as usize].as_mut() {
+            // Whatever it applied is in the node's log now.
+            self.log.extend(r.take_log());
+            r.mark(ticket(self.logged, &self.log));
+        }
+        let tail = self.parts[partition as usize].as_mut().filter(|r| self.admitted && r.reports());
+        geo.tail(partition, tail)
+    }
+
+    /// `geo_feed`, then tells the chain how far everything is reported.
+    pub(super) fn geo_tail(&mut self, partition: PartitionId, out: &mut Outbox) {
+        if let Some(seq) = self.geo_feed(partition) {
+            if let Some(r) = &mut self.parts[partition as usize] {
+                r.set_reported(seq, out);
+            }
+        }
+    }
+
+    /// Sends at once what this node's reporters got in this step
+    /// (`Geo::flush`): a write or a promise reaches the stabilizer leader
+    /// without waiting for the tick.
+    pub(super) fn flush_geo(&mut self, now_ms: u64, out: &mut Outbox) {
+        if let Some(geo) = &mut self.geo {
+            geo.flush(now_ms, out);
+        }
+    }
+
+    pub(super) fn geo_tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if self.geo.is_none() {
+            return;
+        }
+        for op in self.geo.as_mut().map(|g| g.unsequenced(now_ms)).unwrap_or_default() {
+            self.not_responsible(op, out);
+        }
+        let due = self.geo.as_mut().is_some_and(|g| g.promises_due(now_ms));
+        self.promise(due, None, now_ms, out);
+        for p in 0..self.parts.len() as PartitionId {
+            self.geo_tail(p, out);
+        }
+        let topology = self.topology.clone();
+        if let Some(geo) = &mut self.geo {
+            geo.tick(&topology, now_ms, out);
+        }
+        self.promise_if_asked(now_ms, out);
+        self.answer_probes(now_ms, out);
+    }
+
+    /// Heads promise at once if the stabilizer leader asked them to.
+    pub(super) fn promise_if_asked(&mut self, now_ms: u64, out: &mut Outbox) {
+        if let Some(at) = self.geo.as_mut().and_then(|g| g.take_asked(now_ms)) {
+            self.promise(true, Some(at), now_ms, out);
+        }
+    }
+
+    /// Heads make a promise (if `make`; past `asked`, if the leader asked),
+    /// and every replica passes on the promise it has all updates for.
+    pub(super) fn promise(&mut self, make: bool, asked: Option<Timestamp>, now_ms: u64, out: &mut Outbox) {
+        let mut promises = BTreeMap::new();
+        for p in 0..self.parts.len() as PartitionId {
+            if let Some(r) = self.parts[p as usize].as_mut().filter(|_| make) {
+                r.make_promise(now_ms, asked.unwrap_or(Timestamp::ZERO));
+            }
+            self.pass_promise(p, asked, &mut promises);
+        }
+        self.send_promises(promises, asked, out);
+    }
+
+    /// Passes `partition`'s promise on once this replica has what it covers:
+    /// to the successor, or, at the tail, to the reporter.
+    /// `asked`: the promise answers the leader's ask for promises past that
+    /// time (`GeoMsg::Promise`): tails send it on without waiting for the
+    /// tick.
+    pub(super) fn pass_promise(
+        &mut self,
+        partition: PartitionId,
+        asked: Option<Timestamp>,
+        to: &mut BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>,
+    ) {
+        let Some(r) = &mut self.parts[partition as usize] else { return };
+        let Some(ts) = r.take_promise() else { return };
+        // Its clock ceiling is durable before the promise leaves.
+        self.log.extend(r.take_log());
+        match r.next() {
+            Some(next) => to.entry(next).or_default().push((partition, r.applied(), ts)),
+            None if r.reports() => {
+                // The updates it covers are on disk: the reporter has them
+                // before the promise.
+                self.geo_feed(partition);
+                if let Some(geo) = &mut self.geo {
+                    geo.promise(partition, ts, asked);
+                }
+            }
+            None => {}
+        }
+    }
+
+    pub(super) fn send_promises(
+        &self,
+        promises: BTreeMap<NodeId, Vec<(PartitionId, u64, Timestamp)>>,
+        asked: Option<Timestamp>,
+        out: &mut Outbox,
+    ) {
+        for (next, items) in promises {
+            send(out, Dest::Node(next), Message::Geo(GeoMsg::Promises { epoch: self.topology.epoch, items, asked }));
+        }
+    }
+
+    pub(super) fn geo_step(&mut self, msg: GeoMsg, now_ms: u64, out: &mut Outbox) {
+        let epoch = self.topology.epoch;
+        match msg {
+            GeoMsg::Promises { epoch: e, items, asked } if e == epoch => {
+                let mut promises = BTreeMap::new();
+                for (p, seq, ts) in items {
+                    if let Some(r) = self.parts.get_mut(p as usize).and_then(Option::as_mut) {
+                        r.on_promise(seq, ts);
+                        self.pass_promise(p, asked, &mut promises);
+                    }
+                }
+                self.send_promises(promises, asked, out);
+            }
+            GeoMsg::Promises { .. } => {}
+            GeoMsg::Promise(at) => {
+                if let Some(geo) = &mut self.geo {
+                    geo.asked(at);
+                }
+                self.promise_if_asked(now_ms, out);
+            }
+            GeoMsg::Sequenced(reply) => {
+                if let Some((partition, req)) = self.geo.as_mut().and_then(|g| g.sequenced(reply)) {
+                    self.put(partition, req, now_ms, out);
+                }
+            }
+            GeoMsg::Apply { epoch: e, write, from } => {
+                if e != epoch {
+                    return;
+                }
+                let reply = crate::message::Envelope {
+                    to: Dest::Node(from),
+                    msg: Message::Geo(GeoMsg::Applied { origin: write.version.site, partition: write.partition, ts: write.version.ts }),
+                };
+                self.with(write.partition, |r| r.apply_remote(write, reply, now_ms, out));
+            }
+            msg => {
+                let topology = self.topology.clone();
+                if let Some(geo) = &mut self.geo {
+                    geo.step(msg, false, &topology, now_ms, out);
+                }
+                self.promise_if_asked(now_ms, out);
+                self.answer_probes(now_ms, out);
+            }
+        }
+    }
+
+    /// This node's part in geo-replication, if the deployment has several
+    /// sites.
+    pub fn geo(&self) -> Option<&Geo> {
+        self.geo.as_ref()
+    }
+
+    /// Concurrent writes from different sites resolved at heads here.
+    pub fn conflicts(&self) -> u64 {
+        self.parts.iter().flatten().map(|r| r.conflicts()).sum()
+    }
+
+    /// The latest `n` of them, newest first.
+    pub fn recent_conflicts(&self, n: usize) -> Vec<crate::chain::Conflict> {
+        let mut all: Vec<crate::chain::Conflict> = self.parts.iter().flatten().flat_map(|r| r.recent_conflicts().cloned()).collect();
+        all.sort_by_key(|c| std::cmp::Reverse(c.at_ms));
+        all.truncate(n);
+        all
+    }
+}

@@ -11,23 +11,26 @@
 //! until the site restarts). Checks:
 //!
 //! * the recorded history of every site together: causal+ for causal and
-//!   linearizable runs (`causeway_sim::check::causal_values`: every read
-//!   returns a value no older than its causal past across keys, sessions
-//!   and sites), and, at one site, linearizability with porcupine (every
-//!   operation, `causeway_sim::lincheck`);
+//!   linearizable runs (`causeway_checker::causal::causal_values`: every
+//!   read returns a value no older than its causal past across keys,
+//!   sessions and sites), and, at one site, linearizability with porcupine
+//!   (every operation, `causeway_checker::lincheck`);
 //! * durability and convergence: each key's last acknowledged value reads
 //!   back at every level through every node of every site;
 //! * every chain's replicas are identical (`CW.DIGEST`), every node is a
 //!   member again and writes flow.
 //!
-//! It prints a verdict with the seed, which replays the same fault schedule.
+//! It prints a verdict with the seed, which replays the same fault schedule
+//! (`rng`).
+
+mod rng;
 
 use crate::resp_client::RespConn;
 use crate::site::{free_ports, start_sites, Shape, Site};
+use causeway_checker::lincheck::{Op, OpKind};
 use causeway_resp::Frame;
-use causeway_sim::lincheck::{Op, OpKind};
-use causeway_sim::Rng;
 use clap::Args;
+use rng::Rng;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -379,7 +382,7 @@ fn check_history(history: &[Op], level: &str, sites: usize) -> Result<String, St
     if level == "eventual" {
         return Ok("no ordering promised at eventual".into());
     }
-    let violations = causeway_sim::check::causal_values(history, order);
+    let violations = causeway_checker::causal::causal_values(history, order);
     if let Some(first) = violations.first() {
         return Err(format!("{} causal+ violations, the first: {first}", violations.len()));
     }
@@ -387,7 +390,7 @@ fn check_history(history: &[Op], level: &str, sites: usize) -> Result<String, St
     if level == "linearizable" && sites > 1 {
         said += " (linearizability is per site: not checked across sites)";
     } else if level == "linearizable" {
-        match causeway_sim::lincheck::verdict(history) {
+        match causeway_checker::lincheck::verdict(history) {
             Ok(true) => said += ", linearizable (porcupine)",
             Ok(false) => return Err("the history is not linearizable (porcupine's explanation is above)".into()),
             Err(e) => said += &format!(", linearizability NOT checked: {e}"),

@@ -4,7 +4,9 @@
 
 use crate::resp_client::RespConn;
 use causeway_resp::Frame;
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,7 +21,8 @@ pub struct Shape {
     pub data_dir: Option<String>,
     /// Extra flags for every node.
     pub node_args: Vec<String>,
-    /// Where the nodes' stderr goes (None: inherited).
+    /// Where the nodes' stderr goes, node i's in `LOGS/node-i.log`, every
+    /// incarnation after the one before (None: inherited).
     pub logs: Option<PathBuf>,
 }
 
@@ -30,6 +33,8 @@ pub struct Site {
     exe: PathBuf,
     secret: Vec<String>,
     children: Vec<Option<Child>>,
+    /// How many times each node has been started.
+    starts: Vec<u32>,
 }
 
 impl Site {
@@ -43,7 +48,8 @@ impl Site {
         let given =
             shape.node_args.iter().any(|a| a.starts_with("--cluster-secret")) || std::env::var_os("CAUSEWAY_CLUSTER_SECRET").is_some();
         let secret = if given { Vec::new() } else { vec!["--cluster-secret".to_string(), format!("{:032x}", rand::random::<u128>())] };
-        let mut site = Site { children: (0..shape.nodes).map(|_| None).collect(), shape, ports, exe, secret };
+        let mut site =
+            Site { children: (0..shape.nodes).map(|_| None).collect(), starts: vec![0; shape.nodes as usize], shape, ports, exe, secret };
         for i in 0..site.shape.nodes {
             site.spawn(i)?;
         }
@@ -79,9 +85,9 @@ impl Site {
             .args(&self.secret)
             .args(&s.node_args)
             .stdin(Stdio::null());
+        self.starts[i as usize] += 1;
         if let Some(dir) = &s.logs {
-            let log =
-                std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("node-{i}.log"))).map_err(|e| e.to_string())?;
+            let log = open_log(&dir.join(format!("node-{i}.log")), i, self.starts[i as usize])?;
             cmd.stdout(Stdio::null()).stderr(log);
         }
         self.children[i as usize] = Some(cmd.spawn().map_err(|e| format!("cannot start node {i}: {e}"))?);
@@ -165,6 +171,21 @@ impl Site {
     }
 }
 
+/// Node `i`'s log for its `start`-th incarnation: appended to the file, so
+/// that a failure can be read back across the restarts that led to it,
+/// after a line that marks where this incarnation begins (with the time in
+/// the format of the log lines around it).
+fn open_log(path: &Path, i: u16, start: u32) -> Result<File, String> {
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let line = match start {
+        1 => format!("=== node {i} started at {now} ===\n"),
+        n => format!("=== node {i} restarted at {now} (start {n}) ===\n"),
+    };
+    log.write_all(line.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(log)
+}
+
 /// Starts `ports.len()` sites of `shape`, active-active: site s's node i
 /// on `ports[s][i]`, its log in `DATA/site-s/node-i` and its stderr in
 /// `LOGS/site-s/`, one-way delays `delays[s][t]` ms plus up to `jitter_ms`
@@ -216,5 +237,29 @@ impl Drop for Site {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restart appends to the node's log: what the earlier incarnation
+    /// wrote is still there, after its own marker and before the new one.
+    #[test]
+    fn a_restarted_nodes_log_keeps_the_earlier_incarnation() {
+        let path = std::env::temp_dir().join(format!("causeway-site-log-{}.log", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut first = open_log(&path, 2, 1).unwrap();
+        first.write_all(b"the first incarnation's last words\n").unwrap();
+        drop(first);
+        open_log(&path, 2, 2).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("=== node 2 started at ") && lines[0].ends_with(" ==="), "{text}");
+        assert_eq!(lines[1], "the first incarnation's last words");
+        assert!(lines[2].starts_with("=== node 2 restarted at ") && lines[2].ends_with("(start 2) ==="), "{text}");
     }
 }

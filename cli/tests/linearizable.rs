@@ -4,7 +4,7 @@
 
 mod common;
 
-use causeway_sim::lincheck::{check, Op, OpKind};
+use causeway_checker::lincheck::{check, to_json, Op, OpKind};
 use common::{Cluster, Opts};
 use redis::Commands;
 use std::sync::{Arc, Mutex};
@@ -86,5 +86,5 @@ fn linearizable_mode_through_a_node_failure() {
     }
     let history = history.lock().unwrap();
     assert!(history.len() > 100, "only {} operations recorded", history.len());
-    assert!(check(&history), "linearizable mode produced a non-linearizable history:\n{}", causeway_sim::lincheck::to_json(&history));
+    assert!(check(&history), "linearizable mode produced a non-linearizable history:\n{}", to_json(&history));
 }

@@ -13,10 +13,11 @@
 //! can itself be paused (`pause_coordinator`). One partition can be made a
 //! straggler (`Straggler`): its reports to the site's stabilizer arrive late.
 //!
-//! `Sim` runs the site; `check` holds the invariants the runs are judged by.
+//! `Sim` runs the site; `check` judges causal+ by the versions reads
+//! returned, and the checkers that need no simulator are in
+//! `causeway_checker`.
 
 pub mod check;
-pub mod lincheck;
 pub mod workload;
 pub mod world;
 

@@ -1,9 +1,10 @@
 //! A random client workload over a simulated site, with a hook for faults,
 //! and the end-of-run checks every simulation test shares.
 
-use crate::check::{self, CausalChecker};
+use crate::check::CausalChecker;
 use crate::{Completed, Fsync, Network, Rng, Sim};
 use bytes::Bytes;
+use causeway_checker::replicas;
 use causeway_core::driver::Request;
 use causeway_core::message::Condition;
 use causeway_core::ring::{NodeId, Shape, Topology};
@@ -143,7 +144,7 @@ pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowe
     }
     allowed_loss(&sim, &mut checker);
     let digests = sim.digests();
-    if let Err(e) = check::converged(&digests).and_then(|()| check::durable(&digests, &checker.acknowledged)) {
+    if let Err(e) = replicas::converged(&digests).and_then(|()| replicas::durable(&digests, &checker.acknowledged)) {
         panic!("seed {seed}: {e}");
     }
     if check_causal {

@@ -9,6 +9,7 @@
 //! `SEEDS=a..b` runs more.
 
 use bytes::Bytes;
+use causeway_checker::replicas;
 use causeway_core::driver::Request;
 use causeway_core::geo::Replication;
 use causeway_core::hlc::Timestamp;
@@ -16,7 +17,7 @@ use causeway_core::message::Condition;
 use causeway_core::ring::{PartitionId, Shape};
 use causeway_core::version::SiteId;
 use causeway_core::version::Version;
-use causeway_sim::check::{self, CausalChecker};
+use causeway_sim::check::CausalChecker;
 use causeway_sim::workload::seeds;
 use causeway_sim::world::{Wan, World};
 use causeway_sim::TICK_MS;
@@ -280,7 +281,7 @@ fn identical(world: &World, seed: u64, checker: &CausalChecker) -> SiteData {
         .enumerate()
         .map(|(i, s)| {
             let digests = s.digests();
-            if let Err(e) = check::converged(&digests).and_then(|()| check::durable(&digests, &checker.acknowledged)) {
+            if let Err(e) = replicas::converged(&digests).and_then(|()| replicas::durable(&digests, &checker.acknowledged)) {
                 panic!("seed {seed}: site {i}: {e}\n{}", s.history());
             }
             digests

@@ -5,10 +5,10 @@
 //! to land at any time after their call.
 
 use bytes::Bytes;
+use causeway_checker::lincheck::{self, Op, OpKind};
 use causeway_core::driver::{Consistency, Request, Response};
 use causeway_core::message::Condition;
 use causeway_core::ring::{Shape, Topology};
-use causeway_sim::lincheck::{self, Op, OpKind};
 use causeway_sim::workload::{seeds, Failure};
 use causeway_sim::{Completed, Network, Rng, Sim, FAILURE_TIMEOUT_MS};
 

@@ -36,11 +36,12 @@
 //! one line per change.
 
 use bytes::Bytes;
+use causeway_checker::lincheck::{self, Op, OpKind};
+use causeway_checker::replicas;
 use causeway_core::driver::{Consistency, Request, Response};
 use causeway_core::message::Condition;
 use causeway_core::ring::{NodeId, Shape};
-use causeway_sim::check::{self, CausalChecker};
-use causeway_sim::lincheck::{self, Op, OpKind};
+use causeway_sim::check::CausalChecker;
 use causeway_sim::{Completed, Fsync, Network, Sim};
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
@@ -400,9 +401,9 @@ impl Scenario {
         }
         writeln!(out, "causal+: every read ({}) saw its causal past", c.reads_checked)?;
         let digests = sim.digests();
-        check::converged(&digests)?;
+        replicas::converged(&digests)?;
         writeln!(out, "converged: the replicas of each of {} partitions are identical", digests.len())?;
-        check::durable(&digests, &c.acknowledged)?;
+        replicas::durable(&digests, &c.acknowledged)?;
         writeln!(out, "durable: {} acknowledged writes present", c.acknowledged.len())?;
         let history: Vec<Op> = self.history.iter().filter(|op| !self.not_linearizable.contains(&op.key)).cloned().collect();
         if !history.is_empty() {

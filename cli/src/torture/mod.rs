@@ -11,23 +11,33 @@
 //! until the site restarts). Checks:
 //!
 //! * the recorded history of every site together: causal+ for causal and
-//!   linearizable runs (`causeway_sim::check::causal_values`: every read
-//!   returns a value no older than its causal past across keys, sessions
-//!   and sites), and, at one site, linearizability with porcupine (every
-//!   operation, `causeway_sim::lincheck`);
+//!   linearizable runs (`causeway_checker::causal::causal_values`: every
+//!   read returns a value no older than its causal past across keys,
+//!   sessions and sites), and, at one site, linearizability with porcupine
+//!   (every operation, `causeway_checker::lincheck`);
 //! * durability and convergence: each key's last acknowledged value reads
-//!   back at every level through every node of every site;
+//!   back at every level through every node of every site (`readback`: a
+//!   read that fails with an error is tried again while the site heals,
+//!   and only a wrong or missing value counts as a lost write);
 //! * every chain's replicas are identical (`CW.DIGEST`), every node is a
 //!   member again and writes flow.
 //!
-//! It prints a verdict with the seed, which replays the same fault schedule.
+//! It prints a verdict with the seed, which replays the same fault schedule
+//! (`rng`): ok; FAILED, with what went wrong (a lost write, a violated
+//! check, a site that did not heal); or UNAVAILABLE, when reads of the
+//! final read-back still failed with errors after a minute and none came
+//! back wrong. Each node's log (stderr, `node-i.log` in the run's
+//! directory) keeps every incarnation, one after the other.
+
+mod readback;
+mod rng;
 
 use crate::resp_client::RespConn;
 use crate::site::{free_ports, start_sites, Shape, Site};
+use causeway_checker::lincheck::{Op, OpKind};
 use causeway_resp::Frame;
-use causeway_sim::lincheck::{Op, OpKind};
-use causeway_sim::Rng;
 use clap::Args;
+use rng::Rng;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -87,6 +97,23 @@ impl Writes {
     }
 }
 
+/// Why a run failed.
+#[derive(Debug)]
+enum Failure {
+    /// Something went wrong: a write lost, a check violated, a site that
+    /// did not heal.
+    Failed(String),
+    /// Reads back kept failing with errors until the read-back gave up,
+    /// and none came back wrong: the site was unavailable, not lossy.
+    Unavailable(String),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Failed(e)
+    }
+}
+
 /// A value's place among its key's writes: values are `w{client}:v{n}`, and
 /// each key has one sequential writer.
 fn order(value: &str) -> Option<u64> {
@@ -135,11 +162,12 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
             let _ = std::fs::remove_dir_all(&dir);
             Ok(())
         }
-        Err(e) => Err(format!("verdict: FAILED (seed {seed}): {e}; node logs in {}", dir.display())),
+        Err(Failure::Failed(e)) => Err(format!("verdict: FAILED (seed {seed}): {e}; node logs in {}", dir.display())),
+        Err(Failure::Unavailable(e)) => Err(format!("verdict: UNAVAILABLE (seed {seed}): {e}; node logs in {}", dir.display())),
     }
 }
 
-async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::path::Path) -> Result<String, String> {
+async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::path::Path) -> Result<String, Failure> {
     for site in sites.iter() {
         site.wait_serving(Duration::from_secs(30)).await?;
     }
@@ -192,9 +220,9 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
         let _ = w.await;
     }
     if flowing == 0 {
-        return Err("no write was acknowledged in the second after the sites healed".into());
+        return Err(Failure::Failed("no write was acknowledged in the second after the sites healed".into()));
     }
-    let writes = Arc::try_unwrap(writes).map_err(|_| "writers still running")?.into_inner().unwrap();
+    let writes = Arc::try_unwrap(writes).map_err(|_| "writers still running".to_string())?.into_inner().unwrap();
     let history = check_history(&writes.history, &args.consistency, n).inspect_err(|_| {
         // For a closer look: one operation per line, in call order.
         let mut ops: Vec<&Op> = writes.history.iter().collect();
@@ -202,10 +230,9 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
         let lines: String = ops.iter().map(|op| format!("{op:?}\n")).collect();
         let _ = std::fs::write(dir.join("history.txt"), lines);
     })?;
-    let mut checked = 0;
+    let read_back = readback::check(sites, &writes.acked).await?;
     let mut partitions = 0;
     for site in sites.iter() {
-        checked += check_reads(site, &writes.acked).await?;
         partitions += check_replicas(site).await?;
         if n > 1 {
             check_shipped(site).await?;
@@ -214,7 +241,7 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
     let total: u32 = faults.values().sum();
     let list: Vec<String> = faults.iter().map(|(f, n)| format!("{n} x {f}")).collect();
     Ok(format!(
-        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes in {n} site(s) ({checked} reads), 0 lost; {partitions} partitions with identical replicas; longest write gap {:.2} s",
+        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes in {n} site(s): {read_back}; {partitions} partitions with identical replicas; longest write gap {:.2} s",
         list.join(", "),
         writes.tried,
         writes.acknowledged,
@@ -379,7 +406,7 @@ fn check_history(history: &[Op], level: &str, sites: usize) -> Result<String, St
     if level == "eventual" {
         return Ok("no ordering promised at eventual".into());
     }
-    let violations = causeway_sim::check::causal_values(history, order);
+    let violations = causeway_checker::causal::causal_values(history, order);
     if let Some(first) = violations.first() {
         return Err(format!("{} causal+ violations, the first: {first}", violations.len()));
     }
@@ -387,7 +414,7 @@ fn check_history(history: &[Op], level: &str, sites: usize) -> Result<String, St
     if level == "linearizable" && sites > 1 {
         said += " (linearizability is per site: not checked across sites)";
     } else if level == "linearizable" {
-        match causeway_sim::lincheck::verdict(history) {
+        match causeway_checker::lincheck::verdict(history) {
             Ok(true) => said += ", linearizable (porcupine)",
             Ok(false) => return Err("the history is not linearizable (porcupine's explanation is above)".into()),
             Err(e) => said += &format!(", linearizability NOT checked: {e}"),
@@ -439,40 +466,6 @@ async fn wait_healed(site: &Site, timeout: Duration) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Every acknowledged value, at every level, through every node. Writes
-/// of other sites may still be on their way, and a busy site may time a
-/// read out: a read that fails or differs is tried again until a deadline.
-async fn check_reads(site: &Site, acked: &HashMap<String, String>) -> Result<u64, String> {
-    let (mut reads, deadline) = (0, Instant::now() + Duration::from_secs(60));
-    for node in 0..site.shape.nodes {
-        for level in ["causal", "linearizable", "eventual"] {
-            let mut c = RespConn::connect(&site.addr(node)).await?;
-            c.call(&[b"CW.CONSISTENCY", level.as_bytes()]).await?;
-            for (k, v) in acked {
-                loop {
-                    let got = c.call(&[b"GET", k.as_bytes()]).await;
-                    reads += 1;
-                    if got.as_ref() == Ok(&Frame::Bulk(v.clone().into())) {
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        let geo = match c.call(&[b"CW.SITES"]).await {
-                            Ok(Frame::Bulk(text)) => String::from_utf8_lossy(&text).replace("\r\n", " "),
-                            other => format!("{other:?}"),
-                        };
-                        return Err(format!(
-                            "acknowledged write lost: {level} GET {k} through {} returned {got:?}, expected {v} (CW.SITES there: {geo})",
-                            site.addr(node)
-                        ));
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-    Ok(reads)
 }
 
 /// Every chain's replicas identical and stable, by `CW.DIGEST`.

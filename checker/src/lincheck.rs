@@ -1,7 +1,7 @@
 //! Linearizability checking of key-value histories with porcupine
 //! (github.com/anishathalye/porcupine), a well-kept checker, through the
-//! small Go program in tools/lincheck. Used by the simulation tests and by
-//! the real-process tests alike.
+//! small Go program in tools/lincheck. Used by the simulation tests, the
+//! real-process tests and `causeway torture` alike.
 
 use std::fmt::Write as _;
 use std::io::Write as _;

@@ -4,6 +4,10 @@
 //! authentication and arity and hands the arguments to the command. Adding
 //! a command is one file and one line in `COMMANDS`.
 //!
+//! A container (CLIENT, CONFIG, COMMAND) lists its subcommands, each with
+//! its own arity, as Redis 7 does: `execute` answers an unknown one and
+//! checks the arity of a known one before the container's handler runs.
+//!
 //! Data commands (`Handler::Queue`) do not wait for the replicas: their
 //! `parse` turns the arguments into requests for the connection's session
 //! and says how to answer from the responses, so a pipelined batch is
@@ -83,23 +87,41 @@ pub enum Handler {
 }
 
 /// A command: its name, arity as Redis states it (negative: at least that
-/// many, counting the name), whether it may run before AUTH, and its handler.
+/// many, counting the name), whether it may run before AUTH, its handler,
+/// and, for a container, its subcommands.
 pub struct Command {
     pub name: &'static str,
     pub arity: i64,
     pub before_auth: bool,
     pub handler: Handler,
+    pub subcommands: &'static [Subcommand],
+}
+
+/// A container's subcommand (the second word, lowercase) and its arity,
+/// counting the container's name.
+pub struct Subcommand {
+    pub name: &'static str,
+    pub arity: i64,
 }
 
 macro_rules! command {
     ($name:literal, $arity:expr, $before_auth:expr, $f:path) => {
-        Command { name: $name, arity: $arity, before_auth: $before_auth, handler: Handler::Now(|c, a| Box::pin($f(c, a))) }
+        command!($name, $arity, $before_auth, $f, &[])
+    };
+    ($name:literal, $arity:expr, $before_auth:expr, $f:path, $subcommands:expr) => {
+        Command {
+            name: $name,
+            arity: $arity,
+            before_auth: $before_auth,
+            handler: Handler::Now(|c, a| Box::pin($f(c, a))),
+            subcommands: $subcommands,
+        }
     };
 }
 
 macro_rules! data {
     ($name:literal, $arity:expr, $f:path) => {
-        Command { name: $name, arity: $arity, before_auth: false, handler: Handler::Queue($f) }
+        Command { name: $name, arity: $arity, before_auth: false, handler: Handler::Queue($f), subcommands: &[] }
     };
 }
 
@@ -119,9 +141,9 @@ pub static COMMANDS: &[Command] = &[
     command!("auth", -2, true, auth::run),
     command!("select", 2, false, select::run),
     command!("info", -1, false, info::run),
-    command!("command", -1, false, command::run),
-    command!("client", -2, false, client::run),
-    command!("config", -2, false, config::run),
+    command!("command", -1, false, command::run, command::SUBCOMMANDS),
+    command!("client", -2, false, client::run, client::SUBCOMMANDS),
+    command!("config", -2, false, config::run, config::SUBCOMMANDS),
     command!("quit", -1, true, quit::run),
     command!("cw.consistency", -1, false, cw::consistency::run),
     data!("cw.with", -3, cw::with::parse),
@@ -147,11 +169,19 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let Some(cmd) = lookup(&args[0]) else {
         return unknown(&args).into();
     };
+    let sub = match (cmd.subcommands, args.get(1)) {
+        ([], _) | (_, None) => None,
+        (subcommands, Some(word)) => match subcommands.iter().find(|s| s.name.as_bytes().eq_ignore_ascii_case(word)) {
+            None => return unknown_subcommand(cmd, word).into(),
+            found => found,
+        },
+    };
     if !conn.authed && !cmd.before_auth {
         return Frame::error("NOAUTH Authentication required.").into();
     }
-    if let Err(e) = check_arity(cmd, &args) {
-        return e.into();
+    if !arity_ok(sub.map_or(cmd.arity, |s| s.arity), &args) {
+        let name = sub.map_or_else(|| cmd.name.to_string(), |s| format!("{}|{}", cmd.name, s.name));
+        return wrong_arity(&name).into();
     }
     match cmd.handler {
         Handler::Queue(parse) => match parse(&args) {
@@ -166,11 +196,25 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 }
 
 fn check_arity(cmd: &Command, args: &[Bytes]) -> Result<(), Frame> {
-    let n = args.len() as i64;
-    if (cmd.arity > 0 && n != cmd.arity) || (cmd.arity < 0 && n < -cmd.arity) {
+    if !arity_ok(cmd.arity, args) {
         return Err(wrong_arity(cmd.name));
     }
     Ok(())
+}
+
+fn arity_ok(arity: i64, args: &[Bytes]) -> bool {
+    let n = args.len() as i64;
+    if arity < 0 {
+        n >= -arity
+    } else {
+        n == arity
+    }
+}
+
+/// A container's word that is none of its subcommands. Redis adds "Try
+/// CLIENT HELP.", which Causeway has no HELP for.
+fn unknown_subcommand(cmd: &Command, word: &[u8]) -> Frame {
+    Frame::error(format!("ERR unknown subcommand '{}' for '{}'", String::from_utf8_lossy(word), cmd.name))
 }
 
 fn unknown(args: &[Bytes]) -> Frame {

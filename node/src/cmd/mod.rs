@@ -6,7 +6,8 @@
 //!
 //! A container (CLIENT, CONFIG, COMMAND) lists its subcommands, each with
 //! its own arity, as Redis 7 does: `execute` answers an unknown one and
-//! checks the arity of a known one before the container's handler runs.
+//! checks the arity of a known one before the container's handler runs, and
+//! INFO commandstats counts each on its own row (`client|setname`).
 //!
 //! Data commands (`Handler::Queue`) do not wait for the replicas: their
 //! `parse` turns the arguments into requests for the connection's session
@@ -37,12 +38,14 @@ mod set;
 
 use crate::conn::{client_error, Conn};
 use crate::server::Node;
+use crate::stats::{Call, Row};
 use bytes::Bytes;
 use causeway_core::driver::{Consistency, Request, Response};
 use causeway_core::error::Error;
 use causeway_resp::Frame;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Instant;
 
 /// What the connection does after a command.
 pub enum Outcome {
@@ -160,30 +163,40 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.conflicts", -1, false, cw::sites::conflicts),
 ];
 
+/// A command's index in `COMMANDS`.
+fn position(name: &[u8]) -> Option<usize> {
+    COMMANDS.iter().position(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
 fn lookup(name: &[u8]) -> Option<&'static Command> {
-    COMMANDS.iter().find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+    position(name).map(|i| &COMMANDS[i])
 }
 
 /// Runs one command: a data command is only parsed into its requests.
-pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
-    let Some(cmd) = lookup(&args[0]) else {
-        return unknown(&args).into();
+/// Also says what its reply counts toward in INFO (`stats::Call`): the
+/// checks before it runs are Redis 7's (`processCommand`), and their errors
+/// are rejections.
+pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
+    let Some(i) = position(&args[0]) else {
+        return (Call::Unknown, unknown(&args).into());
     };
-    let sub = match (cmd.subcommands, args.get(1)) {
-        ([], _) | (_, None) => None,
-        (subcommands, Some(word)) => match subcommands.iter().find(|s| s.name.as_bytes().eq_ignore_ascii_case(word)) {
-            None => return unknown_subcommand(cmd, word).into(),
-            found => found,
+    let cmd = &COMMANDS[i];
+    let (row, sub) = match (cmd.subcommands, args.get(1)) {
+        ([], _) | (_, None) => (Row(i), None),
+        (subcommands, Some(word)) => match subcommands.iter().position(|s| s.name.as_bytes().eq_ignore_ascii_case(word)) {
+            Some(j) => (subcommand_row(i, j), Some(&subcommands[j])),
+            None => return (Call::Unknown, unknown_subcommand(cmd, word).into()),
         },
     };
     if !conn.authed && !cmd.before_auth {
-        return Frame::error("NOAUTH Authentication required.").into();
+        return (Call::Rejected(row), Frame::error("NOAUTH Authentication required.").into());
     }
     if !arity_ok(sub.map_or(cmd.arity, |s| s.arity), &args) {
         let name = sub.map_or_else(|| cmd.name.to_string(), |s| format!("{}|{}", cmd.name, s.name));
-        return wrong_arity(&name).into();
+        return (Call::Rejected(row), wrong_arity(&name).into());
     }
-    match cmd.handler {
+    let call = Call::Ran(row, Instant::now());
+    let outcome = match cmd.handler {
         Handler::Queue(parse) => match parse(&args) {
             Ok(batch) => Outcome::Queue(batch),
             Err(e) => e.into(),
@@ -192,7 +205,8 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
             conn.settle().await;
             run(conn, args).await
         }
-    }
+    };
+    (call, outcome)
 }
 
 fn check_arity(cmd: &Command, args: &[Bytes]) -> Result<(), Frame> {
@@ -209,6 +223,27 @@ fn arity_ok(arity: i64, args: &[Bytes]) -> bool {
     } else {
         n == arity
     }
+}
+
+/// How many rows the table of command stats has: one per command, then one
+/// per subcommand, container by container.
+pub fn row_count() -> usize {
+    COMMANDS.len() + COMMANDS.iter().map(|c| c.subcommands.len()).sum::<usize>()
+}
+
+/// The row of subcommand `j` of command `i`.
+fn subcommand_row(i: usize, j: usize) -> Row {
+    Row(COMMANDS.len() + COMMANDS[..i].iter().map(|c| c.subcommands.len()).sum::<usize>() + j)
+}
+
+/// Every row of the table of command stats with the name Redis 7 gives it
+/// (`get`, `client`, `client|setname`), in the order INFO prints them:
+/// each command, then its subcommands.
+pub fn rows() -> impl Iterator<Item = (Row, String)> {
+    COMMANDS.iter().enumerate().flat_map(|(i, c)| {
+        std::iter::once((Row(i), c.name.to_string()))
+            .chain(c.subcommands.iter().enumerate().map(move |(j, s)| (subcommand_row(i, j), format!("{}|{}", c.name, s.name))))
+    })
 }
 
 /// A container's word that is none of its subcommands. Redis adds "Try
@@ -280,4 +315,23 @@ fn queue(words: &[&str]) -> Result<Batch, Frame> {
     let Handler::Queue(parse) = cmd.handler else { panic!("{} is not a data command", cmd.name) };
     check_arity(cmd, &args)?;
     parse(&args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{row_count, rows, Row};
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_command_and_subcommand_has_its_own_row_named_as_redis_names_it() {
+        let rows: Vec<(Row, String)> = rows().collect();
+        assert_eq!(rows.len(), row_count());
+        assert_eq!(rows.iter().map(|(r, _)| r.0).collect::<HashSet<_>>(), (0..row_count()).collect());
+        let names: Vec<&str> = rows.iter().map(|(_, n)| n.as_str()).collect();
+        for name in ["get", "client", "client|setname", "config|get", "command|count", "cw.keyrange"] {
+            assert!(names.contains(&name), "{name} in {names:?}");
+        }
+        let client = names.iter().position(|n| *n == "client").unwrap();
+        assert!(names[client + 1].starts_with("client|"), "a container's subcommands follow it: {names:?}");
+    }
 }

@@ -208,8 +208,11 @@ fn client_subcommands() {
     assert!(id1 > 0 && id2 > 0 && id1 != id2, "{id1} {id2}");
     // The name is per connection.
     assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut c.conn(0)).unwrap(), None);
-    assert!(expect_err(&mut con, cmd("CLIENT").arg("BOGUS")).starts_with("ERR "));
+    assert_eq!(expect_err(&mut con, cmd("CLIENT").arg("BOGUS")), "ERR unknown subcommand 'BOGUS' for 'client'");
     assert_eq!(expect_err(&mut con, &cmd("CLIENT")), "ERR wrong number of arguments for 'client' command");
+    // A subcommand's arity is its own, named as Redis 7 names it.
+    assert_eq!(expect_err(&mut con, cmd("CLIENT").arg("SETNAME")), "ERR wrong number of arguments for 'client|setname' command");
+    assert_eq!(expect_err(&mut con, cmd("client").arg("id").arg("x")), "ERR wrong number of arguments for 'client|id' command");
 }
 
 #[test]

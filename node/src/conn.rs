@@ -12,6 +12,7 @@
 
 use crate::cmd::{self, Batch, Outcome, Responses};
 use crate::server::{now_ms, Node};
+use crate::stats::Call;
 use bytes::BytesMut;
 use causeway_core::driver::{Driver, Progress, Request, Response};
 use causeway_core::error::Error;
@@ -19,7 +20,7 @@ use causeway_core::message::{ClientId, Message};
 use causeway_resp::{Frame, Protocol, RequestDecoder};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -33,13 +34,15 @@ const MAX_QUEUED: usize = 1024;
 
 type Answer = fn(&Node, Responses) -> Frame;
 
-/// A reply owed to the client, in command order.
+/// A reply owed to the client, in command order, and what it counts toward
+/// in INFO once encoded.
 enum Owed {
-    Frame(Frame),
+    Frame(Frame, Call),
     /// A data command's reply, once the responses to its `requests` are in.
     Answer {
         requests: usize,
         answer: Answer,
+        call: Call,
     },
 }
 
@@ -90,14 +93,14 @@ impl Conn {
     }
 
     /// Queues a data command's requests on the session.
-    fn queue(&mut self, batch: Batch) {
+    fn queue(&mut self, batch: Batch, call: Call) {
         let level = batch.level.unwrap_or(self.driver.consistency());
         if batch.requests.iter().any(|r| matches!(r, Request::MultiGet(_))) {
             if let Some((site_time, _)) = self.node.geo_view() {
                 self.driver.observe_site_time(&site_time);
             }
         }
-        self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer });
+        self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer, call });
         let now = now_ms();
         for request in batch.requests {
             let progress = self.driver.start_at(request, level, now);
@@ -105,20 +108,23 @@ impl Conn {
         }
     }
 
-    /// Encodes the replies at the front whose responses are all in.
+    /// Encodes the replies at the front whose responses are all in, and
+    /// counts them (their commands end now: one clock reading for them all).
     fn encode_ready(&mut self) {
+        let mut now = None;
         loop {
-            let frame = match self.owed.front() {
-                Some(Owed::Frame(_)) => match self.owed.pop_front() {
-                    Some(Owed::Frame(frame)) => frame,
+            let (frame, call) = match self.owed.front() {
+                Some(Owed::Frame(..)) => match self.owed.pop_front() {
+                    Some(Owed::Frame(frame, call)) => (frame, call),
                     _ => unreachable!("matched above"),
                 },
-                Some(&Owed::Answer { requests, answer }) if self.responses.len() >= requests => {
+                Some(&Owed::Answer { requests, answer, call }) if self.responses.len() >= requests => {
                     self.owed.pop_front();
-                    answer(&self.node, self.responses.drain(..requests))
+                    (answer(&self.node, self.responses.drain(..requests)), call)
                 }
                 _ => return,
             };
+            self.node.stats.replied(call, &frame, *now.get_or_insert_with(Instant::now));
             frame.encode(self.proto, &mut self.output);
         }
     }
@@ -234,10 +240,11 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
                 Ok(Some(args)) => {
                     node.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     match cmd::execute(&mut conn, args).await {
-                        Outcome::Queue(batch) => conn.queue(batch),
-                        Outcome::Reply(frame) => conn.owed.push_back(Owed::Frame(frame)),
-                        Outcome::Close(frame) => {
+                        (call, Outcome::Queue(batch)) => conn.queue(batch, call),
+                        (call, Outcome::Reply(frame)) => conn.owed.push_back(Owed::Frame(frame, call)),
+                        (call, Outcome::Close(frame)) => {
                             // QUIT runs after every earlier command is answered.
+                            node.stats.replied(call, &frame, Instant::now());
                             frame.encode(conn.proto, &mut conn.output);
                             let _ = stream.write_all(&conn.output).await;
                             break 'serve;
@@ -259,7 +266,9 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
                     // Like Redis: answer what came before, report the
                     // protocol error and close.
                     conn.settle().await;
-                    e.to_frame().encode(conn.proto, &mut conn.output);
+                    let frame = e.to_frame();
+                    node.stats.replied(Call::Unknown, &frame, Instant::now());
+                    frame.encode(conn.proto, &mut conn.output);
                     let _ = stream.write_all(&conn.output).await;
                     break 'serve;
                 }

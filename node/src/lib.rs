@@ -5,6 +5,7 @@
 //! * `peer`: binary connections to peers and from native clients.
 //! * `conn`: one Redis connection, a ChainReaction client proxy.
 //! * `cmd`: the Redis commands, one file each (`CW.*` under `cmd/cw/`).
+//! * `stats`: the counters INFO shows, per command and per error.
 //! * `wal`: the write-ahead log and recovery.
 //! * `config`: flags and TOML.
 
@@ -15,6 +16,7 @@ pub mod conn;
 pub mod coordinator;
 pub mod peer;
 pub mod server;
+pub mod stats;
 pub mod wal;
 
 pub use config::NodeConfig;

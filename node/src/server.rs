@@ -10,6 +10,7 @@ use crate::coordinator::{self, Coordinator};
 use crate::peer::link::{Inbound, Link, Sent, SOFT_LIMIT};
 use crate::peer::wan::SiteLink;
 use crate::peer::Peer;
+use crate::stats::Stats;
 use crate::wal::{Fsync, Wal};
 use crate::{conn, peer};
 use ahash::AHashMap;
@@ -64,19 +65,6 @@ pub fn mono_ms() -> u64 {
 /// Both clocks, for the node state machine.
 fn now() -> Now {
     Now { wall_ms: now_ms(), mono_ms: mono_ms() }
-}
-
-/// Counters shown by INFO and CW.STATUS.
-#[derive(Default)]
-pub struct Stats {
-    pub connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub commands: AtomicU64,
-    /// GETs that found a value, and that found none.
-    pub keyspace_hits: AtomicU64,
-    pub keyspace_misses: AtomicU64,
-    /// Commands in the last whole second (sampled once a second).
-    pub ops_per_sec: AtomicU64,
 }
 
 /// A node's shared state: the node state machine (`causeway_core::node`)
@@ -505,7 +493,8 @@ async fn sample_loop(node: Arc<Node>) {
     loop {
         interval.tick().await;
         let now = node.stats.commands.load(Ordering::Relaxed);
-        node.stats.ops_per_sec.store(now - last, Ordering::Relaxed);
+        // CONFIG RESETSTAT may have set the counter back since.
+        node.stats.ops_per_sec.store(now.saturating_sub(last), Ordering::Relaxed);
         last = now;
     }
 }

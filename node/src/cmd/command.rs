@@ -1,14 +1,19 @@
-//! COMMAND [COUNT | DOCS | INFO name ...]
+//! COMMAND [COUNT | DOCS [name ...] | INFO [name ...]]
 //!
 //! The command table, as far as clients use it: every command's entry
 //! (name, arity, flags, first key, last key, step), their count, no docs,
 //! or the entries of the named commands (a null for an unknown one).
-//! Another subcommand: `ERR unknown subcommand for 'command'`.
+//! Another subcommand is `ERR unknown subcommand '...' for 'command'`
+//! (answered in `mod.rs`, as is COUNT with arguments).
 
-use super::{upper, Command, Outcome, COMMANDS};
+use super::{upper, Command, Outcome, Subcommand, COMMANDS};
 use crate::conn::Conn;
 use bytes::Bytes;
 use causeway_resp::Frame;
+
+/// Arities as Redis 7 states them, counting COMMAND.
+pub const SUBCOMMANDS: &[Subcommand] =
+    &[Subcommand { name: "count", arity: 2 }, Subcommand { name: "docs", arity: -2 }, Subcommand { name: "info", arity: -2 }];
 
 pub async fn run(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     match args.get(1).map(|a| upper(a)).as_deref() {
@@ -21,7 +26,7 @@ pub async fn run(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
                 .map(|n| COMMANDS.iter().find(|c| c.name.as_bytes().eq_ignore_ascii_case(n)).map_or(Frame::Null, entry))
                 .collect(),
         ),
-        Some(_) => Frame::error("ERR unknown subcommand for 'command'"),
+        Some(other) => unreachable!("COMMAND {other} is not in SUBCOMMANDS"),
     }
     .into()
 }

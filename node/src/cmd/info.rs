@@ -1,22 +1,61 @@
 //! INFO [section ...]
 //!
 //! The sections Redis tools read (server, clients, memory, cpu, stats,
-//! persistence, replication, keyspace) plus Causeway's own fields in
-//! replication and geo (`CW.SITES`), as one bulk string of `# Section` headers and `field:value`
-//! lines. No argument, `default`, `all` or `everything`: every section;
-//! otherwise the named ones, in any case. Unknown names are skipped, as
+//! persistence, replication, commandstats, errorstats, latencystats,
+//! keyspace) plus Causeway's own fields in replication and geo
+//! (`CW.SITES`), as one bulk string of `# Section` headers and
+//! `field:value` lines. Sections are named in any case; `default` (or no
+//! argument) is every section but commandstats and latencystats, `all` and
+//! `everything` are every one, as in Redis 7. Unknown names are skipped, as
 //! Redis does, so INFO never answers with an error.
+//!
+//! The per-command sections print as Redis 7 prints them (`stats.rs` says
+//! what is counted), a line per command or subcommand called since start
+//! or CONFIG RESETSTAT:
+//!
+//! ```text
+//! # Commandstats
+//! cmdstat_set:calls=2,usec=35,usec_per_call=17.50,rejected_calls=1,failed_calls=0
+//! cmdstat_client|setname:calls=1,usec=3,usec_per_call=3.00,rejected_calls=0,failed_calls=0
+//! # Errorstats
+//! errorstat_ERR:count=1
+//! # Latencystats
+//! latency_percentiles_usec_set:p50=16.063,p99=19.071,p99.9=19.071
+//! ```
 
 use super::Outcome;
 use crate::conn::Conn;
 use crate::server::now_ms;
+use crate::stats::{at_percentile, Stats};
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
+use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 /// The sections INFO knows, in the order it prints them.
-const SECTIONS: [&str; 9] = ["server", "clients", "memory", "cpu", "stats", "persistence", "replication", "geo", "keyspace"];
+const SECTIONS: [&str; 12] = [
+    "server",
+    "clients",
+    "memory",
+    "cpu",
+    "stats",
+    "persistence",
+    "replication",
+    "geo",
+    "commandstats",
+    "errorstats",
+    "latencystats",
+    "keyspace",
+];
+
+/// The sections only `all` and `everything` print unless named: a line
+/// per command each.
+const NOT_DEFAULT: [&str; 2] = ["commandstats", "latencystats"];
+
+/// The percentiles INFO latencystats shows, as Redis 7 names them by
+/// default (`latency-tracking-info-percentiles`).
+const PERCENTILES: [(&str, f64); 3] = [("p50", 50.0), ("p99", 99.0), ("p99.9", 99.9)];
 
 pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let mut text = String::new();
@@ -27,8 +66,16 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         let mut title = section.to_string();
         title[..1].make_ascii_uppercase();
         text.push_str(&format!("# {title}\r\n"));
-        for (k, v) in section_fields(conn, section).await {
-            text.push_str(&format!("{k}:{v}\r\n"));
+        let stats = &conn.node.stats;
+        match section {
+            "commandstats" => commandstats(stats, &mut text),
+            "errorstats" => errorstats(stats, &mut text),
+            "latencystats" => latencystats(stats, &mut text),
+            _ => {
+                for (k, v) in section_fields(conn, section).await {
+                    text.push_str(&format!("{k}:{v}\r\n"));
+                }
+            }
         }
         if section == "geo" {
             for (k, v) in super::cw::sites::fields(&conn.node) {
@@ -42,8 +89,47 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 /// The sections INFO's arguments ask for, in printing order.
 fn sections(args: &[Bytes]) -> Vec<&'static str> {
     let asked: Vec<String> = args[1..].iter().map(|a| String::from_utf8_lossy(a).to_lowercase()).collect();
-    let all = asked.is_empty() || asked.iter().any(|a| matches!(a.as_str(), "all" | "everything" | "default"));
-    SECTIONS.into_iter().filter(|s| all || asked.iter().any(|a| a == s)).collect()
+    let all = asked.iter().any(|a| matches!(a.as_str(), "all" | "everything"));
+    let default = asked.is_empty() || asked.iter().any(|a| a == "default");
+    SECTIONS.into_iter().filter(|s| all || (default && !NOT_DEFAULT.contains(s)) || asked.iter().any(|a| a == s)).collect()
+}
+
+/// `cmdstat_<name>:calls=N,usec=N,usec_per_call=F,rejected_calls=N,failed_calls=N`
+/// for each command with a call, rejected or not (Redis's
+/// `genRedisInfoStringCommandStats`, which divides in single precision).
+fn commandstats(stats: &Stats, text: &mut String) {
+    for (row, name) in super::rows() {
+        let c = stats.calls(row);
+        if c.calls == 0 && c.rejected == 0 && c.failed == 0 {
+            continue;
+        }
+        let usec = c.nanos / 1000;
+        let per_call = if c.calls == 0 { 0.0 } else { usec as f32 / c.calls as f32 };
+        let _ = write!(
+            text,
+            "cmdstat_{name}:calls={},usec={usec},usec_per_call={per_call:.2},rejected_calls={},failed_calls={}\r\n",
+            c.calls, c.rejected, c.failed
+        );
+    }
+}
+
+/// `errorstat_<CODE>:count=N` for each error code replied, in byte order.
+fn errorstats(stats: &Stats, text: &mut String) {
+    for (code, n) in &stats.errors().by_code {
+        let _ = write!(text, "errorstat_{code}:count={n}\r\n");
+    }
+}
+
+/// `latency_percentiles_usec_<name>:p50=F,p99=F,p99.9=F` for each command
+/// that ran, in microseconds (Redis's `fillPercentileDistributionLatencies`).
+fn latencystats(stats: &Stats, text: &mut String) {
+    for (row, name) in super::rows() {
+        let c = stats.calls(row);
+        let Some(h) = &c.latency else { continue };
+        let values: Vec<String> =
+            PERCENTILES.iter().map(|(label, p)| format!("{label}={:.3}", at_percentile(h, *p) as f64 / 1000.0)).collect();
+        let _ = write!(text, "latency_percentiles_usec_{name}:{}\r\n", values.join(","));
+    }
 }
 
 async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, String)> {
@@ -74,6 +160,7 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
             ("instantaneous_ops_per_sec", stat(&node.stats.ops_per_sec)),
             ("keyspace_hits", stat(&node.stats.keyspace_hits)),
             ("keyspace_misses", stat(&node.stats.keyspace_misses)),
+            ("total_error_replies", node.stats.errors().total.to_string()),
         ],
         "persistence" => match node.wal() {
             Some(wal) => vec![
@@ -146,10 +233,25 @@ mod tests {
     use crate::cmd::args;
 
     #[test]
-    fn no_section_or_all_or_default_or_everything_is_every_section() {
-        for words in [&["INFO"][..], &["INFO", "all"], &["info", "DEFAULT"], &["INFO", "stats", "Everything"]] {
+    fn all_or_everything_is_every_section() {
+        for words in [&["INFO", "all"][..], &["INFO", "stats", "Everything"]] {
             assert_eq!(sections(&args(words)), SECTIONS, "{words:?}");
         }
+    }
+
+    /// Redis's tests/unit/info-command.tcl, "info command with at most one
+    /// sub command": no argument and `default` leave out the per-command
+    /// sections (errorstats stays, as in Redis 7).
+    #[test]
+    fn no_section_or_default_is_every_section_but_commandstats_and_latencystats() {
+        let default: Vec<&str> = SECTIONS.into_iter().filter(|s| !matches!(*s, "commandstats" | "latencystats")).collect();
+        for words in [&["INFO"][..], &["info", "DEFAULT"]] {
+            assert_eq!(sections(&args(words)), default, "{words:?}");
+        }
+        assert!(default.contains(&"errorstats"));
+        let mut and_commandstats = sections(&args(&["INFO", "commandstats", "default"]));
+        and_commandstats.retain(|s| !default.contains(s));
+        assert_eq!(and_commandstats, ["commandstats"]);
     }
 
     #[test]

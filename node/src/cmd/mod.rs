@@ -4,6 +4,11 @@
 //! authentication and arity and hands the arguments to the command. Adding
 //! a command is one file and one line in `COMMANDS`.
 //!
+//! A container (CLIENT, CONFIG, COMMAND) lists its subcommands, each with
+//! its own arity, as Redis 7 does: `execute` answers an unknown one and
+//! checks the arity of a known one before the container's handler runs, and
+//! INFO commandstats counts each on its own row (`client|setname`).
+//!
 //! Data commands (`Handler::Queue`) do not wait for the replicas: their
 //! `parse` turns the arguments into requests for the connection's session
 //! and says how to answer from the responses, so a pipelined batch is
@@ -33,12 +38,14 @@ mod set;
 
 use crate::conn::{client_error, Conn};
 use crate::server::Node;
+use crate::stats::{Call, Row};
 use bytes::Bytes;
 use causeway_core::driver::{Consistency, Request, Response};
 use causeway_core::error::Error;
 use causeway_resp::Frame;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Instant;
 
 /// What the connection does after a command.
 pub enum Outcome {
@@ -83,23 +90,41 @@ pub enum Handler {
 }
 
 /// A command: its name, arity as Redis states it (negative: at least that
-/// many, counting the name), whether it may run before AUTH, and its handler.
+/// many, counting the name), whether it may run before AUTH, its handler,
+/// and, for a container, its subcommands.
 pub struct Command {
     pub name: &'static str,
     pub arity: i64,
     pub before_auth: bool,
     pub handler: Handler,
+    pub subcommands: &'static [Subcommand],
+}
+
+/// A container's subcommand (the second word, lowercase) and its arity,
+/// counting the container's name.
+pub struct Subcommand {
+    pub name: &'static str,
+    pub arity: i64,
 }
 
 macro_rules! command {
     ($name:literal, $arity:expr, $before_auth:expr, $f:path) => {
-        Command { name: $name, arity: $arity, before_auth: $before_auth, handler: Handler::Now(|c, a| Box::pin($f(c, a))) }
+        command!($name, $arity, $before_auth, $f, &[])
+    };
+    ($name:literal, $arity:expr, $before_auth:expr, $f:path, $subcommands:expr) => {
+        Command {
+            name: $name,
+            arity: $arity,
+            before_auth: $before_auth,
+            handler: Handler::Now(|c, a| Box::pin($f(c, a))),
+            subcommands: $subcommands,
+        }
     };
 }
 
 macro_rules! data {
     ($name:literal, $arity:expr, $f:path) => {
-        Command { name: $name, arity: $arity, before_auth: false, handler: Handler::Queue($f) }
+        Command { name: $name, arity: $arity, before_auth: false, handler: Handler::Queue($f), subcommands: &[] }
     };
 }
 
@@ -119,9 +144,9 @@ pub static COMMANDS: &[Command] = &[
     command!("auth", -2, true, auth::run),
     command!("select", 2, false, select::run),
     command!("info", -1, false, info::run),
-    command!("command", -1, false, command::run),
-    command!("client", -2, false, client::run),
-    command!("config", -2, false, config::run),
+    command!("command", -1, false, command::run, command::SUBCOMMANDS),
+    command!("client", -2, false, client::run, client::SUBCOMMANDS),
+    command!("config", -2, false, config::run, config::SUBCOMMANDS),
     command!("quit", -1, true, quit::run),
     command!("cw.consistency", -1, false, cw::consistency::run),
     data!("cw.with", -3, cw::with::parse),
@@ -138,22 +163,40 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.conflicts", -1, false, cw::sites::conflicts),
 ];
 
+/// A command's index in `COMMANDS`.
+fn position(name: &[u8]) -> Option<usize> {
+    COMMANDS.iter().position(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
 fn lookup(name: &[u8]) -> Option<&'static Command> {
-    COMMANDS.iter().find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+    position(name).map(|i| &COMMANDS[i])
 }
 
 /// Runs one command: a data command is only parsed into its requests.
-pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
-    let Some(cmd) = lookup(&args[0]) else {
-        return unknown(&args).into();
+/// Also says what its reply counts toward in INFO (`stats::Call`): the
+/// checks before it runs are Redis 7's (`processCommand`), and their errors
+/// are rejections.
+pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
+    let Some(i) = position(&args[0]) else {
+        return (Call::Unknown, unknown(&args).into());
+    };
+    let cmd = &COMMANDS[i];
+    let (row, sub) = match (cmd.subcommands, args.get(1)) {
+        ([], _) | (_, None) => (Row(i), None),
+        (subcommands, Some(word)) => match subcommands.iter().position(|s| s.name.as_bytes().eq_ignore_ascii_case(word)) {
+            Some(j) => (subcommand_row(i, j), Some(&subcommands[j])),
+            None => return (Call::Unknown, unknown_subcommand(cmd, word).into()),
+        },
     };
     if !conn.authed && !cmd.before_auth {
-        return Frame::error("NOAUTH Authentication required.").into();
+        return (Call::Rejected(row), Frame::error("NOAUTH Authentication required.").into());
     }
-    if let Err(e) = check_arity(cmd, &args) {
-        return e.into();
+    if !arity_ok(sub.map_or(cmd.arity, |s| s.arity), &args) {
+        let name = sub.map_or_else(|| cmd.name.to_string(), |s| format!("{}|{}", cmd.name, s.name));
+        return (Call::Rejected(row), wrong_arity(&name).into());
     }
-    match cmd.handler {
+    let call = Call::Ran(row, Instant::now());
+    let outcome = match cmd.handler {
         Handler::Queue(parse) => match parse(&args) {
             Ok(batch) => Outcome::Queue(batch),
             Err(e) => e.into(),
@@ -162,15 +205,51 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
             conn.settle().await;
             run(conn, args).await
         }
-    }
+    };
+    (call, outcome)
 }
 
 fn check_arity(cmd: &Command, args: &[Bytes]) -> Result<(), Frame> {
-    let n = args.len() as i64;
-    if (cmd.arity > 0 && n != cmd.arity) || (cmd.arity < 0 && n < -cmd.arity) {
+    if !arity_ok(cmd.arity, args) {
         return Err(wrong_arity(cmd.name));
     }
     Ok(())
+}
+
+fn arity_ok(arity: i64, args: &[Bytes]) -> bool {
+    let n = args.len() as i64;
+    if arity < 0 {
+        n >= -arity
+    } else {
+        n == arity
+    }
+}
+
+/// How many rows the table of command stats has: one per command, then one
+/// per subcommand, container by container.
+pub fn row_count() -> usize {
+    COMMANDS.len() + COMMANDS.iter().map(|c| c.subcommands.len()).sum::<usize>()
+}
+
+/// The row of subcommand `j` of command `i`.
+fn subcommand_row(i: usize, j: usize) -> Row {
+    Row(COMMANDS.len() + COMMANDS[..i].iter().map(|c| c.subcommands.len()).sum::<usize>() + j)
+}
+
+/// Every row of the table of command stats with the name Redis 7 gives it
+/// (`get`, `client`, `client|setname`), in the order INFO prints them:
+/// each command, then its subcommands.
+pub fn rows() -> impl Iterator<Item = (Row, String)> {
+    COMMANDS.iter().enumerate().flat_map(|(i, c)| {
+        std::iter::once((Row(i), c.name.to_string()))
+            .chain(c.subcommands.iter().enumerate().map(move |(j, s)| (subcommand_row(i, j), format!("{}|{}", c.name, s.name))))
+    })
+}
+
+/// A container's word that is none of its subcommands. Redis adds "Try
+/// CLIENT HELP.", which Causeway has no HELP for.
+fn unknown_subcommand(cmd: &Command, word: &[u8]) -> Frame {
+    Frame::error(format!("ERR unknown subcommand '{}' for '{}'", String::from_utf8_lossy(word), cmd.name))
 }
 
 fn unknown(args: &[Bytes]) -> Frame {
@@ -236,4 +315,23 @@ fn queue(words: &[&str]) -> Result<Batch, Frame> {
     let Handler::Queue(parse) = cmd.handler else { panic!("{} is not a data command", cmd.name) };
     check_arity(cmd, &args)?;
     parse(&args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{row_count, rows, Row};
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_command_and_subcommand_has_its_own_row_named_as_redis_names_it() {
+        let rows: Vec<(Row, String)> = rows().collect();
+        assert_eq!(rows.len(), row_count());
+        assert_eq!(rows.iter().map(|(r, _)| r.0).collect::<HashSet<_>>(), (0..row_count()).collect());
+        let names: Vec<&str> = rows.iter().map(|(_, n)| n.as_str()).collect();
+        for name in ["get", "client", "client|setname", "config|get", "command|count", "cw.keyrange"] {
+            assert!(names.contains(&name), "{name} in {names:?}");
+        }
+        let client = names.iter().position(|n| *n == "client").unwrap();
+        assert!(names[client + 1].starts_with("client|"), "a container's subcommands follow it: {names:?}");
+    }
 }

@@ -606,8 +606,8 @@ fn switching_to_linearizable_keeps_read_your_writes() {
 /// A session token as `CW.SESSION EXPORT` makes it, for a session with no
 /// tracked keys whose past is the given `max_ts` in site 0 (bincode, varint
 /// integers: two empty maps, the past as a one-entry vector of the
-/// timestamp's physical milliseconds and logical counter, then an empty
-/// site-time vector).
+/// timestamp's physical milliseconds and logical counter, an empty
+/// site-time vector, and no write acknowledged yet).
 fn crafted_token(physical_ms: u64, logical: u32) -> String {
     fn varint(v: u64, out: &mut Vec<u8>) {
         match v {
@@ -629,6 +629,7 @@ fn crafted_token(physical_ms: u64, logical: u32) -> String {
     let mut b = vec![0u8, 0u8, 1u8];
     varint(physical_ms, &mut b);
     varint(logical as u64, &mut b);
+    b.push(0);
     b.push(0);
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

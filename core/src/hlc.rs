@@ -39,6 +39,16 @@ impl Timestamp {
         self.0 as u16
     }
 
+    /// The packed word (milliseconds above the counter): what the store
+    /// keeps (`store::entry`).
+    pub const fn to_bits(self) -> u64 {
+        self.0
+    }
+
+    pub const fn from_bits(bits: u64) -> Self {
+        Timestamp(bits)
+    }
+
     /// The largest timestamp smaller than this one (`ZERO` stays `ZERO`):
     /// "everything strictly before `ts`" as an inclusive bound.
     pub fn just_before(self) -> Timestamp {

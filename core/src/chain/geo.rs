@@ -130,11 +130,11 @@ impl ChainReplica {
         if let Some(seq) = self.store.holds(&w.key, &w.version) {
             return self.when_stable(seq, reply, out);
         }
-        if let Some(latest) = self.store.latest(&w.key).filter(|s| concurrent(&s.version, &w.version)) {
+        if let Some(latest) = self.store.latest(&w.key).map(|s| s.version()).filter(|v| concurrent(v, &w.version)) {
             self.conflicts += 1;
-            let (kept, lost) = match latest.version < w.version {
-                true => (w.version.clone(), latest.version.clone()),
-                false => (latest.version.clone(), w.version.clone()),
+            let (kept, lost) = match latest < w.version {
+                true => (w.version.clone(), latest),
+                false => (latest, w.version.clone()),
             };
             if self.recent_conflicts.len() == RECENT_CONFLICTS {
                 self.recent_conflicts.pop_front();

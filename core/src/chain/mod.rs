@@ -43,7 +43,7 @@ use crate::hlc::{Clock, Timestamp};
 use crate::message::{send, Ack, ClientId, Condition, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
-use crate::store::{PartitionStore, Stored};
+use crate::store::{PartitionStore, Stored, View, Write};
 use crate::version::{SiteId, Version, VersionVector};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -93,22 +93,16 @@ pub struct PutRequest {
 pub const RECENT_BYTES: usize = 256 * 1024;
 
 /// The history after `u`, given the history before it: a hash chain over
-/// each update's position, key, version and value.
+/// each update's position, key and version (a version names one write, so
+/// its value adds nothing).
 fn chain_history(before: u64, u: &Update) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::with_seed(before);
     h.update(&u.seq.to_le_bytes());
     h.update(&(u.key.len() as u64).to_le_bytes());
     h.update(&u.key);
-    h.update(&u.version.ts.physical_ms().to_le_bytes());
-    h.update(&(u.version.ts.logical() as u32).to_le_bytes());
-    h.update(&[u.version.site as u8]);
-    match &u.value {
-        Some(v) => {
-            h.update(&[1]);
-            h.update(v);
-        }
-        None => h.update(&[0]),
-    }
+    h.update(&u.version.ts.to_bits().to_le_bytes());
+    h.update(&u.version.site.to_le_bytes());
+    h.update(&[u8::from(u.value.is_some())]);
     h.update(&u.expires_at_ms.unwrap_or(0).to_le_bytes());
     h.digest()
 }
@@ -464,8 +458,8 @@ impl ChainReplica {
         self.remember(&u);
         self.to_log.push(u.clone());
         self.clock.observe(u.version.ts);
-        let stored = Stored { version: u.version.clone(), seq: u.seq, value: u.value.clone(), expires_at_ms: u.expires_at_ms };
-        self.store.apply(u.key.clone(), stored, now_ms);
+        let write = Write { version: &u.version, seq: u.seq, value: u.value.as_deref(), expires_at_ms: u.expires_at_ms };
+        self.store.apply(&u.key, write, now_ms);
         if let Some(ack) = u.ack {
             let last = LastWrite { key: u.key.clone(), write: ack.op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
             self.writes.applied(ack.op.client, last, ack.done_below, self.stable);
@@ -599,6 +593,7 @@ impl ChainReplica {
     /// no progress for `RETRANSMIT_MS`.
     pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
         self.writes.prune(now_ms);
+        self.store.tick(now_ms);
         if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
             self.asked_ms = now_ms;
             self.request_state(out);
@@ -640,18 +635,31 @@ impl ChainReplica {
         }
         let latest = self.store.latest(key);
         if let Some(min) = min {
-            if latest.is_none_or(|s| s.version < *min) {
+            if latest.is_none_or(|s| (s.ts(), s.site()) < (min.ts, min.site)) {
                 return Err(Refusal::Behind);
             }
         }
         Ok((self.item(latest, now_ms), self.index as u8))
     }
 
-    fn item(&self, stored: Option<&Stored>, now_ms: u64) -> Item {
+    fn item(&self, latest: Option<View<'_>>, now_ms: u64) -> Item {
+        match latest {
+            None => Item { value: None, version: None, seq: 0, stable: true },
+            Some(v) => Item {
+                value: v.live_value(now_ms).map(Bytes::copy_from_slice),
+                version: Some(v.version()),
+                seq: v.seq(),
+                stable: v.seq() <= self.stable,
+            },
+        }
+    }
+
+    fn item_of(&self, stored: Option<Stored>, now_ms: u64) -> Item {
         match stored {
             None => Item { value: None, version: None, seq: 0, stable: true },
             Some(s) => {
-                Item { value: s.live_value(now_ms).cloned(), version: Some(s.version.clone()), seq: s.seq, stable: s.seq <= self.stable }
+                let value = s.live_value(now_ms).cloned();
+                Item { value, version: Some(s.version), seq: s.seq, stable: s.seq <= self.stable }
             }
         }
     }
@@ -709,7 +717,7 @@ impl ChainReplica {
         let visible =
             |v: &Version| v.ts <= at && v.vv.0.iter().enumerate().all(|(s, &t)| s as SiteId == site || t <= remote.get(s as SiteId));
         let stored = self.store.latest_where(key, visible).map_err(|_| Refusal::SnapshotTooOld)?;
-        Ok(self.item(stored, now_ms))
+        Ok(self.item_of(stored, now_ms))
     }
 
     /// What this replica holds, to compare replicas.

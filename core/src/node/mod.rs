@@ -352,14 +352,7 @@ impl Node {
 
     /// Moves the chain traffic in `out[at..]` to `chain_out`.
     fn defer_chain_traffic(&mut self, out: &mut Outbox, at: usize) {
-        if out[at..].iter().any(|e| is_chain_traffic(&e.msg)) {
-            for env in out.split_off(at) {
-                match is_chain_traffic(&env.msg) {
-                    true => self.chain_out.push(env),
-                    false => out.push(env),
-                }
-            }
-        }
+        self.chain_out.extend(out.extract_if(at.., |e| is_chain_traffic(&e.msg)));
     }
 
     fn handle(&mut self, msg: Message, now: Now, out: &mut Outbox) {

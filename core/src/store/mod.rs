@@ -1,0 +1,327 @@
+//! The versions one replica holds for one partition.
+//!
+//! Each key's latest version is one packed allocation (`entry`), found
+//! through one hash table of those entries: the key is not stored twice,
+//! the value is inline, and the version costs a few bytes
+//! (`entry::Entry`). A key with a 16-byte value takes about 90 bytes, a
+//! 100-byte value about 170, where Redis takes 129 and 208
+//! (BENCHMARKS.md, "Memory").
+//!
+//! Get-transactions read "the latest version at or before timestamp S" at
+//! the chain heads (see `chain`), and S is at most a few milliseconds old,
+//! so the versions a key had before its latest are kept only for a while
+//! (`RETAIN_MS`, at most `MAX_VERSIONS`), in a side table that holds
+//! nothing for keys not written lately (`history`). A snapshot that would
+//! need a dropped version is refused as `SnapshotTooOld` (the caller
+//! retries with a fresh S) rather than answered wrongly.
+//!
+//! Deletes are tombstone versions (value `None`) so that they order and
+//! replicate like any write. Expired values read as absent; nothing expires
+//! them actively yet (memory is reclaimed when the key is written again).
+
+mod entry;
+mod history;
+
+use crate::version::Version;
+use bytes::Bytes;
+use entry::Entry;
+pub use entry::View;
+use hashbrown::HashTable;
+use history::History;
+
+/// How long a replaced version stays readable by snapshots.
+pub const RETAIN_MS: u64 = 5_000;
+/// At most this many versions of one key are kept, whatever their age.
+pub const MAX_VERSIONS: usize = 8;
+
+/// One version of one key, owned: what state transfers, checkpoints and
+/// digests carry.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stored {
+    pub version: Version,
+    /// The position of the write in its partition's update order (assigned by
+    /// the head); a replica's `stable` watermark is compared against it.
+    pub seq: u64,
+    /// `None` is a tombstone.
+    pub value: Option<Bytes>,
+    pub expires_at_ms: Option<u64>,
+}
+
+impl Stored {
+    /// The value as a reader at `now_ms` sees it.
+    pub fn live_value(&self, now_ms: u64) -> Option<&Bytes> {
+        match self.expires_at_ms {
+            Some(at) if at <= now_ms => None,
+            _ => self.value.as_ref(),
+        }
+    }
+}
+
+/// A key absent from the retained history at the requested time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooOld;
+
+/// A version to store, borrowed from whatever carries it.
+#[derive(Clone, Copy, Debug)]
+pub struct Write<'a> {
+    pub version: &'a Version,
+    pub seq: u64,
+    pub value: Option<&'a [u8]>,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// All keys of one partition at one replica.
+#[derive(Default)]
+pub struct PartitionStore {
+    latest: HashTable<Entry>,
+    hasher: ahash::RandomState,
+    /// Versions replaced lately, for snapshots.
+    history: History,
+    /// Bytes of the entries (their allocations), for MEMORY and INFO.
+    bytes: usize,
+}
+
+impl std::fmt::Debug for PartitionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionStore").field("keys", &self.latest.len()).field("bytes", &self.bytes).finish()
+    }
+}
+
+impl PartitionStore {
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn find(&self, key: &[u8]) -> Option<&Entry> {
+        self.latest.find(self.hash(key), |e| e.view().key() == key)
+    }
+
+    /// Installs a version. An older version than the latest (a concurrent
+    /// write that lost last-writer-wins, possible once several sites write)
+    /// is kept in the history so snapshots stay exact; the same version
+    /// twice is ignored.
+    pub fn apply(&mut self, key: &[u8], w: Write<'_>, now_ms: u64) {
+        let hash = self.hash(key);
+        let hasher = &self.hasher;
+        match self.latest.entry(hash, |e| e.view().key() == key, |e| hasher.hash_one(e.view().key())) {
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, false);
+                self.bytes += e.size();
+                slot.insert(e);
+            }
+            hashbrown::hash_table::Entry::Occupied(mut slot) => {
+                let old = slot.get().view();
+                let old_version = (old.ts(), old.site());
+                if old_version == (w.version.ts, w.version.site) || self.history.holds(key, w.version) {
+                    return;
+                }
+                if old_version > (w.version.ts, w.version.site) {
+                    // Lost last-writer-wins: history only.
+                    let lost = Stored {
+                        version: w.version.clone(),
+                        seq: w.seq,
+                        value: w.value.map(Bytes::copy_from_slice),
+                        expires_at_ms: w.expires_at_ms,
+                    };
+                    let after_another = old.replaced();
+                    self.history.keep(key, lost, after_another, now_ms);
+                    return;
+                }
+                let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, true);
+                let replaced = std::mem::replace(slot.get_mut(), e);
+                self.bytes = self.bytes + slot.get().size() - replaced.size();
+                self.history.keep(key, replaced.view().stored(), replaced.view().replaced(), now_ms);
+            }
+        }
+        self.history.prune(now_ms);
+    }
+
+    /// Forgets replaced versions past their time (`history`).
+    pub fn tick(&mut self, now_ms: u64) {
+        self.history.prune(now_ms);
+    }
+
+    /// Whether `version` of `key` is here (or older than what is kept):
+    /// the seq to wait for before it counts as stable.
+    pub fn holds(&self, key: &[u8], version: &Version) -> Option<u64> {
+        let latest = self.find(key)?.view();
+        if (latest.ts(), latest.site()) == (version.ts, version.site) {
+            return Some(latest.seq());
+        }
+        if let Some(seq) = self.history.seq_of(key, version) {
+            return Some(seq);
+        }
+        // Older than what is kept: it was here, and the latest covers it.
+        let truncated = self.history.truncated(key).unwrap_or(latest.replaced());
+        let older = truncated && *version < self.history.oldest(key).unwrap_or_else(|| latest.version());
+        older.then(|| latest.seq())
+    }
+
+    /// The latest version of `key`.
+    pub fn latest(&self, key: &[u8]) -> Option<View<'_>> {
+        self.find(key).map(Entry::view)
+    }
+
+    /// The latest version `visible` accepts.
+    pub fn latest_where(&self, key: &[u8], visible: impl Fn(&Version) -> bool) -> Result<Option<Stored>, TooOld> {
+        let Some(latest) = self.latest(key) else {
+            return Ok(None);
+        };
+        let version = latest.version();
+        if visible(&version) {
+            return Ok(Some(latest.stored()));
+        }
+        if let Some(s) = self.history.latest_where(key, &visible) {
+            return Ok(Some(s));
+        }
+        // Nothing kept is visible: if older versions were dropped, one of
+        // them may have been.
+        match self.history.truncated(key).unwrap_or(latest.replaced()) {
+            true => Err(TooOld),
+            false => Ok(None),
+        }
+    }
+
+    /// Keys with a live value at `now_ms`.
+    pub fn keyspace(&self, now_ms: u64) -> crate::message::Keyspace {
+        let mut k = crate::message::Keyspace::default();
+        for e in &self.latest {
+            let v = e.view();
+            if v.live_value(now_ms).is_some() {
+                k.keys += 1;
+                k.expires += v.expires_at_ms().is_some() as u64;
+            }
+        }
+        k
+    }
+
+    /// Every key's latest version, sorted by key (to compare replicas).
+    pub fn digest(&self) -> Vec<(Bytes, Stored)> {
+        let mut all: Vec<_> = self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), e.view().stored())).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Replaces everything with a state transfer's latest versions. Their
+    /// history is unknown, so snapshot reads before them are refused.
+    pub fn install(&mut self, entries: Vec<(Bytes, Stored)>) {
+        self.clear();
+        self.latest.reserve(entries.len(), |e| self.hasher.hash_one(e.view().key()));
+        for (key, s) in entries {
+            let e = Entry::from_stored(&key, &s, true);
+            self.bytes += e.size();
+            let hash = self.hash(&key);
+            let hasher = &self.hasher;
+            self.latest.insert_unique(hash, e, |e| hasher.hash_one(e.view().key()));
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.latest.clear();
+        self.history = History::default();
+        self.bytes = 0;
+    }
+
+    /// Keys held (live, expired or deleted).
+    pub fn len(&self) -> usize {
+        self.latest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.latest.is_empty()
+    }
+
+    /// Bytes this store takes: its entries, its table and the history.
+    pub fn memory(&self) -> usize {
+        self.bytes + self.latest.capacity() * (std::mem::size_of::<Entry>() + 1) + self.history.memory()
+    }
+
+    /// The bytes `key` takes, as `MEMORY USAGE` reports them: its entry and
+    /// its share of the table.
+    pub fn key_memory(&self, key: &[u8]) -> Option<usize> {
+        let e = self.find(key)?;
+        let slot = (std::mem::size_of::<Entry>() + 1) * self.latest.capacity() / self.latest.len().max(1);
+        Some(e.size() + slot + self.history.key_memory(key))
+    }
+}
+
+/// The latest version at or before `at` (tests).
+#[cfg(test)]
+fn at(s: &PartitionStore, key: &[u8], at: crate::hlc::Timestamp) -> Result<Option<Stored>, TooOld> {
+    s.latest_where(key, |v| v.ts <= at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hlc::Timestamp;
+
+    fn put(s: &mut PartitionStore, key: &str, ms: u64, seq: u64, now: u64) {
+        let version = Version::local(0, Timestamp::new(ms, 0));
+        let value = format!("v{seq}");
+        s.apply(key.as_bytes(), Write { version: &version, seq, value: Some(value.as_bytes()), expires_at_ms: None }, now);
+    }
+
+    #[test]
+    fn reads_at_a_timestamp_from_recent_history() {
+        let mut s = PartitionStore::default();
+        put(&mut s, "k", 100, 1, 100);
+        put(&mut s, "k", 200, 2, 200);
+        assert_eq!(at(&s, b"k", Timestamp::new(150, 0)).unwrap().unwrap().seq, 1);
+        assert_eq!(at(&s, b"k", Timestamp::new(250, 0)).unwrap().unwrap().seq, 2);
+        assert_eq!(at(&s, b"k", Timestamp::new(50, 0)), Ok(None));
+        assert_eq!(s.latest(b"k").unwrap().seq(), 2);
+    }
+
+    #[test]
+    fn drops_old_history_and_says_so() {
+        let mut s = PartitionStore::default();
+        put(&mut s, "k", 100, 1, 100);
+        put(&mut s, "k", 200, 2, 200);
+        put(&mut s, "k", 10_000, 3, 10_000);
+        assert_eq!(at(&s, b"k", Timestamp::new(150, 0)), Err(TooOld));
+        assert_eq!(at(&s, b"k", Timestamp::new(10_001, 0)).unwrap().unwrap().seq, 3);
+        for i in 0..20 {
+            put(&mut s, "k", 10_001 + i, 4 + i, 10_001 + i);
+        }
+        assert_eq!(s.history.versions_of(b"k"), MAX_VERSIONS - 1, "the latest and at most seven before it");
+        put(&mut s, "other", 30_000, 40, 30_000);
+        assert_eq!(s.history.versions_of(b"k"), 0, "nothing is kept past the retention time");
+    }
+
+    #[test]
+    fn out_of_order_and_duplicate_versions() {
+        let mut s = PartitionStore::default();
+        put(&mut s, "k", 200, 2, 200);
+        put(&mut s, "k", 100, 1, 200);
+        put(&mut s, "k", 200, 2, 200);
+        put(&mut s, "k", 100, 1, 200);
+        assert_eq!(s.latest(b"k").unwrap().seq(), 2);
+        assert_eq!(s.history.versions_of(b"k"), 1);
+        assert_eq!(s.holds(b"k", &Version::local(0, Timestamp::new(100, 0))), Some(1));
+        assert_eq!(at(&s, b"k", Timestamp::new(150, 0)).unwrap().unwrap().seq, 1, "the loser stays readable by snapshots");
+    }
+
+    #[test]
+    fn expired_values_read_as_absent() {
+        let mut s = PartitionStore::default();
+        let version = Version::local(0, Timestamp::new(1, 0));
+        s.apply(b"k", Write { version: &version, seq: 1, value: Some(b"x"), expires_at_ms: Some(50) }, 1);
+        assert!(s.latest(b"k").unwrap().live_value(49).is_some());
+        assert!(s.latest(b"k").unwrap().live_value(50).is_none());
+        assert_eq!(s.keyspace(10), crate::message::Keyspace { keys: 1, expires: 1 });
+        assert_eq!(s.keyspace(60).keys, 0);
+    }
+
+    #[test]
+    fn a_transfer_installs_latest_versions_without_their_history() {
+        let mut s = PartitionStore::default();
+        put(&mut s, "a", 100, 1, 100);
+        put(&mut s, "b", 200, 2, 200);
+        let mut t = PartitionStore::default();
+        t.install(s.digest());
+        assert_eq!(t.digest(), s.digest());
+        assert_eq!(t.memory() > 0, s.memory() > 0);
+        assert_eq!(at(&t, b"a", Timestamp::new(50, 0)), Err(TooOld), "what came before is unknown");
+    }
+}

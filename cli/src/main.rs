@@ -19,6 +19,10 @@ use causeway_node::config::{parse_nodes, parse_remote_sites, NodeConfig};
 use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;
 
+/// The system allocator, counted: INFO `used_memory` (`causeway_node::memory`).
+#[global_allocator]
+static ALLOCATOR: causeway_node::memory::Counting = causeway_node::memory::Counting;
+
 #[derive(Parser)]
 #[command(name = "causeway", version, about = "A geo-replicated, causally consistent key-value store that speaks Redis.")]
 struct Cli {

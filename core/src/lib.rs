@@ -35,3 +35,12 @@ pub mod store;
 pub mod supervisor;
 pub mod version;
 pub mod wire;
+
+/// Gives a queue's spare room back once it holds less than a quarter of
+/// it: queues that filled under load (recent updates, what waits to be
+/// reported) must not keep their peak size at rest.
+pub(crate) fn shrink_idle<T>(q: &mut std::collections::VecDeque<T>) {
+    if q.capacity() > 64 && q.len() < q.capacity() / 4 {
+        q.shrink_to_fit();
+    }
+}

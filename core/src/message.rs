@@ -222,6 +222,13 @@ pub enum Message {
         remote: VersionVector,
         keys: Vec<(PartitionId, Bytes)>,
     },
+    /// How many bytes `key` takes at this replica (MEMORY USAGE).
+    KeyMemory {
+        op: OpId,
+        epoch: u64,
+        partition: PartitionId,
+        key: Bytes,
+    },
     /// Count live keys in these partitions.
     Count {
         op: OpId,
@@ -267,6 +274,11 @@ pub enum Message {
     Counted {
         op: OpId,
         keyspace: Keyspace,
+    },
+    /// The answer to `KeyMemory`: `None` if the key is not there.
+    KeyMemoryIs {
+        op: OpId,
+        bytes: Option<u64>,
     },
     Flushed {
         op: OpId,
@@ -401,6 +413,7 @@ impl Message {
             | WaitStable { op, .. }
             | SnapshotRead { op, .. }
             | Count { op, .. }
+            | KeyMemory { op, .. }
             | Flush { op }
             | GetTopology { op }
             | GetSiteTime { op } => Some(*op),
@@ -409,6 +422,7 @@ impl Message {
             | Stable { op }
             | Snapshot { op, .. }
             | Counted { op, .. }
+            | KeyMemoryIs { op, .. }
             | Flushed { op }
             | TopologyIs { op, .. }
             | SiteTimeIs { op, .. }
@@ -436,6 +450,7 @@ impl Message {
                 | Stable { .. }
                 | Snapshot { .. }
                 | Counted { .. }
+                | KeyMemoryIs { .. }
                 | Flushed { .. }
                 | TopologyIs { .. }
                 | SiteTimeIs { .. }

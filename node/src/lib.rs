@@ -6,6 +6,7 @@
 //! * `conn`: one Redis connection, a ChainReaction client proxy.
 //! * `cmd`: the Redis commands, one file each (`CW.*` under `cmd/cw/`).
 //! * `stats`: the counters INFO shows, per command and per error.
+//! * `memory`: the counting allocator behind INFO's `used_memory`.
 //! * `wal`: the write-ahead log and recovery.
 //! * `config`: flags and TOML.
 
@@ -14,6 +15,7 @@ pub mod cmd;
 pub mod config;
 pub mod conn;
 pub mod coordinator;
+pub mod memory;
 pub mod peer;
 pub mod server;
 pub mod stats;

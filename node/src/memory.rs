@@ -55,3 +55,25 @@ unsafe impl GlobalAlloc for Counting {
 pub fn allocated() -> u64 {
     ALLOCATED.load(Ordering::Relaxed).max(0) as u64
 }
+
+/// Gives memory the allocator holds free back to the system, once a good
+/// part of what was allocated is freed (expired or deleted keys, a state
+/// transfer's buffers): glibc keeps freed blocks for reuse, and the
+/// resident set would stay at its peak. Called about once a second; cheap
+/// when there is nothing to return. Returns whether it trimmed.
+pub fn release_freed(peak: &mut u64) -> bool {
+    const AT_LEAST: u64 = 8 << 20;
+    let now = allocated();
+    *peak = (*peak).max(now);
+    if now == 0 || *peak - now < AT_LEAST {
+        return false;
+    }
+    *peak = now;
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory; it may be called at
+    // any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    true
+}

@@ -486,12 +486,15 @@ async fn flush_loop(node: Arc<Node>) {
 }
 
 /// Samples the command counter once a second (INFO's
-/// instantaneous_ops_per_sec).
+/// instantaneous_ops_per_sec), and gives freed memory back
+/// (`memory::release_freed`).
 async fn sample_loop(node: Arc<Node>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     let mut last = 0;
+    let mut peak = 0;
     loop {
         interval.tick().await;
+        crate::memory::release_freed(&mut peak);
         let now = node.stats.commands.load(Ordering::Relaxed);
         // CONFIG RESETSTAT may have set the counter back since.
         node.stats.ops_per_sec.store(now.saturating_sub(last), Ordering::Relaxed);

@@ -87,10 +87,11 @@ pub struct PutRequest {
 }
 
 /// How many bytes of recent updates (keys and values) a replica keeps for
-/// a successor that returns after a short absence (`ChainReplica::fetch`):
-/// values are shared with the store, so this costs memory only for values
-/// overwritten since. Past it, a returning node gets the whole state.
+/// a successor that returns after a short absence (`ChainReplica::fetch`),
+/// and for how long: a node away longer, or that missed more, gets the
+/// whole state. At rest the window empties, so it costs nothing per key.
 pub const RECENT_BYTES: usize = 256 * 1024;
+pub const RECENT_MS: u64 = 10_000;
 
 /// The history after `u`, given the history before it: a hash chain over
 /// each update's position, key and version (a version names one write, so
@@ -107,8 +108,10 @@ fn chain_history(before: u64, u: &Update) -> u64 {
     h.digest()
 }
 
+/// What an update kept among the recent ones takes: its key and value, its
+/// place in the window.
 fn update_bytes(u: &Update) -> usize {
-    u.key.len() + u.value.as_ref().map_or(0, |v| v.len()) + 64
+    u.key.len() + u.value.as_ref().map_or(0, |v| v.len()) + std::mem::size_of::<(Update, u64, u64)>()
 }
 
 /// A replica's state as a state transfer or a checkpoint carries it.
@@ -171,9 +174,10 @@ pub struct ChainReplica {
     /// replicas at the same `applied` with the same history hold the same
     /// updates, so a returning replica needs only what came after.
     history: u64,
-    /// The latest updates applied, each with the history before it, up to
-    /// `RECENT_BYTES`: what a returning successor may lack (`fetch`).
-    recent: VecDeque<(Update, u64)>,
+    /// The latest updates applied, each with the history before it and
+    /// when it was applied, up to `RECENT_BYTES` and `RECENT_MS`: what a
+    /// returning successor may lack (`fetch`).
+    recent: VecDeque<(Update, u64, u64)>,
     recent_bytes: usize,
     /// Highest seq known to have reached the tail.
     stable: u64,
@@ -455,7 +459,7 @@ impl ChainReplica {
 
     fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
         self.applied = u.seq;
-        self.remember(&u);
+        self.remember(&u, now_ms);
         self.to_log.push(u.clone());
         self.clock.observe(u.version.ts);
         let write = Write { version: &u.version, seq: u.seq, value: u.value.as_deref(), expires_at_ms: u.expires_at_ms };
@@ -477,15 +481,27 @@ impl ChainReplica {
     }
 
     /// Adds `u` to the history and to the recent updates.
-    fn remember(&mut self, u: &Update) {
+    fn remember(&mut self, u: &Update, now_ms: u64) {
         let before = self.history;
         self.history = chain_history(before, u);
         self.recent_bytes += update_bytes(u);
-        self.recent.push_back((u.clone(), before));
+        self.recent.push_back((u.clone(), before, now_ms));
         while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {
-            let (old, _) = self.recent.pop_front().expect("not empty");
+            let (old, _, _) = self.recent.pop_front().expect("not empty");
             self.recent_bytes -= update_bytes(&old);
         }
+    }
+
+    /// Drops recent updates older than `RECENT_MS` (all but the last: a
+    /// returning replica at this position needs none of them).
+    fn forget_recent(&mut self, now_ms: u64) {
+        while self.recent.len() > 1 && self.recent.front().is_some_and(|(_, _, at)| at + RECENT_MS <= now_ms) {
+            let (old, _, _) = self.recent.pop_front().expect("not empty");
+            self.recent_bytes -= update_bytes(&old);
+        }
+        crate::shrink_idle(&mut self.recent);
+        crate::shrink_idle(&mut self.unstable);
+        crate::shrink_idle(&mut self.outgoing);
     }
 
     /// Answers the client of `u` if this position is the one it waits for.
@@ -594,6 +610,7 @@ impl ChainReplica {
     pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
         self.writes.prune(now_ms);
         self.store.tick(now_ms);
+        self.forget_recent(now_ms);
         if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
             self.asked_ms = now_ms;
             self.request_state(out);
@@ -723,6 +740,21 @@ impl ChainReplica {
     /// What this replica holds, to compare replicas.
     pub fn digest(&self) -> Digest {
         Digest { applied: self.applied, stable: self.stable, latest: self.store.digest() }
+    }
+
+    /// Bytes `key` takes here (MEMORY USAGE), if it is here; an expired or
+    /// deleted key is not.
+    pub fn key_memory(&self, key: &[u8], now_ms: u64) -> Option<usize> {
+        if self.joining {
+            return None;
+        }
+        self.store.latest(key)?.live_value(now_ms)?;
+        self.store.key_memory(key)
+    }
+
+    /// Bytes this replica's store takes.
+    pub fn store_memory(&self) -> usize {
+        self.store.memory()
     }
 
     /// Live keys held here.

@@ -78,8 +78,8 @@ impl ChainReplica {
             // With the recent updates, so the new member can in turn serve
             // a returning successor that was away since before this.
             None => {
-                let history_before = self.recent.front().map_or(self.history, |(_, h)| *h);
-                let updates = self.recent.iter().map(|(u, _)| u.clone()).collect();
+                let history_before = self.recent.front().map_or(self.history, |(_, h, _)| *h);
+                let updates = self.recent.iter().map(|(u, _, _)| u.clone()).collect();
                 Message::Transfer { epoch, partition, state: Some(self.state()), updates, history_before, clock }
             }
         };
@@ -89,23 +89,23 @@ impl ChainReplica {
     /// Takes `updates` (the sender's recent updates, ending at this
     /// replica's position, starting after history `before`) as this
     /// replica's recent updates, if they hash to its history.
-    pub(super) fn seed_recent(&mut self, updates: Vec<Update>, before: u64) {
+    pub(super) fn seed_recent(&mut self, updates: Vec<Update>, before: u64, now_ms: u64) {
         let mut history = before;
-        let recent: VecDeque<(Update, u64)> = updates
+        let recent: VecDeque<(Update, u64, u64)> = updates
             .into_iter()
             .map(|u| {
-                let entry = (u, history);
+                let entry = (u, history, now_ms);
                 history = chain_history(history, &entry.0);
                 entry
             })
             .collect();
-        if history == self.history && recent.back().is_none_or(|(u, _)| u.seq == self.applied) {
+        if history == self.history && recent.back().is_none_or(|(u, _, _)| u.seq == self.applied) {
             self.set_recent(recent);
         }
     }
 
-    pub(super) fn set_recent(&mut self, recent: VecDeque<(Update, u64)>) {
-        self.recent_bytes = recent.iter().map(|(u, _)| update_bytes(u)).sum();
+    pub(super) fn set_recent(&mut self, recent: VecDeque<(Update, u64, u64)>) {
+        self.recent_bytes = recent.iter().map(|(u, _, _)| update_bytes(u)).sum();
         self.recent = recent;
     }
 
@@ -120,8 +120,8 @@ impl ChainReplica {
             return None;
         }
         let from = (applied + 1 - first) as usize;
-        let (_, before) = &self.recent[from];
-        (*before == history).then(|| self.recent.iter().skip(from).map(|(u, _)| u.clone()).collect())
+        let (_, before, _) = &self.recent[from];
+        (*before == history).then(|| self.recent.iter().skip(from).map(|(u, _, _)| u.clone()).collect())
     }
 
     /// Installs a state transfer (or, with `state` None, keeps the state
@@ -160,7 +160,7 @@ impl ChainReplica {
             Some(state) => {
                 self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
                 self.restore(state, now_ms);
-                self.seed_recent(updates, history_before);
+                self.seed_recent(updates, history_before, now_ms);
             }
             None if !self.joining => self.forward(updates, now_ms, out),
             None => {

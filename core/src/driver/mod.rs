@@ -140,6 +140,8 @@ pub enum Request {
     MultiGet(Vec<Bytes>),
     /// Live keys in the whole site.
     Count,
+    /// The bytes a key takes at one replica (MEMORY USAGE).
+    MemoryUsage(Bytes),
     /// Drop every key on every node.
     Flush,
     /// Fetch the current topology.
@@ -163,6 +165,8 @@ pub enum Response {
     Written(bool),
     Values(Vec<Option<Bytes>>),
     Count(Keyspace),
+    /// `MemoryUsage`: `None` if the key is not there.
+    Memory(Option<u64>),
     Flushed,
     Topology(Arc<Topology>),
     Resumed,

@@ -359,6 +359,19 @@ impl Op {
                 }
             }
             Request::Topology => self.refresh(cx, &mut p),
+            Request::MemoryUsage(key) => {
+                // At this node's replica if it has one, else at the head
+                // (it holds every key the chain does).
+                let partition = cx.topology.partition_of(&key);
+                let chain = cx.topology.chain(partition);
+                let node = match cx.local {
+                    Some(me) if chain.nodes.contains(&me) => me,
+                    _ => chain.head(),
+                };
+                let op = self.next_op(cx);
+                p.send.push((node, Message::KeyMemory { op, epoch: cx.topology.epoch, partition, key }));
+                self.phase = Phase::Reading;
+            }
             Request::Resume(_) => {
                 let node = cx.any_node();
                 let op = self.next_op(cx);
@@ -700,6 +713,7 @@ impl Op {
                     p.done = Some(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
                 }
             }
+            Message::KeyMemoryIs { bytes, .. } => p.done = Some(Ok(Response::Memory(bytes))),
             Message::Counted { keyspace, .. } => {
                 let Phase::Counting { remaining, total } = &mut self.phase else {
                     return p;

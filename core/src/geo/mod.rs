@@ -571,6 +571,7 @@ impl Geo {
         for o in self.tails.values_mut() {
             o.ids.tick(now_ms, &mut ids);
             o.values.tick(now_ms, &mut values);
+            crate::shrink_idle(&mut o.seqs);
         }
         // The tick sent the leader every tail's latest promise: nothing
         // waits for an answer any more (a tail whose head is down never

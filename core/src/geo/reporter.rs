@@ -205,6 +205,7 @@ impl<P: Ord + Copy, T: Stamped> Reporter<P, T> {
     /// refusal or a silence, what it has not acknowledged), and the latest
     /// promise.
     pub fn tick(&mut self, now_ms: u64, out: &mut Vec<(P, Batch<T>)>) {
+        crate::shrink_idle(&mut self.items);
         for (&peer, p) in self.peers.iter_mut() {
             p.resend.resume(&mut p.sent, p.received, now_ms, REPORT_RESEND_MS);
             let start = self.items.partition_point(|i| i.ts() <= p.sent);

@@ -426,6 +426,15 @@ impl Node {
                 let reply = Envelope { to: Dest::Client(op.client), msg: Message::Snapshot { op, items, site_time } };
                 self.when_durable(needs, reply, out);
             }
+            Message::KeyMemory { op, epoch, partition, key } => {
+                if stale(epoch) {
+                    return self.not_responsible(op, out);
+                }
+                match self.with(partition, |r| r.key_memory(&key, now_ms)) {
+                    Some(bytes) => send(out, Dest::Client(op.client), Message::KeyMemoryIs { op, bytes: bytes.map(|b| b as u64) }),
+                    None => self.not_responsible(op, out),
+                }
+            }
             Message::Count { op, epoch, partitions } => {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
@@ -494,6 +503,7 @@ impl Node {
             | Message::Stable { .. }
             | Message::Snapshot { .. }
             | Message::Counted { .. }
+            | Message::KeyMemoryIs { .. }
             | Message::Flushed { .. }
             | Message::TopologyIs { .. }
             | Message::SiteTimeIs { .. }
@@ -626,6 +636,11 @@ impl Node {
                 false => send(out, Dest::Node(leader), Message::Geo(msg)),
             }
         }
+    }
+
+    /// Bytes the replicas' stores take (INFO `used_memory_dataset`).
+    pub fn store_memory(&self) -> usize {
+        self.parts.iter().flatten().map(|r| r.store_memory()).sum()
     }
 
     /// Every replica as log records (compaction).

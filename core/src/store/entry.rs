@@ -1,157 +1,225 @@
-//! A key's latest version in one allocation: a fixed header, then what
-//! only some keys need, then the key and the value.
+//! A key's latest version in one allocation, found through one thin
+//! pointer: the entry's own length, a header, what only some keys need,
+//! the key and the value.
 //!
 //! ```text
-//!  0..8    timestamp (`Timestamp::to_bits`)
-//!  8..16   seq
-//! 16..18   site
-//! 18       flags: TOMBSTONE, EXPIRES, REPLACED
-//! 19       n: the version vector's length, or 0 when it holds nothing but
-//!          this version's own entry (one site, or a write that saw
-//!          nothing of the others)
-//! 20..24   key length
-//! [8]      the expiry (ms), if EXPIRES
-//! [...]    the vector's other entries, each as its distance below this
-//!          version's timestamp (LEB128; 0 for an entry never set)
-//! key, then the value (to the end; nothing for a tombstone)
+//! length      LEB128, the whole entry's
+//! timestamp   8 bytes (`Timestamp::to_bits`)
+//! seq         LEB128
+//! site        1 byte
+//! flags       1 byte: TOMBSTONE, EXPIRES, REPLACED
+//! n           1 byte: the version vector's length, or 0 when it holds
+//!             nothing but this version's own entry (one site, or a write
+//!             that saw nothing of the others)
+//! key length  LEB128
+//! [expiry]    8 bytes (ms), if EXPIRES
+//! [vector]    the other entries, each as its distance below this
+//!             version's timestamp (LEB128; 0 for an entry never set)
+//! key, value  (the value runs to the end; nothing for a tombstone)
 //! ```
 //!
-//! A Redis key with a 12-byte name and a 16-byte value takes 52 bytes
-//! here (a 64-byte block from the allocator): the version, its place in
-//! the update order and, with several sites, what it depends on there
-//! cost 24 bytes, about what Redis spends on its object header and LRU
-//! clock. Nothing points into other allocations.
+//! A YCSB key (24 bytes) with a 16-byte value takes 56 bytes here, a
+//! 64-byte block from the allocator, plus an 8-byte pointer in the table:
+//! the version, its place in the update order and, with several sites,
+//! what it depends on there cost about 16 bytes, less than Redis spends on
+//! its object header and LRU clock. Nothing points into other allocations.
 
 use super::Stored;
 use crate::hlc::Timestamp;
 use crate::version::{SiteId, Version, VersionVector};
 use bytes::Bytes;
 use smallvec::SmallVec;
+use std::ptr::NonNull;
 
-const HEADER: usize = 24;
 const TOMBSTONE: u8 = 1;
 const EXPIRES: u8 = 2;
 /// The key had a version before this one (a snapshot that asks for
 /// something older must find it in the history, or be told it is gone).
 const REPLACED: u8 = 4;
 
-/// One key's latest version, packed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Entry(Box<[u8]>);
+/// One key's latest version, packed, owned through a thin pointer.
+pub struct Entry(NonNull<u8>);
+
+// SAFETY: an `Entry` owns its allocation alone (like a `Box<[u8]>`) and
+// never shares it.
+unsafe impl Send for Entry {}
+// SAFETY: `&Entry` only reads.
+unsafe impl Sync for Entry {}
 
 impl Entry {
     pub fn new(key: &[u8], version: &Version, seq: u64, value: Option<&[u8]>, expires_at_ms: Option<u64>, replaced: bool) -> Entry {
         let own = version.site as usize;
+        assert!(own <= u8::MAX as usize, "at most 256 sites");
         let entries = &version.vv.0;
+        debug_assert_eq!(version.vv.get(version.site), version.ts, "a version's own entry is its timestamp");
         // Exactly what `Version::local` makes: nothing to store.
         let plain = entries.len() == own + 1 && entries.iter().enumerate().all(|(s, &t)| s == own || t == Timestamp::ZERO);
-        let mut vv = SmallVec::<[u8; 16]>::new();
+        let mut tail = SmallVec::<[u8; 32]>::new();
+        tail.extend_from_slice(&version.ts.to_bits().to_le_bytes());
+        leb128(seq, &mut tail);
+        tail.push(own as u8);
+        let flag = |bit: u8, on: bool| if on { bit } else { 0 };
+        tail.push(flag(TOMBSTONE, value.is_none()) | flag(EXPIRES, expires_at_ms.is_some()) | flag(REPLACED, replaced));
+        let n = if plain { 0 } else { entries.len() };
+        assert!(n <= u8::MAX as usize, "at most 255 sites");
+        tail.push(n as u8);
+        leb128(key.len() as u64, &mut tail);
+        if let Some(at) = expires_at_ms {
+            tail.extend_from_slice(&at.to_le_bytes());
+        }
         if !plain {
             for (s, &t) in entries.iter().enumerate() {
                 if s != own {
-                    leb128(if t == Timestamp::ZERO { 0 } else { version.ts.to_bits().saturating_sub(t.to_bits()).max(1) }, &mut vv);
+                    leb128(if t == Timestamp::ZERO { 0 } else { version.ts.to_bits().saturating_sub(t.to_bits()).max(1) }, &mut tail);
                 }
             }
         }
-        let n = if plain { 0 } else { entries.len() };
-        assert!(n <= u8::MAX as usize, "at most 255 sites");
         let body = value.unwrap_or_default();
-        let len = HEADER + expires_at_ms.map_or(0, |_| 8) + vv.len() + key.len() + body.len();
-        let mut b = Vec::with_capacity(len);
-        b.extend_from_slice(&version.ts.to_bits().to_le_bytes());
-        b.extend_from_slice(&seq.to_le_bytes());
-        b.extend_from_slice(&version.site.to_le_bytes());
-        let flag = |bit: u8, on: bool| if on { bit } else { 0 };
-        b.push(flag(TOMBSTONE, value.is_none()) | flag(EXPIRES, expires_at_ms.is_some()) | flag(REPLACED, replaced));
-        b.push(n as u8);
-        b.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        if let Some(at) = expires_at_ms {
-            b.extend_from_slice(&at.to_le_bytes());
+        let rest = tail.len() + key.len() + body.len();
+        // The length counts its own bytes too.
+        let mut len = rest + 1;
+        while leb128_len(len as u64) + rest > len {
+            len += 1;
         }
-        b.extend_from_slice(&vv);
+        let mut b = Vec::with_capacity(len);
+        let mut prefix = SmallVec::<[u8; 32]>::new();
+        leb128(len as u64, &mut prefix);
+        b.extend_from_slice(&prefix);
+        b.extend_from_slice(&tail);
         b.extend_from_slice(key);
         b.extend_from_slice(body);
         debug_assert_eq!(b.len(), len);
-        Entry(b.into_boxed_slice())
+        let raw = Box::into_raw(b.into_boxed_slice()) as *mut u8;
+        Entry(NonNull::new(raw).expect("a box is not null"))
     }
 
     pub fn from_stored(key: &[u8], s: &Stored, replaced: bool) -> Entry {
         Entry::new(key, &s.version, s.seq, s.value.as_deref(), s.expires_at_ms, replaced)
     }
 
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the allocation starts with its own length (LEB128, at
+        // most 10 bytes, each read only while the previous says more
+        // follows, all inside the allocation); the slice is the whole
+        // allocation `new` made, alive while `self` is.
+        unsafe {
+            let p = self.0.as_ptr();
+            let mut len = 0usize;
+            let mut i = 0;
+            loop {
+                let byte = *p.add(i);
+                len |= ((byte & 0x7f) as usize) << (7 * i);
+                i += 1;
+                if byte & 0x80 == 0 {
+                    break;
+                }
+            }
+            std::slice::from_raw_parts(p, len)
+        }
+    }
+
     pub fn view(&self) -> View<'_> {
-        View(&self.0)
+        View::new(self.bytes())
     }
 
     /// Bytes this entry takes (its allocation).
     pub fn size(&self) -> usize {
-        self.0.len()
+        self.bytes().len()
     }
 }
 
-/// A packed entry, read.
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let len = self.size();
+        // SAFETY: the pointer and length are those of the boxed slice `new`
+        // leaked; it is freed once, here.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.0.as_ptr(), len)) });
+    }
+}
+
+impl Clone for Entry {
+    fn clone(&self) -> Entry {
+        let raw = Box::into_raw(Box::<[u8]>::from(self.bytes())) as *mut u8;
+        Entry(NonNull::new(raw).expect("a box is not null"))
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Entry) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for Entry {}
+
+/// A packed entry, read: where its parts start, found once.
 #[derive(Clone, Copy)]
-pub struct View<'a>(&'a [u8]);
+pub struct View<'a> {
+    b: &'a [u8],
+    /// Where the timestamp starts (after the length).
+    ts_at: u8,
+    seq: u64,
+    site: u8,
+    flags: u8,
+    n: u8,
+    /// Where the optional parts start, and the key.
+    extra_at: u16,
+    key_at: u32,
+    key_len: u32,
+}
 
 impl<'a> View<'a> {
-    fn u64_at(&self, at: usize) -> u64 {
-        u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"))
-    }
-
-    fn flags(&self) -> u8 {
-        self.0[18]
+    fn new(b: &'a [u8]) -> View<'a> {
+        let (_, mut at) = read_leb128(b);
+        let ts_at = at as u8;
+        at += 8;
+        let (seq, used) = read_leb128(&b[at..]);
+        at += used;
+        let (site, flags, n) = (b[at], b[at + 1], b[at + 2]);
+        at += 3;
+        let (key_len, used) = read_leb128(&b[at..]);
+        at += used;
+        let extra_at = at;
+        if flags & EXPIRES != 0 {
+            at += 8;
+        }
+        for _ in 1..n {
+            at += read_leb128(&b[at..]).1;
+        }
+        View { b, ts_at, seq, site, flags, n, extra_at: extra_at as u16, key_at: at as u32, key_len: key_len as u32 }
     }
 
     pub fn ts(&self) -> Timestamp {
-        Timestamp::from_bits(self.u64_at(0))
+        let at = self.ts_at as usize;
+        Timestamp::from_bits(u64::from_le_bytes(self.b[at..at + 8].try_into().expect("8 bytes")))
     }
 
     pub fn seq(&self) -> u64 {
-        self.u64_at(8)
+        self.seq
     }
 
     pub fn site(&self) -> SiteId {
-        u16::from_le_bytes([self.0[16], self.0[17]])
+        self.site as SiteId
     }
 
     pub fn replaced(&self) -> bool {
-        self.flags() & REPLACED != 0
+        self.flags & REPLACED != 0
     }
 
     pub fn expires_at_ms(&self) -> Option<u64> {
-        (self.flags() & EXPIRES != 0).then(|| self.u64_at(HEADER))
-    }
-
-    fn key_len(&self) -> usize {
-        u32::from_le_bytes(self.0[20..24].try_into().expect("4 bytes")) as usize
-    }
-
-    /// Where the vector's entries start, and how many there are.
-    fn vv_at(&self) -> (usize, usize) {
-        (HEADER + if self.flags() & EXPIRES != 0 { 8 } else { 0 }, self.0[19] as usize)
-    }
-
-    /// Where the key starts.
-    fn key_at(&self) -> usize {
-        let (mut at, n) = self.vv_at();
-        for _ in 1..n {
-            while self.0[at] & 0x80 != 0 {
-                at += 1;
-            }
-            at += 1;
-        }
-        at
+        let at = self.extra_at as usize;
+        (self.flags & EXPIRES != 0).then(|| u64::from_le_bytes(self.b[at..at + 8].try_into().expect("8 bytes")))
     }
 
     pub fn key(&self) -> &'a [u8] {
-        let at = self.key_at();
-        &self.0[at..at + self.key_len()]
+        let at = self.key_at as usize;
+        &self.b[at..at + self.key_len as usize]
     }
 
     /// The value; `None` for a tombstone.
     pub fn value(&self) -> Option<&'a [u8]> {
-        let at = self.key_at() + self.key_len();
-        (self.flags() & TOMBSTONE == 0).then(|| &self.0[at..])
+        let at = self.key_at as usize + self.key_len as usize;
+        (self.flags & TOMBSTONE == 0).then(|| &self.b[at..])
     }
 
     /// The value as a reader at `now_ms` sees it: none once expired.
@@ -165,17 +233,17 @@ impl<'a> View<'a> {
     pub fn version(&self) -> Version {
         let ts = self.ts();
         let site = self.site();
-        let (mut at, n) = self.vv_at();
-        if n == 0 {
+        if self.n == 0 {
             return Version::local(site, ts);
         }
-        let mut vv = VersionVector(SmallVec::with_capacity(n));
-        for s in 0..n {
+        let mut at = self.extra_at as usize + if self.flags & EXPIRES != 0 { 8 } else { 0 };
+        let mut vv = VersionVector(SmallVec::with_capacity(self.n as usize));
+        for s in 0..self.n as usize {
             if s == site as usize {
                 vv.0.push(ts);
                 continue;
             }
-            let (d, used) = read_leb128(&self.0[at..]);
+            let (d, used) = read_leb128(&self.b[at..]);
             at += used;
             vv.0.push(if d == 0 { Timestamp::ZERO } else { Timestamp::from_bits(ts.to_bits() - d) });
         }
@@ -193,7 +261,11 @@ impl<'a> View<'a> {
     }
 }
 
-fn leb128(mut v: u64, out: &mut SmallVec<[u8; 16]>) {
+fn leb128_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn leb128(mut v: u64, out: &mut SmallVec<[u8; 32]>) {
     loop {
         let byte = (v & 0x7f) as u8;
         v >>= 7;
@@ -235,8 +307,11 @@ mod tests {
     #[test]
     fn every_shape_of_entry_reads_back() {
         let ts = Timestamp::new(1_700_000_000_000, 3);
-        let e = round_trip(b"key:000000000012", Version::local(0, ts), Some(&[7u8; 16]), None);
-        assert_eq!(e.size(), 24 + 16 + 16, "one site: header, key, value");
+        let e = round_trip(b"user1234567890123456789", Version::local(0, ts), Some(&[7u8; 16]), None);
+        assert!(e.size() <= 56, "one site, a YCSB key and 16 bytes fit a 64-byte block: {}", e.size());
+        let big = round_trip(b"k", Version::local(0, ts), Some(&[1u8; 300]), None);
+        assert_eq!(big.view().value().map(<[u8]>::len), Some(300), "a length of two bytes");
+        assert!(big.clone() == big);
         round_trip(b"k", Version::local(0, ts), None, None);
         round_trip(b"k", Version::local(0, ts), Some(b""), Some(99));
         round_trip(b"", Version::local(2, ts), Some(b"v"), None);
@@ -244,7 +319,7 @@ mod tests {
         vv.set(0, Timestamp::new(1_699_999_999_990, 0));
         vv.set(2, Timestamp::new(1_600_000_000_000, 65_535));
         let e = round_trip(b"k", Version { ts, site: 1, vv }, Some(b"value"), Some(5));
-        assert!(e.size() < 24 + 8 + 2 * 8 + 1 + 5, "remote entries cost less than a timestamp each: {}", e.size());
+        assert!(e.size() < 1 + 8 + 1 + 3 + 1 + 8 + 2 * 8 + 1 + 5, "remote entries cost less than a timestamp each: {}", e.size());
         let mut vv = VersionVector::local(2, ts);
         vv.set(0, Timestamp::new(1_699_999_999_999, 0));
         round_trip(b"k", Version { ts, site: 2, vv }, Some(b"v"), None);

@@ -145,11 +145,7 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
             ("uptime_in_seconds", node.started.elapsed().as_secs().to_string()),
         ],
         "clients" => vec![("connected_clients", stat(&node.stats.connections))],
-        "memory" => {
-            // No allocator statistics yet: used_memory is the resident set.
-            let rss = proc_self::rss_bytes().unwrap_or(0);
-            vec![("used_memory", rss.to_string()), ("used_memory_rss", rss.to_string()), ("maxmemory", "0".into())]
-        }
+        "memory" => memory_fields(&node),
         "cpu" => {
             let (user, sys) = proc_self::cpu_seconds().unwrap_or_default();
             vec![("used_cpu_sys", format!("{sys:.6}")), ("used_cpu_user", format!("{user:.6}"))]
@@ -203,6 +199,41 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
             _ => Vec::new(),
         },
         _ => Vec::new(),
+    }
+}
+
+/// INFO memory (and MEMORY STATS): `used_memory` is what the allocator
+/// holds for this process (`crate::memory`; the resident set if the
+/// counting allocator is not installed), `used_memory_rss` what Linux
+/// says is resident, `used_memory_dataset` what the replicas' stores take,
+/// `mem_fragmentation_ratio` the one over the other, as Redis has them.
+pub fn memory_fields(node: &crate::server::Node) -> Vec<(&'static str, String)> {
+    let rss = proc_self::rss_bytes().unwrap_or(0);
+    let used = match crate::memory::allocated() {
+        0 => rss,
+        n => n,
+    };
+    let dataset = node.with_core(|c| c.store_memory()) as u64;
+    vec![
+        ("used_memory", used.to_string()),
+        ("used_memory_human", human(used)),
+        ("used_memory_rss", rss.to_string()),
+        ("used_memory_rss_human", human(rss)),
+        ("used_memory_dataset", dataset.to_string()),
+        ("mem_fragmentation_ratio", format!("{:.2}", rss as f64 / used.max(1) as f64)),
+        ("mem_allocator", "libc".into()),
+        ("maxmemory", "0".into()),
+        ("maxmemory_human", "0B".into()),
+        ("maxmemory_policy", "noeviction".into()),
+    ]
+}
+
+/// Bytes as Redis prints them for people (`1.50M`).
+fn human(bytes: u64) -> String {
+    let units = [("G", 1u64 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    match units.iter().find(|(_, size)| bytes >= *size) {
+        Some((unit, size)) => format!("{:.2}{unit}", bytes as f64 / *size as f64),
+        None => format!("{bytes}B"),
     }
 }
 

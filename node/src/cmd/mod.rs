@@ -30,6 +30,7 @@ mod flushall;
 mod get;
 mod hello;
 mod info;
+mod memory;
 mod mget;
 mod ping;
 mod quit;
@@ -147,6 +148,7 @@ pub static COMMANDS: &[Command] = &[
     command!("command", -1, false, command::run, command::SUBCOMMANDS),
     command!("client", -2, false, client::run, client::SUBCOMMANDS),
     command!("config", -2, false, config::run, config::SUBCOMMANDS),
+    command!("memory", -2, false, memory::run, memory::SUBCOMMANDS),
     command!("quit", -1, true, quit::run),
     command!("cw.consistency", -1, false, cw::consistency::run),
     data!("cw.with", -3, cw::with::parse),

@@ -20,7 +20,7 @@ use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
 use causeway_core::driver::{Consistency, Driver, Progress, Request, Response};
 use causeway_core::error::Error as CoreError;
-use causeway_core::message::{ClientId, Condition, Hello, Message, OpId, Welcome, BINARY_MAGIC};
+use causeway_core::message::{Change, ClientId, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::session::Session;
 use causeway_core::wire::{put_frame, take_frame};
@@ -300,25 +300,20 @@ impl Client {
     /// GET, also saying which chain position served it.
     pub async fn get_at(&mut self, key: &[u8]) -> Result<(Option<Bytes>, u8), Error> {
         match self.run(Request::Get(Bytes::copy_from_slice(key))).await? {
-            Response::Read { value, chain_index } => Ok((value, chain_index)),
+            Response::Read { value, chain_index, .. } => Ok((value, chain_index)),
             other => Err(Error::Protocol(format!("GET answered {other:?}"))),
         }
     }
 
     /// PUT (SET without options).
     pub async fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
-        let request = Request::Put {
-            key: Bytes::copy_from_slice(key),
-            value: Some(Bytes::copy_from_slice(value)),
-            ttl_ms: None,
-            condition: Condition::Always,
-        };
+        let request = Request::Put { key: Bytes::copy_from_slice(key), change: Change::set(Bytes::copy_from_slice(value)) };
         self.run(request).await.map(|_| ())
     }
 
     /// DELETE: whether the key existed.
     pub async fn delete(&mut self, key: &[u8]) -> Result<bool, Error> {
-        let request = Request::Put { key: Bytes::copy_from_slice(key), value: None, ttl_ms: None, condition: Condition::IfPresent };
+        let request = Request::Put { key: Bytes::copy_from_slice(key), change: Change::delete() };
         Ok(matches!(self.run(request).await?, Response::Written(true)))
     }
 

@@ -37,12 +37,82 @@ pub struct OpId {
     pub seq: u64,
 }
 
-/// SET's NX / XX.
+/// What a write does to its key. Its head decides it against what the key
+/// holds then (SET's NX and XX, EXPIRE's conditions, KEEPTTL, GET), so the
+/// update that goes down the chain is plain: a value (or none) and an
+/// expiry instant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub value: NewValue,
+    pub expiry: Expiry,
+    pub condition: Condition,
+    /// The answer carries the value the key had (SET ... GET, GETEX).
+    pub get: bool,
+}
+
+impl Change {
+    /// SET key value: a new value, no expiry.
+    pub fn set(value: Bytes) -> Change {
+        Change { value: NewValue::Set(value), expiry: Expiry::Never, condition: Condition::Always, get: false }
+    }
+
+    /// DEL key: a tombstone, if the key holds a value.
+    pub fn delete() -> Change {
+        Change { value: NewValue::Delete, expiry: Expiry::Never, condition: Condition::IfPresent, get: false }
+    }
+
+    /// The new value, if the change sets one.
+    pub fn new_value(&self) -> Option<&Bytes> {
+        match &self.value {
+            NewValue::Set(v) => Some(v),
+            NewValue::Delete | NewValue::Keep => None,
+        }
+    }
+}
+
+/// A change's value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NewValue {
+    Set(Bytes),
+    Delete,
+    /// The key keeps its value (EXPIRE, PERSIST, GETEX): only its expiry
+    /// changes, and only if it holds a value.
+    Keep,
+}
+
+/// A change's expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expiry {
+    /// The key keeps its expiry (SET ... KEEPTTL).
+    Keep,
+    /// None (a plain SET, PERSIST).
+    Never,
+    /// This many milliseconds after the head orders the write (EX, PX,
+    /// EXPIRE, PEXPIRE).
+    After(u64),
+    /// At this Unix time in milliseconds (EXAT, PXAT, EXPIREAT,
+    /// PEXPIREAT). An instant already past deletes the key.
+    At(u64),
+}
+
+/// When a change applies, given what its key holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Condition {
     Always,
+    /// NX: the key holds no value.
     IfAbsent,
+    /// XX: the key holds a value.
     IfPresent,
+    /// EXPIRE ... NX: the key holds a value without an expiry.
+    IfNoExpiry,
+    /// EXPIRE ... XX: the key holds a value with an expiry.
+    IfExpiry,
+    /// EXPIRE ... GT: the new expiry is later (no expiry counts as never).
+    IfLater,
+    /// EXPIRE ... LT: the new expiry is sooner.
+    IfSooner,
+    /// EXPIRE ... XX LT: the key has an expiry and the new one is sooner.
+    IfExpiryAndSooner,
 }
 
 /// A write as it travels down a chain.
@@ -64,10 +134,16 @@ pub struct Update {
     /// parallel thanks to it (`geo::receiver`). Zero for other sites'
     /// updates applied here.
     pub local_dep: Timestamp,
+    /// The head's active expiry (`chain::expiry`): version `version` of the
+    /// key, whose expiry has passed, is now a tombstone, with the same
+    /// version, so it beats exactly what that version beat and loses to
+    /// any later write, wherever written. Each site expires its own copies
+    /// (other sites never get these).
+    pub expired: bool,
 }
 
 /// A client write's answer, as its update carries it down the chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
     /// The client and the write's id in its session.
     pub op: OpId,
@@ -76,6 +152,9 @@ pub struct Ack {
     /// Every write of the session with a smaller id was finished when this
     /// one was sent (`Message::Put`): replicas forget those.
     pub done_below: u64,
+    /// The value the key had, for a change that asked for it
+    /// (`Change::get`): the head knows it, the answering replica says it.
+    pub old: Option<Bytes>,
 }
 
 /// Something a write's head must wait for before it orders the write
@@ -113,6 +192,8 @@ pub struct Item {
     pub seq: u64,
     /// Whether the version is known to have reached the tail.
     pub stable: bool,
+    /// When the value expires (Unix ms), if it does.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// Live keys, and how many of them expire (DBSIZE, INFO keyspace).
@@ -166,9 +247,7 @@ pub enum Message {
         epoch: u64,
         partition: PartitionId,
         key: Bytes,
-        value: Option<Bytes>,
-        ttl_ms: Option<u64>,
-        condition: Condition,
+        change: Change,
         past: VersionVector,
         ack_at: u8,
         /// The write's id within the client's session. A write resent after
@@ -249,13 +328,15 @@ pub enum Message {
 
     // ---- node -> client -------------------------------------------------
     /// The write reached chain position `chain_index`. `version` is `None`
-    /// when the SET condition (NX/XX) did not hold and nothing was written.
+    /// when its condition did not hold and nothing was written. `old`: the
+    /// value the key had, if the change asked for it.
     PutDone {
         op: OpId,
         version: Option<Version>,
         seq: u64,
         chain_index: u8,
         stable: bool,
+        old: Option<Bytes>,
     },
     Value {
         op: OpId,

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 /// The version of the record encoding. A log written by another version is
 /// refused at start with a clear error rather than misread.
-pub const FORMAT: u8 = 6;
+pub const FORMAT: u8 = 7;
 
 /// One write-ahead log record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -204,7 +204,7 @@ mod tests {
     }
 
     fn item(ms: u64, stable: bool) -> Item {
-        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), seq: ms, stable }
+        Item { value: Some(Bytes::from("x")), version: Some(v(ms)), seq: ms, stable, expires_at_ms: None }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use causeway_core::chain::{ChainReplica, PutRequest};
 use causeway_core::geo::receiver::RemoteWrite;
 use causeway_core::hlc::Timestamp;
-use causeway_core::message::{Condition, Dest, Envelope, Message, OpId, Outbox};
+use causeway_core::message::{Change, Dest, Envelope, Message, OpId, Outbox};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::version::{Version, VersionVector};
 
@@ -24,9 +24,7 @@ fn put(key: &str, past: VersionVector) -> PutRequest {
     PutRequest {
         op: OpId { client: 7, seq: 1 },
         key: Bytes::from(key.to_string()),
-        value: Some(Bytes::from("y2")),
-        ttl_ms: None,
-        condition: Condition::Always,
+        change: Change::set(Bytes::from("y2")),
         past,
         ack_at: 0,
         write: 1,

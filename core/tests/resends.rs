@@ -2,7 +2,7 @@
 //! that travel inside a state transfer, are applied once and answered right.
 use bytes::Bytes;
 use causeway_core::chain::{ChainReplica, PutRequest};
-use causeway_core::message::{Condition, Dest, Envelope, Message, OpId, Outbox, Update, ACK_AT_TAIL};
+use causeway_core::message::{Change, Condition, Dest, Envelope, Expiry, Message, NewValue, OpId, Outbox, Update, ACK_AT_TAIL};
 use causeway_core::record::LogRecord;
 use causeway_core::ring::{Chain, NodeId, NodeInfo, Shape, Topology};
 
@@ -22,9 +22,12 @@ fn put(seq: u64, write: u64, ack_at: u8, condition: Condition, value: Option<&'s
     PutRequest {
         op: OpId { client: 9, seq },
         key: Bytes::from("k"),
-        value: value.map(Bytes::from),
-        ttl_ms: None,
-        condition,
+        change: Change {
+            value: value.map_or(NewValue::Delete, |v| NewValue::Set(Bytes::from(v))),
+            expiry: Expiry::Never,
+            condition,
+            get: false,
+        },
         past: Default::default(),
         ack_at,
         write,
@@ -105,9 +108,9 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
                 rd.forward(updates, now, &mut out)
             }
         }
-        ra.tick(now, &mut out);
-        rb.tick(now, &mut out);
-        rd.tick(now, &mut out);
+        ra.tick(now, None, &mut out);
+        rb.tick(now, None, &mut out);
+        rd.tick(now, None, &mut out);
     }
     assert_eq!(ra.digest().stable, 1, "the write is stable everywhere");
     assert_eq!(rd.digest().applied, 1);
@@ -220,18 +223,16 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
     let (a, b, c) = (0, 1, 2);
     let t1 = topo(1, 3, 2, &[a, b, c]);
     let mut d = Driver::new(9, Arc::new(t1.clone()), None, 5_000);
-    let req = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("mine")), ttl_ms: None, condition: Condition::IfAbsent };
+    let req = Request::Put { key: Bytes::from("k"), change: Change { condition: Condition::IfAbsent, ..Change::set(Bytes::from("mine")) } };
     let p = d.start(req, 0);
     let [(to, Message::Put { op: first, write: first_write, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
     assert_eq!(*to, a);
     // a evaluates the NX: the key is there -> "not written"; the reply is
     // slow. a leaves the chain (e.g. rebalanced away) and b heads it.
-    let stale = Message::PutDone { op: *first, version: None, seq: 0, chain_index: 0, stable: false };
+    let stale = Message::PutDone { op: *first, version: None, seq: 0, chain_index: 0, stable: false, old: None };
     let t2 = topo(2, 3, 2, &[b, c]);
     let p = d.reconfigured(Arc::new(t2.clone()), 100);
-    let [(to, Message::Put { op: second, write, key, value, ttl_ms, condition, past, ack_at, epoch, .. })] = &p.send[..] else {
-        panic!("{:?}", p.send)
-    };
+    let [(to, Message::Put { op: second, write, key, change, past, ack_at, epoch, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
     assert_eq!(*to, b);
     assert_eq!(write, first_write, "a resend keeps the write's id");
     // Someone deleted k meanwhile; b evaluates the resend: absent -> writes it.
@@ -242,9 +243,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
         PutRequest {
             op: *second,
             key: key.clone(),
-            value: value.clone(),
-            ttl_ms: *ttl_ms,
-            condition: *condition,
+            change: change.clone(),
             past: past.clone(),
             ack_at: *ack_at,
             write: *write,

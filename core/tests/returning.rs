@@ -6,7 +6,7 @@
 //! was away too long) the whole state, which replaces what it kept.
 use bytes::Bytes;
 use causeway_core::chain::{ChainReplica, PutRequest, RECENT_BYTES};
-use causeway_core::message::{Condition, Dest, Envelope, Message, OpId, Outbox, Update};
+use causeway_core::message::{Change, Dest, Envelope, Message, OpId, Outbox, Update};
 use causeway_core::ring::{Chain, NodeId, NodeInfo, Shape, Topology};
 
 const A: NodeId = 0;
@@ -28,9 +28,7 @@ fn put(write: u64, value: Bytes) -> PutRequest {
     PutRequest {
         op: OpId { client: 9, seq: write },
         key: Bytes::from(format!("k{}", write % 5)),
-        value: Some(value),
-        ttl_ms: None,
-        condition: Condition::Always,
+        change: Change::set(value),
         past: Default::default(),
         ack_at: 0,
         write,
@@ -188,7 +186,7 @@ fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
     out.clear();
     let mut fetched = None;
     for now in (60..1_000).step_by(10) {
-        b.tick(now, &mut out);
+        b.tick(now, None, &mut out);
         if let Some(Message::Fetch { epoch, from, have, .. }) = take(&mut out, Dest::Node(A)).pop() {
             fetched = Some((epoch, from, have));
             break;

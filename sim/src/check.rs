@@ -20,7 +20,7 @@
 use crate::Completed;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
-use causeway_core::message::Item;
+use causeway_core::message::{Change, Item, NewValue};
 use causeway_core::version::Version;
 use std::collections::HashMap;
 
@@ -100,7 +100,7 @@ impl CausalChecker {
 
     /// Call for every completed operation, in completion order.
     pub fn completed(&mut self, c: &Completed) {
-        if let Request::Put { value: Some(value), .. } = &c.request {
+        if let Some(value) = c.request_value() {
             if let Some(in_flight) = self.in_flight.get_mut(&c.client) {
                 in_flight.retain(|v| v != value);
             }
@@ -109,7 +109,7 @@ impl CausalChecker {
             }
         }
         match (&c.request, &c.result) {
-            (Request::Put { key, value: Some(value), .. }, Ok(Response::Written(true))) => {
+            (Request::Put { key, change: Change { value: NewValue::Set(value), .. } }, Ok(Response::Written(true))) => {
                 let version = c.written.clone().expect("an acknowledged write has a version");
                 // The write itself is part of its own frontier (readers of it
                 // depend on it) and of its writer's.
@@ -185,7 +185,7 @@ mod tests {
     use crate::Completed;
     use causeway_core::driver::Response;
     use causeway_core::hlc::Timestamp;
-    use causeway_core::message::Condition;
+    use causeway_core::message::Change;
 
     fn v(ts: u64) -> Version {
         Version::local(0, Timestamp::new(ts, 0))
@@ -194,14 +194,14 @@ mod tests {
     fn put(checker: &mut CausalChecker, client: usize, key: &str, value: &str, ts: u64) {
         let value = Bytes::from(value.to_string());
         checker.issued_write(client, &value);
-        let request = Request::Put { key: Bytes::from(key.to_string()), value: Some(value), ttl_ms: None, condition: Condition::Always };
+        let request = Request::Put { key: Bytes::from(key.to_string()), change: Change::set(value) };
         let c =
             Completed { client, request, result: Ok(Response::Written(true)), items: Vec::new(), written: Some(v(ts)), acked_at: Some(1) };
         checker.completed(&c);
     }
 
     fn item(value: Option<&str>, ts: Option<u64>) -> Item {
-        Item { value: value.map(|s| Bytes::from(s.to_string())), version: ts.map(v), seq: 0, stable: true }
+        Item { value: value.map(|s| Bytes::from(s.to_string())), version: ts.map(v), seq: 0, stable: true, expires_at_ms: None }
     }
 
     fn get(checker: &mut CausalChecker, client: usize, key: &str, value: Option<&str>, ts: Option<u64>) {
@@ -209,7 +209,7 @@ mod tests {
         let c = Completed {
             client,
             request: Request::Get(key.clone()),
-            result: Ok(Response::Read { value: value.map(|s| Bytes::from(s.to_string())), chain_index: 0 }),
+            result: Ok(Response::Read { value: value.map(|s| Bytes::from(s.to_string())), chain_index: 0, expires_at_ms: None }),
             items: vec![(key, item(value, ts))],
             written: None,
             acked_at: None,

@@ -120,6 +120,16 @@ pub enum Fsync {
     EverySec,
 }
 
+impl Completed {
+    /// The value a write set, if it set one.
+    pub fn request_value(&self) -> Option<&bytes::Bytes> {
+        match &self.request {
+            Request::Put { change, .. } => change.new_value(),
+            _ => None,
+        }
+    }
+}
+
 /// One completed client operation, with the versions behind what it saw.
 #[derive(Clone, Debug)]
 pub struct Completed {
@@ -166,7 +176,7 @@ impl SimClient {
     /// (unique) value, a read by its key, a get-transaction by its keys.
     fn owner(&self, msg: &Message) -> Option<u64> {
         let found = self.pending.iter().find(|p| match (&p.request, msg) {
-            (Request::Put { value, .. }, Message::Put { value: v, .. }) => value == v,
+            (Request::Put { change, .. }, Message::Put { change: c, .. }) => change.new_value() == c.new_value(),
             (Request::Get(k), Message::Get { key, .. }) => k == key,
             (Request::MultiGet(ks), Message::SnapshotRead { keys, .. }) => keys.iter().all(|(_, k)| ks.contains(k)),
             (Request::MultiGet(ks), Message::Get { key, .. }) => ks.contains(key),

@@ -6,7 +6,7 @@ use crate::{Completed, Fsync, Network, Rng, Sim};
 use bytes::Bytes;
 use causeway_checker::replicas;
 use causeway_core::driver::Request;
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_core::ring::{NodeId, Shape, Topology};
 
 /// What a run did.
@@ -98,19 +98,14 @@ pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowe
                         writes += 1;
                         let value = Bytes::from(format!("c{client}-w{writes}"));
                         checker.issued_write(client, &value);
-                        let put = Request::Put {
-                            key: key(rng.below(keys as u64)),
-                            value: Some(value),
-                            ttl_ms: None,
-                            condition: Condition::Always,
-                        };
+                        let put = Request::Put { key: key(rng.below(keys as u64)), change: Change::set(value) };
                         let done = sim.start(client, put);
                         record(&mut checker, done);
                     }
                     writes += 1;
                     let value = Bytes::from(format!("c{client}-w{writes}"));
                     checker.issued_write(client, &value);
-                    Request::Put { key: key(rng.below(keys as u64)), value: Some(value), ttl_ms: None, condition: Condition::Always }
+                    Request::Put { key: key(rng.below(keys as u64)), change: Change::set(value) }
                 }
                 4..=7 => Request::Get(key(rng.below(keys as u64))),
                 _ => {

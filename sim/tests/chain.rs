@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use causeway_core::driver::{Consistency, Request};
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_core::ring::Shape;
 use causeway_sim::workload::{run, seeds};
 use causeway_sim::{Network, Sim};
@@ -60,12 +60,7 @@ fn acl_and_photo_album_are_never_fractured() {
         let mut alice_step = 0u64;
         let mut snapshots = 0;
         let mut seen = Vec::new();
-        let put = |key: &Bytes, v: String| Request::Put {
-            key: key.clone(),
-            value: Some(Bytes::from(v)),
-            ttl_ms: None,
-            condition: Condition::Always,
-        };
+        let put = |key: &Bytes, v: String| Request::Put { key: key.clone(), change: Change::set(Bytes::from(v)) };
         for _ in 0..3_000 {
             if sim.is_idle(0) {
                 alice_step += 1;
@@ -111,10 +106,7 @@ fn consistency_levels_acknowledge_at_their_positions() {
     let expect_index = [0u8, 1, 2];
     for (client, level) in levels.iter().enumerate() {
         sim.set_consistency(client, *level);
-        sim.start(
-            client,
-            Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always },
-        );
+        sim.start(client, Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) });
     }
     let until = sim.now_ms + 500;
     let done = sim.run_until(until);

@@ -13,7 +13,7 @@ use causeway_checker::replicas;
 use causeway_core::driver::Request;
 use causeway_core::geo::Replication;
 use causeway_core::hlc::Timestamp;
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_core::ring::{PartitionId, Shape};
 use causeway_core::version::SiteId;
 use causeway_core::version::Version;
@@ -170,7 +170,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                         writes += 1;
                         let value = Bytes::from(format!("s{site}c{client}w{writes}"));
                         checker.issued_write(global(site, client), &value);
-                        Request::Put { key: key(rng.below(KEYS)), value: Some(value), ttl_ms: None, condition: Condition::Always }
+                        Request::Put { key: key(rng.below(KEYS)), change: Change::set(value) }
                     }
                     4..=7 => Request::Get(key(rng.below(KEYS))),
                     _ => {
@@ -459,7 +459,7 @@ fn a_site_cut_off_catches_up() {
                     let value = Bytes::from(format!("s{site}c{client}w{writes}"));
                     checker.issued_write(site * 100 + client, &value);
                     let key = Bytes::from(format!("key{}", rng.below(1_000)));
-                    let put = Request::Put { key, value: Some(value), ttl_ms: None, condition: Condition::Always };
+                    let put = Request::Put { key, change: Change::set(value) };
                     for mut c in world.sites[site].start(client, put) {
                         c.client += site * 100;
                         checker.completed(&c);
@@ -613,7 +613,7 @@ fn visibility(
         let pause = world.now_ms() + rng.below(max_pause_ms);
         world.run_until(pause);
         let (key, value) = (keys[i % keys.len()].clone(), Bytes::from(format!("v{i}")));
-        let put = Request::Put { key: key.clone(), value: Some(value.clone()), ttl_ms: None, condition: Condition::Always };
+        let put = Request::Put { key: key.clone(), change: Change::set(value.clone()) };
         let start = world.now_ms();
         checker.issued_write(global(0), &value);
         world.sites[0].start(0, put);

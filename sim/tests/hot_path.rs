@@ -16,7 +16,7 @@
 use bytes::Bytes;
 use causeway_core::driver::{Driver, Request};
 use causeway_core::geo::Replication;
-use causeway_core::message::{Condition, Dest, Envelope, Message, Outbox};
+use causeway_core::message::{Change, Dest, Envelope, Message, Outbox};
 use causeway_core::node::{Identity, Node, Now};
 use causeway_core::ring::{NodeId, NodeInfo, Shape, Topology};
 use causeway_core::wire;
@@ -76,7 +76,7 @@ fn sets() {
             while started < writes && !d.is_busy() {
                 for _ in 0..pipeline.min(writes - started) {
                     started += 1;
-                    let put = Request::Put { key: key(), value: Some(value.clone()), ttl_ms: None, condition: Condition::Always };
+                    let put = Request::Put { key: key(), change: Change::set(value.clone()) };
                     let p = d.start(put, now.wall_ms);
                     done += p.done.len();
                     let home = (i % 3) as NodeId;

@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use causeway_checker::lincheck::{self, Op, OpKind};
 use causeway_core::driver::{Consistency, Request, Response};
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_core::ring::{Shape, Topology};
 use causeway_sim::workload::{seeds, Failure};
 use causeway_sim::{Completed, Network, Rng, Sim, FAILURE_TIMEOUT_MS};
@@ -80,12 +80,7 @@ fn check_history(seed: u64, mut sim: Sim, mut faults: impl FnMut(&mut Sim)) {
                 }
             };
             let request = match &kind {
-                OpKind::Put(v) => Request::Put {
-                    key: Bytes::from(key.clone()),
-                    value: Some(Bytes::from(v.clone())),
-                    ttl_ms: None,
-                    condition: Condition::Always,
-                },
+                OpKind::Put(v) => Request::Put { key: Bytes::from(key.clone()), change: Change::set(Bytes::from(v.clone())) },
                 OpKind::Get(_) => Request::Get(Bytes::from(key.clone())),
                 OpKind::MultiGet { keys, .. } => Request::MultiGet(keys.iter().map(|k| Bytes::from(k.clone())).collect()),
             };

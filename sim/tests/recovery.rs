@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use causeway_core::driver::Request;
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_core::ring::Shape;
 use causeway_sim::workload::{run_site, seeds, Site};
 use causeway_sim::{Fsync, Network, Rng, Sim, FAILURE_TIMEOUT_MS};
@@ -169,8 +169,8 @@ fn a_node_back_from_a_pause_moves_up_its_chains_while_writers_keep_writing() {
                 if sim.is_idle(client) {
                     writes += 1;
                     let key = Bytes::from(format!("key{}", rng.below(200)));
-                    let value = Some(Bytes::from(format!("w{writes}")));
-                    sim.start(client, Request::Put { key, value, ttl_ms: None, condition: Condition::Always });
+                    let change = Change::set(Bytes::from(format!("w{writes}")));
+                    sim.start(client, Request::Put { key, change });
                 }
             }
             if !paused && sim.now_ms >= start + 500 {

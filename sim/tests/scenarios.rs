@@ -39,7 +39,7 @@ use bytes::Bytes;
 use causeway_checker::lincheck::{self, Op, OpKind};
 use causeway_checker::replicas;
 use causeway_core::driver::{Consistency, Request, Response};
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_core::ring::{NodeId, Shape};
 use causeway_sim::check::CausalChecker;
 use causeway_sim::{Completed, Fsync, Network, Sim};
@@ -158,8 +158,7 @@ impl goldenscript::Runner for Scenario {
                     return Err(format!("value {value} was written before: values must be unique").into());
                 }
                 let bytes = Bytes::from(value.clone());
-                let request =
-                    Request::Put { key: Bytes::from(key.clone()), value: Some(bytes.clone()), ttl_ms: None, condition: Condition::Always };
+                let request = Request::Put { key: Bytes::from(key.clone()), change: Change::set(bytes.clone()) };
                 let client = self.client(*via, *level, key);
                 self.checker.issued_write(client, &bytes);
                 let done = self.request(client, request, OpKind::Put(value.clone()), key)?;
@@ -178,7 +177,7 @@ impl goldenscript::Runner for Scenario {
                 let sim = self.sim.as_ref().expect("site");
                 let (t, now) = (sim.topology(), at(sim));
                 match &done.result {
-                    Ok(Response::Read { value, chain_index }) => {
+                    Ok(Response::Read { value, chain_index, .. }) => {
                         let value = value.as_ref().map_or("nil".into(), |v| String::from_utf8_lossy(v).to_string());
                         match t.chain(t.partition_of(key.as_bytes())).nodes.get(*chain_index as usize) {
                             Some(n) => writeln!(out, "{now} ms: get {key} → {value} (from n{n})")?,

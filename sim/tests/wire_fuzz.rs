@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use causeway_core::chain::PartitionState;
 use causeway_core::hlc::Timestamp;
-use causeway_core::message::{Ack, Condition, DepOn, Hello, Message, OpId, Update, WriteDep};
+use causeway_core::message::{Ack, Change, Condition, DepOn, Expiry, Hello, Message, NewValue, OpId, Update, WriteDep};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::version::{Version, VersionVector};
 use causeway_core::wire::{put_frame, take_frame};
@@ -21,8 +21,9 @@ fn corpus() -> Vec<Vec<u8>> {
         version: Version::local(0, Timestamp::new(1_000, 2)),
         value: Some(Bytes::from("v")),
         expires_at_ms: Some(5),
-        ack: Some(Ack { op, at: 1, done_below: 5 }),
+        ack: Some(Ack { op, at: 1, done_below: 5, old: Some(Bytes::from("was")) }),
         local_dep: Timestamp::new(990, 0),
+        expired: false,
     };
     let topology =
         Topology::new(4, Shape { partitions: 4, replicas: 2, k: 1 }, (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect())
@@ -33,9 +34,12 @@ fn corpus() -> Vec<Vec<u8>> {
             epoch: 4,
             partition: 1,
             key: Bytes::from("key"),
-            value: Some(Bytes::from("value")),
-            ttl_ms: None,
-            condition: Condition::IfAbsent,
+            change: Change {
+                value: NewValue::Set(Bytes::from("value")),
+                expiry: Expiry::At(1_700_000_000_000),
+                condition: Condition::IfExpiryAndSooner,
+                get: true,
+            },
             past: {
                 let mut v = VersionVector::default();
                 v.set(1, Timestamp::new(9, 1));

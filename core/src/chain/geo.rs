@@ -142,7 +142,8 @@ impl ChainReplica {
             self.recent_conflicts.push_back(Conflict { key: w.key.clone(), kept, lost, at_ms: now_ms });
         }
         let (key, version, value, expires_at_ms) = (w.key, w.version, w.value, w.expires_at_ms);
-        let update = Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None, local_dep: Timestamp::ZERO };
+        let update =
+            Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None, local_dep: Timestamp::ZERO, expired: false };
         let seq = update.seq;
         let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);

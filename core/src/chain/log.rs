@@ -73,7 +73,7 @@ impl ChainReplica {
         PartitionState {
             applied: self.applied,
             stable: self.stable,
-            entries: self.store.digest(),
+            entries: self.store.entries(),
             sessions: self.writes.export(),
             history: self.history,
             unreported: self.outgoing.iter().cloned().collect(),
@@ -90,6 +90,7 @@ impl ChainReplica {
             self.clock.observe(s.version.ts);
         }
         self.store.install(entries);
+        self.reclaim_installed();
         self.writes.import(sessions, now_ms);
         self.applied = applied;
         self.history = history;

@@ -26,6 +26,8 @@
 //! Get-transactions (ChainReaction §3.5) are served by heads: see
 //! `snapshot_read`.
 
+mod change;
+mod expiry;
 mod geo;
 mod log;
 mod repair;
@@ -40,7 +42,7 @@ pub use writes::{LastWrite, WRITE_MEMORY_MS};
 
 use crate::geo::receiver::RemoteWrite;
 use crate::hlc::{Clock, Timestamp};
-use crate::message::{send, Ack, ClientId, Condition, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, Ack, Change, ClientId, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored, View, Write};
@@ -74,9 +76,7 @@ impl Digest {
 pub struct PutRequest {
     pub op: OpId,
     pub key: Bytes,
-    pub value: Option<Bytes>,
-    pub ttl_ms: Option<u64>,
-    pub condition: Condition,
+    pub change: Change,
     /// The session's causal past (`Message::Put`).
     pub past: VersionVector,
     pub ack_at: u8,
@@ -87,11 +87,13 @@ pub struct PutRequest {
 }
 
 /// How many bytes of recent updates (keys and values) a replica keeps for
-/// a successor that returns after a short absence (`ChainReplica::fetch`),
-/// and for how long: a node away longer, or that missed more, gets the
-/// whole state. At rest the window empties, so it costs nothing per key.
+/// a successor that returns after a short absence (`ChainReplica::fetch`):
+/// one that missed more gets the whole state. While no node of the site is
+/// out waiting to return, only the last `RECENT_MS` of them (what a node
+/// that stopped answering a moment ago, not removed yet, will need), so at
+/// rest the window is empty and costs nothing per key.
 pub const RECENT_BYTES: usize = 256 * 1024;
-pub const RECENT_MS: u64 = 10_000;
+pub const RECENT_MS: u64 = 2_000;
 
 /// The history after `u`, given the history before it: a hash chain over
 /// each update's position, key and version (a version names one write, so
@@ -179,6 +181,9 @@ pub struct ChainReplica {
     /// returning successor may lack (`fetch`).
     recent: VecDeque<(Update, u64, u64)>,
     recent_bytes: usize,
+    /// A node of the site is out and may return (`Topology::returning`):
+    /// recent updates are kept whatever their age.
+    keep_recent: bool,
     /// Highest seq known to have reached the tail.
     stable: u64,
     /// Highest seq known to be on k replicas (`durable`), as the
@@ -226,6 +231,8 @@ pub struct ChainReplica {
     /// Each session's writes applied here that it may still resend or
     /// depend on (`writes`).
     writes: Writes,
+    /// Keys to expire (at the head) and tombstones to collect (`expiry`).
+    reclaim: expiry::Reclaim,
     /// When the successor last made progress (or we last resent).
     last_progress_ms: u64,
     /// When this replica last asked for what it lacks: the state, from its
@@ -244,7 +251,9 @@ impl ChainReplica {
     pub fn new(topology: &Topology, partition: PartitionId, me: NodeId, site: SiteId) -> Option<Self> {
         let chain = topology.chain(partition);
         let index = chain.index_of(me)?;
-        Some(ChainReplica::at(partition, site, topology.epoch, chain.nodes.clone(), index, topology.shape.k))
+        let mut r = ChainReplica::at(partition, site, topology.epoch, chain.nodes.clone(), index, topology.shape.k);
+        r.keep_recent = !topology.returning.is_empty();
+        Some(r)
     }
 
     /// An empty replica at position `index` of `chain`.
@@ -267,6 +276,7 @@ impl ChainReplica {
             history: 0,
             recent: VecDeque::new(),
             recent_bytes: 0,
+            keep_recent: false,
             stable: 0,
             unstable: VecDeque::new(),
             early: BTreeMap::new(),
@@ -274,6 +284,7 @@ impl ChainReplica {
             log: Vec::new(),
             waiters: BTreeMap::new(),
             writes: Writes::default(),
+            reclaim: expiry::Reclaim::default(),
             last_progress_ms: 0,
             asked_ms: 0,
             gap_since_ms: None,
@@ -389,19 +400,19 @@ impl ChainReplica {
             // failed after forwarding it): answer once it is stable, which
             // satisfies every level, instead of applying it twice.
             let chain_index = (self.chain.len() - 1) as u8;
-            let done = Message::PutDone { op: write, version: Some(last.version.clone()), seq: last.seq, chain_index, stable: true };
+            let (version, seq, old) = (Some(last.version.clone()), last.seq, last.old.clone());
+            let done = Message::PutDone { op: write, version, seq, chain_index, stable: true, old };
             return self.when_stable(last.seq, Envelope { to: Dest::Client(write.client), msg: done }, out);
         }
-        let current = self.store.latest(&req.key).and_then(|s| s.live_value(now_ms)).is_some();
-        let holds = match req.condition {
-            Condition::Always => true,
-            Condition::IfAbsent => !current,
-            Condition::IfPresent => current,
+        let current = match self.store.latest(&req.key) {
+            Some(v) => change::Current { value: v.live_value(now_ms), expires_at_ms: v.expires_at_ms() },
+            None => change::Current::default(),
         };
-        if !holds {
-            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false };
+        let decided = change::decide(&req.change, current, now_ms);
+        let Some((value, expires_at_ms)) = decided.write else {
+            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false, old: decided.old };
             return send(out, Dest::Client(req.op.client), msg);
-        }
+        };
         let ts = self.clock.tick(now_ms, req.past.max());
         let local_dep = req.past.get(self.site);
         let mut vv = req.past;
@@ -410,10 +421,11 @@ impl ChainReplica {
             seq: self.applied + 1,
             key: req.key,
             version: Version { ts, site: self.site, vv },
-            value: req.value,
-            expires_at_ms: req.ttl_ms.map(|t| now_ms.saturating_add(t)),
-            ack: Some(Ack { op: write, at: req.ack_at, done_below: req.done_below }),
+            value,
+            expires_at_ms,
+            ack: Some(Ack { op: write, at: req.ack_at, done_below: req.done_below, old: decided.old }),
             local_dep,
+            expired: false,
         };
         let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(1);
@@ -462,14 +474,24 @@ impl ChainReplica {
         self.remember(&u, now_ms);
         self.to_log.push(u.clone());
         self.clock.observe(u.version.ts);
-        let write = Write { version: &u.version, seq: u.seq, value: u.value.as_deref(), expires_at_ms: u.expires_at_ms };
+        let write =
+            Write { version: &u.version, seq: u.seq, value: u.value.as_deref(), expires_at_ms: u.expires_at_ms, expired: u.expired };
         self.store.apply(&u.key, write, now_ms);
-        if let Some(ack) = u.ack {
-            let last = LastWrite { key: u.key.clone(), write: ack.op.seq, seq: u.seq, version: u.version.clone(), at_ms: now_ms };
+        self.note_reclaim(&u);
+        if let Some(ack) = &u.ack {
+            let last = LastWrite {
+                key: u.key.clone(),
+                write: ack.op.seq,
+                seq: u.seq,
+                version: u.version.clone(),
+                at_ms: now_ms,
+                old: ack.old.clone(),
+            };
             self.writes.applied(ack.op.client, last, ack.done_below, self.stable);
         }
         self.answer(&u, out);
-        if self.reported.is_some_and(|r| u.seq > r) && u.version.site == self.site {
+        // An expiry is this site's own business (`expiry`): not reported.
+        if self.reported.is_some_and(|r| u.seq > r) && u.version.site == self.site && !u.expired {
             self.outgoing.push_back(u.clone());
         }
         if self.is_tail() {
@@ -493,9 +515,10 @@ impl ChainReplica {
     }
 
     /// Drops recent updates older than `RECENT_MS` (all but the last: a
-    /// returning replica at this position needs none of them).
+    /// returning replica at this position needs none of them), unless a
+    /// node is out and may return.
     fn forget_recent(&mut self, now_ms: u64) {
-        while self.recent.len() > 1 && self.recent.front().is_some_and(|(_, _, at)| at + RECENT_MS <= now_ms) {
+        while !self.keep_recent && self.recent.len() > 1 && self.recent.front().is_some_and(|(_, _, at)| at + RECENT_MS <= now_ms) {
             let (old, _, _) = self.recent.pop_front().expect("not empty");
             self.recent_bytes -= update_bytes(&old);
         }
@@ -508,7 +531,8 @@ impl ChainReplica {
     /// The tail also answers for positions past the end of a chain that
     /// has shrunk.
     fn answer(&self, u: &Update, out: &mut Outbox) {
-        if let Some(Ack { op, at, .. }) = u.ack {
+        if let Some(Ack { op, at, old, .. }) = &u.ack {
+            let (op, at) = (*op, *at);
             if at as usize == self.index || (self.is_tail() && at as usize > self.index) {
                 let msg = Message::PutDone {
                     op,
@@ -516,6 +540,7 @@ impl ChainReplica {
                     seq: u.seq,
                     chain_index: self.index as u8,
                     stable: self.is_tail(),
+                    old: old.clone(),
                 };
                 send(out, Dest::Client(op.client), msg);
             }
@@ -546,7 +571,7 @@ impl ChainReplica {
 
     fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
         let next = self.index + 1;
-        let lazy = updates.iter().all(|u| u.ack.is_none_or(|a| (a.at as usize) < next));
+        let lazy = updates.iter().all(|u| u.ack.as_ref().is_none_or(|a| (a.at as usize) < next));
         let msg = Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy };
         send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
     }
@@ -606,8 +631,12 @@ impl ChainReplica {
     }
 
     /// Periodic work: resend unacknowledged updates if the successor has made
-    /// no progress for `RETRANSMIT_MS`.
-    pub fn tick(&mut self, now_ms: u64, out: &mut Outbox) {
+    /// no progress for `RETRANSMIT_MS`; expire keys (at the head) and
+    /// collect tombstones (`expiry`; `floor`: what this site has applied of
+    /// every other site, `None` with one site).
+    pub fn tick(&mut self, now_ms: u64, floor: Option<Timestamp>, out: &mut Outbox) {
+        self.expire(now_ms, out);
+        self.collect_tombstones(floor);
         self.writes.prune(now_ms);
         self.store.tick(now_ms);
         self.forget_recent(now_ms);
@@ -661,22 +690,24 @@ impl ChainReplica {
 
     fn item(&self, latest: Option<View<'_>>, now_ms: u64) -> Item {
         match latest {
-            None => Item { value: None, version: None, seq: 0, stable: true },
+            None => Item { value: None, version: None, seq: 0, stable: true, expires_at_ms: None },
             Some(v) => Item {
                 value: v.live_value(now_ms).map(Bytes::copy_from_slice),
                 version: Some(v.version()),
                 seq: v.seq(),
                 stable: v.seq() <= self.stable,
+                expires_at_ms: v.live_value(now_ms).and(v.expires_at_ms()),
             },
         }
     }
 
     fn item_of(&self, stored: Option<Stored>, now_ms: u64) -> Item {
         match stored {
-            None => Item { value: None, version: None, seq: 0, stable: true },
+            None => Item { value: None, version: None, seq: 0, stable: true, expires_at_ms: None },
             Some(s) => {
                 let value = s.live_value(now_ms).cloned();
-                Item { value, version: Some(s.version), seq: s.seq, stable: s.seq <= self.stable }
+                let expires_at_ms = value.as_ref().and(s.expires_at_ms);
+                Item { value, version: Some(s.version), seq: s.seq, stable: s.seq <= self.stable, expires_at_ms }
             }
         }
     }

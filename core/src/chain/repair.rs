@@ -19,6 +19,7 @@ impl ChainReplica {
         self.k = topology.shape.k;
         self.chain = chain.nodes.clone();
         self.index = index;
+        self.keep_recent = !topology.returning.is_empty();
         if self.joining {
             self.asked_ms = now_ms;
             self.request_state(out);
@@ -56,9 +57,10 @@ impl ChainReplica {
             // Writes waiting for a position that no longer exists are
             // answered here, the end of the chain.
             for u in std::mem::take(&mut self.unstable) {
-                if let Some(Ack { op, at, .. }) = u.ack {
+                if let Some(Ack { op, at, old, .. }) = u.ack {
                     if at as usize > was && at as usize >= index {
-                        let msg = Message::PutDone { op, version: Some(u.version), seq: u.seq, chain_index: index as u8, stable: true };
+                        let msg =
+                            Message::PutDone { op, version: Some(u.version), seq: u.seq, chain_index: index as u8, stable: true, old };
                         send(out, Dest::Client(op.client), msg);
                     }
                 }

@@ -5,9 +5,7 @@ fn put(seq: u64, write: u64) -> PutRequest {
     PutRequest {
         op: OpId { client: 9, seq },
         key: Bytes::from("k"),
-        value: Some(Bytes::from("v")),
-        ttl_ms: None,
-        condition: Condition::Always,
+        change: Change::set(Bytes::from("v")),
         past: VersionVector::default(),
         ack_at: 1,
         write,
@@ -232,7 +230,7 @@ fn a_member_that_moved_up_asks_again_while_writes_flow_past_it() {
             rs[0].put(put(write, write), ms, &mut out);
         }
         for r in rs.iter_mut() {
-            r.tick(ms, &mut out);
+            r.tick(ms, None, &mut out);
         }
         while !out.is_empty() {
             for env in std::mem::take(&mut out) {

@@ -30,6 +30,9 @@ pub struct LastWrite {
     pub seq: u64,
     pub version: Version,
     pub at_ms: u64,
+    /// The value the key had, for a change that asked for it (a resend is
+    /// answered with it again).
+    pub old: Option<Bytes>,
 }
 
 /// One session's remembered writes.
@@ -115,7 +118,7 @@ mod tests {
     use crate::hlc::Timestamp;
 
     fn w(write: u64, at_ms: u64) -> LastWrite {
-        LastWrite { key: Bytes::from("k"), write, seq: write, version: Version::local(0, Timestamp::new(write, 0)), at_ms }
+        LastWrite { key: Bytes::from("k"), write, seq: write, version: Version::local(0, Timestamp::new(write, 0)), at_ms, old: None }
     }
 
     #[test]

@@ -57,7 +57,7 @@
 mod op;
 
 use crate::error::Error;
-use crate::message::{ClientId, Condition, Keyspace, Message};
+use crate::message::{Change, ClientId, Condition, Keyspace, Message, NewValue};
 use crate::ring::{NodeId, Topology};
 use crate::session::Session;
 use ahash::AHashMap;
@@ -129,12 +129,10 @@ impl fmt::Display for Consistency {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Request {
     Get(Bytes),
-    /// `value: None` deletes.
+    /// A write: SET, DEL, EXPIRE and their family (`Change` says which).
     Put {
         key: Bytes,
-        value: Option<Bytes>,
-        ttl_ms: Option<u64>,
-        condition: Condition,
+        change: Change,
     },
     /// A get-transaction: a causally consistent snapshot of several keys.
     MultiGet(Vec<Bytes>),
@@ -156,13 +154,21 @@ pub enum Request {
 /// What a client gets back.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Response {
-    /// `chain_index`: the chain position that served the read.
+    /// `chain_index`: the chain position that served the read;
+    /// `expires_at_ms`: when the value expires (Unix ms), if it does.
     Read {
         value: Option<Bytes>,
         chain_index: u8,
+        expires_at_ms: Option<u64>,
     },
-    /// Whether the write happened (false: the NX/XX condition did not hold).
+    /// Whether the write happened (false: its condition did not hold).
     Written(bool),
+    /// A change that asked for the key's value (`Change::get`): whether it
+    /// was written, and the value the key had.
+    Replaced {
+        written: bool,
+        old: Option<Bytes>,
+    },
     Values(Vec<Option<Bytes>>),
     Count(Keyspace),
     /// `MemoryUsage`: `None` if the key is not there.
@@ -247,7 +253,10 @@ fn overlaps(request: &Request, level: Consistency) -> bool {
 /// (unconditional, causal or eventual: see the module doc).
 fn pipelined(request: &Request, level: Consistency) -> Option<&Bytes> {
     match request {
-        Request::Put { key, condition: Condition::Always, .. } if level != Consistency::Linearizable => Some(key),
+        Request::Put {
+            key,
+            change: Change { condition: Condition::Always, get: false, value: NewValue::Set(_) | NewValue::Delete, .. },
+        } if level != Consistency::Linearizable => Some(key),
         _ => None,
     }
 }
@@ -512,15 +521,15 @@ mod tests {
         assert_ne!(p.send[0].0, first, "the read moved to another replica");
         // The old reply is ignored; the new one completes the read.
         let Message::Get { op, .. } = p.send[0].1.clone() else { panic!("expected a Get") };
-        let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true };
+        let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true, expires_at_ms: None };
         let done = d.on_message(Message::Value { op, item, chain_index: 2 }, 20).done;
-        assert_eq!(done, vec![Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2 })]);
+        assert_eq!(done, vec![Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2, expires_at_ms: None })]);
     }
 
     #[test]
     fn a_write_keeps_waiting_when_its_head_is_unreachable() {
         let mut d = Driver::new(7, site(), None, 5_000);
-        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let put = Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) };
         let p = d.start(put, 0);
         let head = p.send[0].0;
         assert!(d.unreachable(head, 10).send.is_empty(), "a write is not resent: it may have been applied");
@@ -530,7 +539,7 @@ mod tests {
     #[test]
     fn a_write_that_never_left_is_retried_on_a_fresh_map() {
         let mut d = Driver::new(7, site(), None, 5_000);
-        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let put = Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) };
         let head = d.start(put, 0).send[0].0;
         assert!(d.undeliverable(head, 10).send.is_empty());
         assert!(d.tick(100).send.is_empty(), "it waits a little first");
@@ -550,12 +559,12 @@ mod tests {
         let t = site();
         let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
         let chain = t.chain(t.partition_of(b"k")).clone();
-        let put = Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let put = Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) };
         let p = d.start_at(put, Consistency::Linearizable, 0);
         let [(_, Message::Put { op, ack_at, .. })] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
         assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
         let version = Version::local(0, Timestamp::new(1, 0));
-        let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true };
+        let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true, old: None };
         assert_eq!(d.on_message(acked, 1).done, vec![Ok(Response::Written(true))]);
         // The session's level is unchanged; a linearizable read goes to the tail.
         assert_eq!(d.consistency(), Consistency::Causal);
@@ -571,21 +580,16 @@ mod tests {
         let p = d.start(Request::Get(Bytes::from("a")), 0);
         let [(at, Message::Get { op, .. })] = &p.send[..] else { panic!("expected a get") };
         let version = Version::local(0, Timestamp::new(1, 0));
-        let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false };
+        let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false, expires_at_ms: None };
         let at = t.chain(t.partition_of(b"a")).index_of(*at).unwrap() as u8;
         assert_eq!(d.on_message(Message::Value { op: *op, item, chain_index: at }, 1).done.len(), 1);
-        let put = Request::Put { key: Bytes::from("b"), value: Some(Bytes::from("v")), ttl_ms: None, condition: Condition::Always };
+        let put = Request::Put { key: Bytes::from("b"), change: Change::set(Bytes::from("v")) };
         let p = d.start_at(put, Consistency::Linearizable, 2);
         assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 4, .. })]), "got {:?}", p.send);
     }
 
     fn set(key: &str, value: &str) -> Request {
-        Request::Put {
-            key: Bytes::from(key.to_string()),
-            value: Some(Bytes::from(value.to_string())),
-            ttl_ms: None,
-            condition: Condition::Always,
-        }
+        Request::Put { key: Bytes::from(key.to_string()), change: Change::set(Bytes::from(value.to_string())) }
     }
 
     fn get(key: &str) -> Request {
@@ -597,7 +601,7 @@ mod tests {
     }
 
     fn value(op: OpId, v: &str, version: Option<Version>, seq: u64, chain_index: u8) -> Message {
-        let item = Item { value: Some(Bytes::from(v.to_string())), version, seq, stable: false };
+        let item = Item { value: Some(Bytes::from(v.to_string())), version, seq, stable: false, expires_at_ms: None };
         Message::Value { op, item, chain_index }
     }
 
@@ -616,7 +620,8 @@ mod tests {
         // The write is acknowledged at position 1: the read starts in the
         // same step and may only go to positions 0..=1 (read-your-writes).
         let v1 = Version::local(0, Timestamp::new(1, 0));
-        let p = d.on_message(Message::PutDone { op: first, version: Some(v1.clone()), seq: 1, chain_index: 1, stable: false }, 1);
+        let p =
+            d.on_message(Message::PutDone { op: first, version: Some(v1.clone()), seq: 1, chain_index: 1, stable: false, old: None }, 1);
         assert_eq!(p.done, vec![Ok(Response::Written(true))]);
         let [(at, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the read, got {:?}", p.send) };
         assert!(chain.index_of(*at).unwrap() <= 1);
@@ -625,16 +630,16 @@ mod tests {
         // dependency its head waits for (every node holds every partition
         // here), instead of the session waiting for it to be stable.
         let p = d.on_message(value(*op, "v1", Some(v1.clone()), 1, 1), 2);
-        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1 })]);
+        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1, expires_at_ms: None })]);
         let [(_, Message::Put { op, deps, .. })] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
         assert_eq!(deps, &vec![WriteDep { partition: t.partition_of(b"k"), on: DepOn::Seq(1), same_key: false }]);
         let v2 = Version::local(0, Timestamp::new(4, 0));
-        let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false }, 4);
+        let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false, old: None }, 4);
         assert_eq!(p.done, vec![Ok(Response::Written(true))]);
         let [(_, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the last read, got {:?}", p.send) };
         assert_eq!(min.as_ref(), Some(&v2), "the last read must see the second write");
         let p = d.on_message(value(*op, "v2", Some(v2), 2, 1), 5);
-        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1 })]);
+        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1, expires_at_ms: None })]);
         assert!(!d.is_busy());
     }
 
@@ -659,7 +664,14 @@ mod tests {
         assert!(d.start(get("a"), 0).send.is_empty());
         // The second write's acknowledgement arrives first; answers stay in order.
         let v = |ms| Version::local(0, Timestamp::new(ms, 0));
-        let ack = |w, ms| Message::PutDone { op: OpId { client: 7, seq: w }, version: Some(v(ms)), seq: ms, chain_index: 1, stable: false };
+        let ack = |w, ms| Message::PutDone {
+            op: OpId { client: 7, seq: w },
+            version: Some(v(ms)),
+            seq: ms,
+            chain_index: 1,
+            stable: false,
+            old: None,
+        };
         assert!(d.on_message(ack(w2, 2), 3).done.is_empty());
         assert_eq!(d.on_message(ack(w1, 1), 3).done.len(), 2);
         let deps: Vec<Bytes> = d.session().dependencies().map(|(k, _)| k.clone()).collect();
@@ -680,7 +692,13 @@ mod tests {
         let mut d = Driver::new(7, t.clone(), None, 5_000);
         let p = d.start(get(b), 0);
         let [(_, Message::Get { op, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
-        let item = Item { value: Some(Bytes::from("x")), version: Some(Version::local(0, Timestamp::new(1, 0))), seq: 9, stable: false };
+        let item = Item {
+            value: Some(Bytes::from("x")),
+            version: Some(Version::local(0, Timestamp::new(1, 0))),
+            seq: 9,
+            stable: false,
+            expires_at_ms: None,
+        };
         d.on_message(Message::Value { op: *op, item, chain_index: 0 }, 1);
         let p = d.start(set(a, "v"), 2);
         assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 9, .. })]), "the session waits: {:?}", p.send);
@@ -727,7 +745,7 @@ mod tests {
         let p = d.on_message(value(read, "a", None, 0, 0), 1);
         let [(_, Message::Put { op, .. })] = &p.send[..] else { panic!("expected the write, got {:?}", p.send) };
         let version = Version::local(0, Timestamp::new(2, 0));
-        let p = d.on_message(Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 0, stable: false }, 2);
+        let p = d.on_message(Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 0, stable: false, old: None }, 2);
         assert!(matches!(&p.send[..], [(_, Message::Get { .. })]), "got {:?}", p.send);
     }
 

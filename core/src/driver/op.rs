@@ -383,7 +383,7 @@ impl Op {
     }
 
     fn write(&mut self, cx: &mut Ctx, p: &mut Step) {
-        let Request::Put { key, value, ttl_ms, condition } = self.request.clone() else { unreachable!("write() runs for puts") };
+        let Request::Put { key, change } = self.request.clone() else { unreachable!("write() runs for puts") };
         let partition = cx.topology.partition_of(&key);
         let chain = cx.topology.chain(partition);
         let ack_at = match self.consistency {
@@ -398,7 +398,7 @@ impl Op {
         let deps = self.write_deps(cx, &key, write);
         let done_below = cx.writes.keys().next().copied().unwrap_or(write);
         let epoch = cx.topology.epoch;
-        let put = Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write, deps, done_below };
+        let put = Message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below };
         p.send.push((head, put));
         self.phase = Phase::Writing;
     }
@@ -646,8 +646,8 @@ impl Op {
                     }
                 }
             }
-            Message::PutDone { version, seq, chain_index, stable, .. } => {
-                let Request::Put { key, .. } = &self.request else {
+            Message::PutDone { version, seq, chain_index, stable, old, .. } => {
+                let Request::Put { key, change } = &self.request else {
                     return p;
                 };
                 if let Some(version) = &version {
@@ -656,7 +656,11 @@ impl Op {
                         cx.session.observe_write(key, version, seq, chain_index, stable, write);
                     }
                 }
-                p.done = Some(Ok(Response::Written(version.is_some())));
+                let written = version.is_some();
+                p.done = Some(Ok(match change.get {
+                    true => Response::Replaced { written, old },
+                    false => Response::Written(written),
+                }));
             }
             Message::Value { item, .. } if matches!(self.phase, Phase::Collect { .. }) => {
                 let Phase::Collect { items, parts, previous } = &mut self.phase else { unreachable!("matched above") };
@@ -687,7 +691,7 @@ impl Op {
                 if self.consistency != Consistency::Eventual {
                     cx.session.observe_read(key, &item, chain_index);
                 }
-                p.done = Some(Ok(Response::Read { value: item.value, chain_index }));
+                p.done = Some(Ok(Response::Read { value: item.value, chain_index, expires_at_ms: item.expires_at_ms }));
             }
             Message::Snapshot { items: got, site_time, .. } => {
                 cx.session.observe_site_time(&site_time);

@@ -374,11 +374,11 @@ impl Node {
         }
         let stale = |epoch: u64| epoch != self.topology.epoch;
         match msg {
-            Message::Put { op, epoch, partition, key, value, ttl_ms, condition, past, ack_at, write, deps, done_below } => {
+            Message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below } => {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
-                let req = PutRequest { op, key, value, ttl_ms, condition, past, ack_at, write, done_below };
+                let req = PutRequest { op, key, change, past, ack_at, write, done_below };
                 self.client_put(partition, req, deps, now_ms, out);
             }
             Message::Get { op, epoch, partition, key, min, leased } => {
@@ -524,8 +524,9 @@ impl Node {
         let now_ms = now.wall_ms;
         let at = out.len();
         if self.admitted {
+            let floor = self.remote_floor();
             for p in 0..self.parts.len() {
-                self.with(p as PartitionId, |r| r.tick(now_ms, out));
+                self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
             self.wake_touched(now_ms, out);
             self.expire_puts(now_ms);
@@ -636,6 +637,20 @@ impl Node {
                 false => send(out, Dest::Node(leader), Message::Geo(msg)),
             }
         }
+    }
+
+    /// With several sites, what this site has applied of every other one
+    /// (the least of them): tombstones older than it may be collected
+    /// (`chain::expiry`). `None` with one site.
+    fn remote_floor(&self) -> Option<Timestamp> {
+        let geo = self.geo.as_ref()?;
+        let me = self.id.site;
+        Some(self.id.sites.iter().filter(|&&s| s != me).map(|&s| geo.site_time().get(s)).min().unwrap_or(Timestamp::ZERO))
+    }
+
+    /// Keys the heads here expired (INFO `expired_keys`).
+    pub fn expired_keys(&self) -> u64 {
+        self.parts.iter().flatten().map(|r| r.expired_keys()).sum()
     }
 
     /// Bytes the replicas' stores take (INFO `used_memory_dataset`).

@@ -68,6 +68,9 @@ pub struct Write<'a> {
     pub seq: u64,
     pub value: Option<&'a [u8]>,
     pub expires_at_ms: Option<u64>,
+    /// The head expired `version` (`message::Update::expired`): if it is
+    /// still the key's latest, it becomes a tombstone of that version.
+    pub expired: bool,
 }
 
 /// All keys of one partition at one replica.
@@ -79,6 +82,9 @@ pub struct PartitionStore {
     history: History,
     /// Bytes of the entries (their allocations), for MEMORY and INFO.
     bytes: usize,
+    /// The latest tombstone collected (`collect`): a snapshot from before
+    /// it may have needed what it deleted.
+    collected: Option<Version>,
 }
 
 impl std::fmt::Debug for PartitionStore {
@@ -104,6 +110,7 @@ impl PartitionStore {
         let hash = self.hash(key);
         let hasher = &self.hasher;
         match self.latest.entry(hash, |e| e.view().key() == key, |e| hasher.hash_one(e.view().key())) {
+            hashbrown::hash_table::Entry::Vacant(_) if w.expired => return,
             hashbrown::hash_table::Entry::Vacant(slot) => {
                 let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, false);
                 self.bytes += e.size();
@@ -112,6 +119,16 @@ impl PartitionStore {
             hashbrown::hash_table::Entry::Occupied(mut slot) => {
                 let old = slot.get().view();
                 let old_version = (old.ts(), old.site());
+                if w.expired {
+                    // Only the version the head expired; a write after it
+                    // (here first) stays.
+                    if old_version == (w.version.ts, w.version.site) && old.value().is_some() {
+                        let e = Entry::new(key, w.version, w.seq, None, None, true);
+                        let expired = std::mem::replace(slot.get_mut(), e);
+                        self.bytes = self.bytes + slot.get().size() - expired.size();
+                    }
+                    return;
+                }
                 if old_version == (w.version.ts, w.version.site) || self.history.holds(key, w.version) {
                     return;
                 }
@@ -136,9 +153,15 @@ impl PartitionStore {
         self.history.prune(now_ms);
     }
 
-    /// Forgets replaced versions past their time (`history`).
+    /// Forgets replaced versions past their time (`history`), and gives
+    /// back the table's room once it holds less than a quarter of it
+    /// (after mass deletes or expiries).
     pub fn tick(&mut self, now_ms: u64) {
         self.history.prune(now_ms);
+        if self.latest.capacity() > 64 && self.latest.len() < self.latest.capacity() / 4 {
+            let hasher = &self.hasher;
+            self.latest.shrink_to_fit(|e| hasher.hash_one(e.view().key()));
+        }
     }
 
     /// Whether `version` of `key` is here (or older than what is kept):
@@ -165,7 +188,12 @@ impl PartitionStore {
     /// The latest version `visible` accepts.
     pub fn latest_where(&self, key: &[u8], visible: impl Fn(&Version) -> bool) -> Result<Option<Stored>, TooOld> {
         let Some(latest) = self.latest(key) else {
-            return Ok(None);
+            // Absent: unless a tombstone it may have had was collected
+            // after the snapshot's time.
+            return match &self.collected {
+                Some(v) if !visible(v) => Err(TooOld),
+                _ => Ok(None),
+            };
         };
         let version = latest.version();
         if visible(&version) {
@@ -195,11 +223,62 @@ impl PartitionStore {
         k
     }
 
-    /// Every key's latest version, sorted by key (to compare replicas).
+    /// Every key's latest version, tombstones too: what a state transfer
+    /// or a checkpoint carries.
+    pub fn entries(&self) -> Vec<(Bytes, Stored)> {
+        self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), e.view().stored())).collect()
+    }
+
+    /// Every key's latest version but tombstones, sorted by key: to compare
+    /// replicas (they collect tombstones each in its own time).
     pub fn digest(&self) -> Vec<(Bytes, Stored)> {
-        let mut all: Vec<_> = self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), e.view().stored())).collect();
+        let mut all: Vec<_> = self
+            .latest
+            .iter()
+            .filter(|e| e.view().value().is_some())
+            .map(|e| (Bytes::copy_from_slice(e.view().key()), e.view().stored()))
+            .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
+    }
+
+    /// Removes `key`'s tombstone, if its latest version is still the one
+    /// written at `seq` (`chain::expiry`: once nothing it must win against
+    /// can arrive any more). False while versions before it are still kept
+    /// for snapshots (ask again later); true once done, or if there is
+    /// nothing to do (the key was written since).
+    pub fn collect(&mut self, key: &[u8], seq: u64) -> bool {
+        let hash = self.hash(key);
+        let Ok(slot) = self.latest.find_entry(hash, |e| e.view().key() == key) else {
+            return true;
+        };
+        let v = slot.get().view();
+        if v.seq() != seq || v.value().is_some() || self.history.truncated(key).is_some() {
+            // Rewritten since, or versions before it are still kept for
+            // snapshots (`collect` is asked again later).
+            return v.seq() != seq || v.value().is_some();
+        }
+        let version = v.version();
+        if self.collected.as_ref().is_none_or(|c| *c < version) {
+            self.collected = Some(version);
+        }
+        let (e, _) = slot.remove();
+        self.bytes -= e.size();
+        true
+    }
+
+    /// Every tombstone: (seq, version time, key).
+    pub fn tombstones(&self) -> impl Iterator<Item = (u64, crate::hlc::Timestamp, &[u8])> {
+        self.latest.iter().filter(|e| e.view().value().is_none()).map(|e| (e.view().seq(), e.view().ts(), e.view().key()))
+    }
+
+    /// Every key with an expiry, and when (the head's active expiry starts
+    /// from it).
+    pub fn expiring(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.latest.iter().filter_map(|e| {
+            let v = e.view();
+            Some((v.expires_at_ms()?, v.key()))
+        })
     }
 
     /// Replaces everything with a state transfer's latest versions. Their
@@ -259,7 +338,7 @@ mod tests {
     fn put(s: &mut PartitionStore, key: &str, ms: u64, seq: u64, now: u64) {
         let version = Version::local(0, Timestamp::new(ms, 0));
         let value = format!("v{seq}");
-        s.apply(key.as_bytes(), Write { version: &version, seq, value: Some(value.as_bytes()), expires_at_ms: None }, now);
+        s.apply(key.as_bytes(), Write { version: &version, seq, value: Some(value.as_bytes()), expires_at_ms: None, expired: false }, now);
     }
 
     #[test]
@@ -306,11 +385,43 @@ mod tests {
     fn expired_values_read_as_absent() {
         let mut s = PartitionStore::default();
         let version = Version::local(0, Timestamp::new(1, 0));
-        s.apply(b"k", Write { version: &version, seq: 1, value: Some(b"x"), expires_at_ms: Some(50) }, 1);
+        s.apply(b"k", Write { version: &version, seq: 1, value: Some(b"x"), expires_at_ms: Some(50), expired: false }, 1);
         assert!(s.latest(b"k").unwrap().live_value(49).is_some());
         assert!(s.latest(b"k").unwrap().live_value(50).is_none());
         assert_eq!(s.keyspace(10), crate::message::Keyspace { keys: 1, expires: 1 });
         assert_eq!(s.keyspace(60).keys, 0);
+    }
+
+    #[test]
+    fn an_expiry_turns_only_its_version_into_a_tombstone_and_collection_removes_it() {
+        let mut s = PartitionStore::default();
+        let v1 = Version::local(0, Timestamp::new(100, 0));
+        s.apply(b"k", Write { version: &v1, seq: 1, value: Some(b"x"), expires_at_ms: Some(150), expired: false }, 100);
+        let v2 = Version::local(0, Timestamp::new(160, 0));
+        let newer = Write { version: &v2, seq: 2, value: Some(b"y"), expires_at_ms: None, expired: false };
+        let mut t = PartitionStore::default();
+        t.install(s.entries());
+        // Here the expiry comes first; elsewhere a newer write did.
+        s.apply(b"k", Write { version: &v1, seq: 2, value: None, expires_at_ms: None, expired: true }, 160);
+        assert_eq!(s.latest(b"k").map(|v| (v.value().is_none(), v.seq(), v.ts())), Some((true, 2, v1.ts)));
+        assert!(s.digest().is_empty(), "a tombstone is not compared");
+        assert_eq!(s.entries().len(), 1, "but a state transfer carries it");
+        t.apply(b"k", newer, 160);
+        t.apply(b"k", Write { version: &v1, seq: 3, value: None, expires_at_ms: None, expired: true }, 170);
+        assert_eq!(t.latest(b"k").unwrap().value(), Some(&b"y"[..]), "the expiry of an older version is nothing");
+        assert!(s.collect(b"k", 2));
+        assert!(s.latest(b"k").is_none() && s.is_empty());
+        // A delete's tombstone waits until the version it replaced is no
+        // longer kept for snapshots.
+        let v3 = Version::local(0, Timestamp::new(300, 0));
+        s.apply(b"d", Write { version: &v1, seq: 3, value: Some(b"x"), expires_at_ms: None, expired: false }, 300);
+        s.apply(b"d", Write { version: &v3, seq: 4, value: None, expires_at_ms: None, expired: false }, 300);
+        assert!(!s.collect(b"d", 4), "the deleted version is kept for snapshots a while");
+        s.tick(300 + RETAIN_MS);
+        assert!(s.collect(b"d", 4) && s.is_empty());
+        assert!(s.collect(b"d", 4), "nothing left to do");
+        assert_eq!(at(&s, b"k", Timestamp::new(250, 0)), Err(TooOld), "a snapshot from before the collected tombstone");
+        assert_eq!(at(&s, b"k", Timestamp::new(500, 0)), Ok(None));
     }
 
     #[test]
@@ -319,7 +430,7 @@ mod tests {
         put(&mut s, "a", 100, 1, 100);
         put(&mut s, "b", 200, 2, 200);
         let mut t = PartitionStore::default();
-        t.install(s.digest());
+        t.install(s.entries());
         assert_eq!(t.digest(), s.digest());
         assert_eq!(t.memory() > 0, s.memory() > 0);
         assert_eq!(at(&t, b"a", Timestamp::new(50, 0)), Err(TooOld), "what came before is unknown");

@@ -7,12 +7,12 @@
 use super::{count, own, Batch};
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
-use causeway_core::message::Condition;
+use causeway_core::message::Change;
 use causeway_resp::Frame;
 
 /// One conditional delete per key, in order.
 pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
-    let requests = args[1..].iter().map(|key| Request::Put { key: own(key), value: None, ttl_ms: None, condition: Condition::IfPresent });
+    let requests = args[1..].iter().map(|key| Request::Put { key: own(key), change: Change::delete() });
     Batch::new(requests.collect(), |_, responses| count(responses, |r| matches!(r, Response::Written(true))))
 }
 
@@ -21,11 +21,11 @@ mod tests {
     use crate::cmd::{requests, wrong_arity};
     use bytes::Bytes;
     use causeway_core::driver::Request;
-    use causeway_core::message::Condition;
+    use causeway_core::message::Change;
 
     #[test]
     fn each_key_is_a_delete_if_present() {
-        let delete = |k: &'static str| Request::Put { key: Bytes::from(k), value: None, ttl_ms: None, condition: Condition::IfPresent };
+        let delete = |k: &'static str| Request::Put { key: Bytes::from(k), change: Change::delete() };
         assert_eq!(requests(&["DEL", "a", "b", "a"]), Ok(vec![delete("a"), delete("b"), delete("a")]));
     }
 

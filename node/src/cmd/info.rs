@@ -157,6 +157,7 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
             ("keyspace_hits", stat(&node.stats.keyspace_hits)),
             ("keyspace_misses", stat(&node.stats.keyspace_misses)),
             ("total_error_replies", node.stats.errors().total.to_string()),
+            ("expired_keys", node.with_core(|c| c.expired_keys()).to_string()),
         ],
         "persistence" => match node.wal() {
             Some(wal) => vec![

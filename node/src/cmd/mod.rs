@@ -26,8 +26,10 @@ mod dbsize;
 mod del;
 mod echo;
 mod exists;
+mod expire;
 mod flushall;
 mod get;
+mod getex;
 mod hello;
 mod info;
 mod memory;
@@ -36,6 +38,9 @@ mod ping;
 mod quit;
 mod select;
 mod set;
+mod setex;
+mod time;
+mod ttl;
 
 use crate::conn::{client_error, Conn};
 use crate::server::Node;
@@ -136,11 +141,24 @@ pub static COMMANDS: &[Command] = &[
     data!("del", -2, del::parse),
     data!("exists", -2, exists::parse),
     data!("mget", -2, mget::parse),
+    data!("setex", 4, setex::parse),
+    data!("psetex", 4, setex::parse),
+    data!("getex", -2, getex::parse),
+    data!("expire", -3, expire::parse),
+    data!("pexpire", -3, expire::parse),
+    data!("expireat", -3, expire::parse),
+    data!("pexpireat", -3, expire::parse),
+    data!("persist", 2, expire::persist),
+    data!("ttl", 2, ttl::parse),
+    data!("pttl", 2, ttl::parse),
+    data!("expiretime", 2, ttl::parse),
+    data!("pexpiretime", 2, ttl::parse),
     data!("dbsize", 1, dbsize::parse),
     data!("flushall", -1, flushall::parse),
     data!("flushdb", -1, flushall::parse),
     command!("ping", -1, false, ping::run),
     command!("echo", 2, false, echo::run),
+    command!("time", 1, false, time::run),
     command!("hello", -1, true, hello::run),
     command!("auth", -2, true, auth::run),
     command!("select", 2, false, select::run),
@@ -270,6 +288,36 @@ pub fn syntax_error() -> Frame {
 /// An argument as text, for option names.
 fn upper(arg: &[u8]) -> String {
     String::from_utf8_lossy(arg).to_ascii_uppercase()
+}
+
+/// An integer argument, or Redis's error for one that is not.
+fn integer(arg: &[u8]) -> Result<i64, Frame> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| Frame::error("ERR value is not an integer or out of range"))
+}
+
+/// An expiry option of SET, SETEX, PSETEX or GETEX (`unit`: EX, PX, EXAT or
+/// PXAT) and its number, as Redis 7 checks it: positive, and its instant
+/// within range; else `ERR invalid expire time in '<command>' command`.
+fn expiry_in(unit: &str, arg: &[u8], command: &str) -> Result<causeway_core::message::Expiry, Frame> {
+    use causeway_core::message::Expiry;
+    let n = integer(arg)?;
+    let invalid = || Frame::error(format!("ERR invalid expire time in '{command}' command"));
+    let ms = match unit {
+        "EX" | "EXAT" => n.checked_mul(1000),
+        _ => Some(n),
+    }
+    .filter(|&ms| ms > 0)
+    .ok_or_else(invalid)?;
+    match unit {
+        "EX" | "PX" => {
+            (ms as u64).checked_add(crate::server::now_ms()).filter(|&at| at <= i64::MAX as u64).ok_or_else(invalid)?;
+            Ok(Expiry::After(ms as u64))
+        }
+        _ => Ok(Expiry::At(ms as u64)),
+    }
 }
 
 /// Keys and values are kept in their own allocation: arguments are slices

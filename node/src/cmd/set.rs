@@ -1,57 +1,71 @@
-//! SET key value [NX | XX] [EX seconds | PX milliseconds]
+//! SET key value [NX | XX] [GET] [EX seconds | PX milliseconds |
+//! EXAT unix-seconds | PXAT unix-milliseconds | KEEPTTL]
 //!
 //! Replies `+OK` once written, or a null when NX or XX kept it from being
-//! written. Bad input, as Redis answers it: an unknown or conflicting
-//! option (NX with XX, EX with PX, EX without its number) is
-//! `ERR syntax error`; a number that is not an integer is
+//! written; with GET, the value the key had (or a null) either way. The
+//! head decides NX, XX, KEEPTTL and GET against what the key holds then
+//! (`core::chain::change`). Bad input, as Redis answers it: an unknown or
+//! conflicting option (NX with XX, two kinds of expiry, EX without its
+//! number) is `ERR syntax error`; a number that is not an integer is
 //! `ERR value is not an integer or out of range`; a time that is not
 //! positive or whose instant overflows is
 //! `ERR invalid expire time in 'set' command`.
 
-use super::{only, own, syntax_error, upper, Batch};
+use super::{expiry_in, only, own, syntax_error, upper, Batch, Responses};
 use crate::conn::client_error;
-use crate::server::now_ms;
+use crate::server::Node;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
-use causeway_core::message::Condition;
+use causeway_core::message::{Change, Condition, Expiry, NewValue};
 use causeway_resp::Frame;
 
-/// SET's arguments as one conditional write on the session.
+/// SET's arguments as one change on the session.
 pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
-    let mut condition = Condition::Always;
-    let mut ttl_ms = None;
-    let mut unit = None;
+    let mut change = Change::set(own(&args[2]));
+    // Which expiry option was given, if any: the same one may repeat (the
+    // last counts), two kinds may not.
+    let mut expiry_option: Option<String> = None;
     let mut i = 3;
-    // Like Redis: a flag may repeat, conflicting flags (NX with XX, EX with
-    // PX) are a syntax error.
     while i < args.len() {
         let opt = upper(&args[i]);
         match opt.as_str() {
-            "NX" if condition != Condition::IfPresent => condition = Condition::IfAbsent,
-            "XX" if condition != Condition::IfAbsent => condition = Condition::IfPresent,
-            "EX" | "PX" if unit.as_ref().is_none_or(|u| *u == opt) && i + 1 < args.len() => {
-                let Some(n) = std::str::from_utf8(&args[i + 1]).ok().and_then(|s| s.parse::<i64>().ok()) else {
-                    return Err(Frame::error("ERR value is not an integer or out of range"));
-                };
-                // The expiry instant must fit, as in Redis.
-                let ms = if opt == "EX" { n.checked_mul(1000) } else { Some(n) };
-                match ms.filter(|&ms| ms > 0 && ms.checked_add(now_ms() as i64).is_some()) {
-                    Some(ms) => ttl_ms = Some(ms as u64),
-                    None => return Err(Frame::error("ERR invalid expire time in 'set' command")),
-                }
-                unit = Some(opt);
+            "NX" if change.condition != Condition::IfPresent => change.condition = Condition::IfAbsent,
+            "XX" if change.condition != Condition::IfAbsent => change.condition = Condition::IfPresent,
+            "GET" => change.get = true,
+            "KEEPTTL" if expiry_option.as_ref().is_none_or(|o| *o == opt) => {
+                change.expiry = Expiry::Keep;
+                expiry_option = Some(opt);
+            }
+            "EX" | "PX" | "EXAT" | "PXAT" if expiry_option.as_ref().is_none_or(|o| *o == opt) && i + 1 < args.len() => {
+                change.expiry = expiry_in(&opt, &args[i + 1], "set")?;
+                expiry_option = Some(opt);
                 i += 1;
             }
             _ => return Err(syntax_error()),
         }
         i += 1;
     }
-    let request = Request::Put { key: own(&args[1]), value: Some(own(&args[2])), ttl_ms, condition };
-    Batch::new(vec![request], |_, responses| match only(responses) {
+    debug_assert!(matches!(change.value, NewValue::Set(_)));
+    let answer = if change.get { old } else { written };
+    Batch::new(vec![Request::Put { key: own(&args[1]), change }], answer)
+}
+
+/// `+OK`, or a null when the condition kept it from being written.
+fn written(_: &Node, responses: Responses) -> Frame {
+    match only(responses) {
         Ok(Response::Written(true)) => Frame::ok(),
         Ok(_) => Frame::Null,
         Err(e) => client_error(e),
-    })
+    }
+}
+
+/// With GET: the value the key had.
+fn old(_: &Node, responses: Responses) -> Frame {
+    match only(responses) {
+        Ok(Response::Replaced { old: Some(v), .. }) => Frame::Bulk(v),
+        Ok(_) => Frame::Null,
+        Err(e) => client_error(e),
+    }
 }
 
 #[cfg(test)]
@@ -59,16 +73,16 @@ mod tests {
     use crate::cmd::{requests, syntax_error, wrong_arity};
     use bytes::Bytes;
     use causeway_core::driver::Request;
-    use causeway_core::message::Condition;
+    use causeway_core::message::{Change, Condition, Expiry};
     use causeway_resp::Frame;
 
-    fn put(ttl_ms: Option<u64>, condition: Condition) -> Result<Vec<Request>, Frame> {
-        Ok(vec![Request::Put { key: Bytes::from("k"), value: Some(Bytes::from("v")), ttl_ms, condition }])
+    fn put(expiry: Expiry, condition: Condition) -> Result<Vec<Request>, Frame> {
+        Ok(vec![Request::Put { key: Bytes::from("k"), change: Change { expiry, condition, ..Change::set(Bytes::from("v")) } }])
     }
 
     #[test]
     fn plain_set_always_writes_without_ttl() {
-        assert_eq!(requests(&["SET", "k", "v"]), put(None, Condition::Always));
+        assert_eq!(requests(&["SET", "k", "v"]), put(Expiry::Never, Condition::Always));
     }
 
     #[test]
@@ -79,9 +93,9 @@ mod tests {
 
     #[test]
     fn nx_and_xx_set_the_condition_in_any_case_and_may_repeat() {
-        assert_eq!(requests(&["SET", "k", "v", "NX"]), put(None, Condition::IfAbsent));
-        assert_eq!(requests(&["SET", "k", "v", "xx"]), put(None, Condition::IfPresent));
-        assert_eq!(requests(&["SET", "k", "v", "nx", "NX"]), put(None, Condition::IfAbsent));
+        assert_eq!(requests(&["SET", "k", "v", "NX"]), put(Expiry::Never, Condition::IfAbsent));
+        assert_eq!(requests(&["SET", "k", "v", "xx"]), put(Expiry::Never, Condition::IfPresent));
+        assert_eq!(requests(&["SET", "k", "v", "nx", "NX"]), put(Expiry::Never, Condition::IfAbsent));
     }
 
     #[test]
@@ -91,17 +105,30 @@ mod tests {
     }
 
     #[test]
-    fn ex_is_seconds_and_px_milliseconds() {
-        assert_eq!(requests(&["SET", "k", "v", "EX", "10"]), put(Some(10_000), Condition::Always));
-        assert_eq!(requests(&["SET", "k", "v", "px", "1500", "XX"]), put(Some(1500), Condition::IfPresent));
-        // The same unit may repeat: the last one counts, as in Redis.
-        assert_eq!(requests(&["SET", "k", "v", "EX", "1", "EX", "2"]), put(Some(2000), Condition::Always));
+    fn every_kind_of_expiry() {
+        assert_eq!(requests(&["SET", "k", "v", "EX", "10"]), put(Expiry::After(10_000), Condition::Always));
+        assert_eq!(requests(&["SET", "k", "v", "px", "1500", "XX"]), put(Expiry::After(1500), Condition::IfPresent));
+        assert_eq!(requests(&["SET", "k", "v", "EXAT", "1700000000"]), put(Expiry::At(1_700_000_000_000), Condition::Always));
+        assert_eq!(requests(&["SET", "k", "v", "PXAT", "1700000000123"]), put(Expiry::At(1_700_000_000_123), Condition::Always));
+        assert_eq!(requests(&["SET", "k", "v", "KEEPTTL"]), put(Expiry::Keep, Condition::Always));
+        // The same option may repeat: the last one counts, as in Redis.
+        assert_eq!(requests(&["SET", "k", "v", "EX", "1", "EX", "2"]), put(Expiry::After(2000), Condition::Always));
     }
 
     #[test]
-    fn ex_with_px_or_without_a_number_is_a_syntax_error() {
-        assert_eq!(requests(&["SET", "k", "v", "EX", "1", "PX", "1"]), Err(syntax_error()));
-        assert_eq!(requests(&["SET", "k", "v", "EX"]), Err(syntax_error()));
+    fn get_asks_for_the_old_value() {
+        let Ok(batch) = crate::cmd::queue(&["SET", "k", "v", "NX", "GET"]) else { panic!() };
+        let [Request::Put { change, .. }] = &batch.requests[..] else { panic!() };
+        assert!(change.get && change.condition == Condition::IfAbsent);
+    }
+
+    #[test]
+    fn two_kinds_of_expiry_or_a_missing_number_is_a_syntax_error() {
+        for words in [&["EX", "1", "PX", "1"][..], &["EX"], &["KEEPTTL", "EX", "1"], &["PXAT", "5", "KEEPTTL"], &["bogus"]] {
+            let mut all = vec!["SET", "k", "v"];
+            all.extend_from_slice(words);
+            assert_eq!(requests(&all), Err(syntax_error()), "{words:?}");
+        }
     }
 
     #[test]
@@ -116,15 +143,8 @@ mod tests {
         let invalid = Err(Frame::error("ERR invalid expire time in 'set' command"));
         assert_eq!(requests(&["SET", "k", "v", "EX", "0"]), invalid);
         assert_eq!(requests(&["SET", "k", "v", "PX", "-5"]), invalid);
+        assert_eq!(requests(&["SET", "k", "v", "EXAT", "0"]), invalid);
         assert_eq!(requests(&["SET", "k", "v", "EX", &i64::MAX.to_string()]), invalid);
         assert_eq!(requests(&["SET", "k", "v", "PX", &i64::MAX.to_string()]), invalid);
-    }
-
-    #[test]
-    fn unsupported_options_are_syntax_errors() {
-        // KEEPTTL, GET, EXAT and PXAT are not implemented: refused, never ignored.
-        for option in ["KEEPTTL", "GET", "EXAT", "PXAT", "bogus"] {
-            assert_eq!(requests(&["SET", "k", "v", option]), Err(syntax_error()), "{option}");
-        }
     }
 }

@@ -497,7 +497,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_that_does_not_acknowledge_holds_clients_back_until_it_does() {
-        use causeway_core::message::Condition;
+        use causeway_core::message::Change;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let link = Link::spawn(7, listener.local_addr().unwrap().to_string(), None);
         let big = |i| Message::Put {
@@ -505,9 +505,7 @@ mod tests {
             epoch: 1,
             partition: 0,
             key: Bytes::from_static(b"k"),
-            value: Some(Bytes::from(vec![0u8; 1 << 20])),
-            ttl_ms: None,
-            condition: Condition::Always,
+            change: Change::set(Bytes::from(vec![0u8; 1 << 20])),
             past: Default::default(),
             ack_at: 1,
             write: i,

@@ -1,0 +1,128 @@
+//! What a client's change does to its key, decided at the head against
+//! what the key holds (the chain below sees only the result: a value or a
+//! tombstone, and an expiry instant). Redis 7's rules for SET's NX, XX,
+//! KEEPTTL and GET, EXPIRE's NX, XX, GT and LT (a key without an expiry
+//! counts as expiring never), PERSIST and GETEX.
+
+use crate::message::{Change, Condition, Expiry, NewValue};
+use bytes::Bytes;
+
+/// What the key holds as the head sees it: its live value and expiry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Current<'a> {
+    pub value: Option<&'a [u8]>,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// A change decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decided {
+    /// The value to write (`None`: a tombstone), and its expiry; `None`
+    /// when the change's condition does not hold (nothing is written).
+    pub write: Option<(Option<Bytes>, Option<u64>)>,
+    /// The value the key had, if the change asked for it.
+    pub old: Option<Bytes>,
+}
+
+/// Decides `change` at `now_ms` against `current`.
+pub fn decide(change: &Change, current: Current<'_>, now_ms: u64) -> Decided {
+    let exists = current.value.is_some();
+    let expires_at = match change.expiry {
+        Expiry::Keep => current.expires_at_ms.filter(|_| exists),
+        Expiry::Never => None,
+        Expiry::After(ms) => Some(now_ms.saturating_add(ms)),
+        Expiry::At(at) => Some(at),
+    };
+    let holds = match change.condition {
+        Condition::Always => true,
+        Condition::IfAbsent => !exists,
+        Condition::IfPresent => exists,
+        Condition::IfNoExpiry => exists && current.expires_at_ms.is_none(),
+        Condition::IfExpiry => exists && current.expires_at_ms.is_some(),
+        Condition::IfLater => exists && matches!((expires_at, current.expires_at_ms), (Some(new), Some(old)) if new > old),
+        Condition::IfSooner => exists && matches!((expires_at, current.expires_at_ms), (Some(new), old) if old.is_none_or(|old| new < old)),
+        Condition::IfExpiryAndSooner => exists && matches!((expires_at, current.expires_at_ms), (Some(new), Some(old)) if new < old),
+    } && (exists || change.value != NewValue::Keep);
+    let old = if change.get { current.value.map(Bytes::copy_from_slice) } else { None };
+    if !holds {
+        return Decided { write: None, old };
+    }
+    let value = match &change.value {
+        NewValue::Set(v) => Some(v.clone()),
+        NewValue::Delete => None,
+        NewValue::Keep => current.value.map(Bytes::copy_from_slice),
+    };
+    // An expiry already past deletes the key (EXPIRE with a time not in
+    // the future, as in Redis).
+    let write = match expires_at {
+        Some(at) if value.is_none() || at <= now_ms => (None, None),
+        _ => (value, expires_at),
+    };
+    Decided { write: Some(write), old }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expire(expiry: Expiry, condition: Condition) -> Change {
+        Change { value: NewValue::Keep, expiry, condition, get: false }
+    }
+
+    fn with(value: &'static [u8], expires_at_ms: Option<u64>) -> Current<'static> {
+        Current { value: Some(value), expires_at_ms }
+    }
+
+    const NONE: Current = Current { value: None, expires_at_ms: None };
+
+    #[test]
+    fn set_with_its_options() {
+        let set = Change::set(Bytes::from("v"));
+        assert_eq!(decide(&set, with(b"old", Some(500)), 100).write, Some((Some(Bytes::from("v")), None)), "a plain SET clears the TTL");
+        let keep = Change { expiry: Expiry::Keep, ..set.clone() };
+        assert_eq!(decide(&keep, with(b"old", Some(500)), 100).write, Some((Some(Bytes::from("v")), Some(500))));
+        assert_eq!(decide(&keep, NONE, 100).write, Some((Some(Bytes::from("v")), None)));
+        let nx = Change { condition: Condition::IfAbsent, get: true, ..set.clone() };
+        assert_eq!(decide(&nx, with(b"old", None), 100), Decided { write: None, old: Some(Bytes::from("old")) });
+        let ex = Change { expiry: Expiry::After(1_000), ..set.clone() };
+        assert_eq!(decide(&ex, NONE, 100).write, Some((Some(Bytes::from("v")), Some(1_100))));
+        let past = Change { expiry: Expiry::At(50), ..set };
+        assert_eq!(decide(&past, NONE, 100).write, Some((None, None)), "EXAT in the past deletes");
+    }
+
+    #[test]
+    fn expire_needs_the_key_and_follows_nx_xx_gt_lt() {
+        let e = |c| expire(Expiry::After(1_000), c);
+        assert_eq!(decide(&e(Condition::Always), NONE, 100).write, None, "no key, nothing to expire");
+        assert_eq!(decide(&e(Condition::Always), with(b"v", None), 100).write, Some((Some(Bytes::from("v")), Some(1_100))));
+        assert!(decide(&e(Condition::IfNoExpiry), with(b"v", None), 100).write.is_some());
+        assert!(decide(&e(Condition::IfNoExpiry), with(b"v", Some(9)), 100).write.is_none());
+        assert!(decide(&e(Condition::IfExpiry), with(b"v", None), 100).write.is_none());
+        assert!(decide(&e(Condition::IfLater), with(b"v", None), 100).write.is_none(), "never is later than any time");
+        assert!(decide(&e(Condition::IfLater), with(b"v", Some(500)), 100).write.is_some());
+        assert!(decide(&e(Condition::IfSooner), with(b"v", None), 100).write.is_some());
+        assert!(decide(&e(Condition::IfSooner), with(b"v", Some(500)), 100).write.is_none());
+        assert!(decide(&e(Condition::IfExpiryAndSooner), with(b"v", None), 100).write.is_none());
+        assert!(decide(&e(Condition::IfExpiryAndSooner), with(b"v", Some(5_000)), 100).write.is_some());
+        assert_eq!(decide(&expire(Expiry::After(0), Condition::Always), with(b"v", None), 100).write, Some((None, None)), "now: deleted");
+    }
+
+    #[test]
+    fn persist_and_getex() {
+        let persist = expire(Expiry::Never, Condition::IfExpiry);
+        assert_eq!(decide(&persist, with(b"v", Some(500)), 100).write, Some((Some(Bytes::from("v")), None)));
+        assert_eq!(decide(&persist, with(b"v", None), 100).write, None);
+        let getex = Change { get: true, ..expire(Expiry::At(900), Condition::IfPresent) };
+        assert_eq!(
+            decide(&getex, with(b"v", None), 100),
+            Decided { write: Some((Some(Bytes::from("v")), Some(900))), old: Some(Bytes::from("v")) }
+        );
+        assert_eq!(decide(&getex, NONE, 100), Decided { write: None, old: None });
+    }
+
+    #[test]
+    fn del_only_what_is_there() {
+        assert_eq!(decide(&Change::delete(), with(b"v", Some(500)), 100).write, Some((None, None)));
+        assert_eq!(decide(&Change::delete(), NONE, 100).write, None);
+    }
+}

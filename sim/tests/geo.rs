@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use causeway_checker::replicas;
-use causeway_core::driver::Request;
+use causeway_core::driver::{Request, Response};
 use causeway_core::geo::Replication;
 use causeway_core::hlc::Timestamp;
 use causeway_core::message::Change;
@@ -664,4 +664,64 @@ fn settle_and_check(world: &mut World, seed: u64, checker: &mut CausalChecker) {
     assert!(world.quiet(), "seed {seed}: the sites did not settle: {}", geo_state(world));
     assert!(checker.violations.is_empty(), "seed {seed}: causal+ violated:\n{}", checker.violations.join("\n"));
     identical(world, seed, checker);
+}
+
+/// A deleted key never comes back (chain/expiry.rs): site 1, cut off from
+/// site 0, writes `k`; then site 0 writes and deletes it. Site 0 keeps its
+/// tombstone, stable in its chains though it is, while site 1's older write
+/// may still come; when the link heals that write arrives after the delete
+/// and loses to it, at both sites. Then every tombstone is collected, and
+/// `k` is still gone everywhere, read through every node.
+#[test]
+fn a_deleted_key_never_comes_back() {
+    for seed in seeds(0..5) {
+        let shape = Shape { partitions: 4, replicas: 3, k: 2 };
+        let lan = Network { min_delay_ms: 0, max_delay_ms: 1, drop_rate: 0.0 };
+        let mut world = World::new(seed, 2, Replication::Causal, 3, shape, 1, lan, Wan::paper(2));
+        let key = Bytes::from("k");
+        world.run_until(world.now_ms() + 1_000);
+        world.cut(0, 1, 30_000);
+        let write = |world: &mut World, site: usize, change: Change| {
+            world.sites[site].start(0, Request::Put { key: key.clone(), change });
+            let until = world.now_ms() + 2_000;
+            while !world.sites[site].is_idle(0) && world.now_ms() < until {
+                world.run_until(world.now_ms() + 1);
+            }
+            assert!(world.sites[site].is_idle(0), "seed {seed}: site {site}'s write did not complete");
+        };
+        write(&mut world, 1, Change::set(Bytes::from("older")));
+        world.run_until(world.now_ms() + 10);
+        write(&mut world, 0, Change::set(Bytes::from("newer")));
+        write(&mut world, 0, Change::delete());
+        let tombstones = |world: &World, site: usize| (0..3).map(|n| world.sites[site].node(n).tombstones()).sum::<usize>();
+        // Long enough for the delete to be stable everywhere in site 0 and
+        // its tombstone to be collected (past the time the version it
+        // replaced stays readable by snapshots), were it not for site 1.
+        world.run_until(world.now_ms() + causeway_core::store::RETAIN_MS + 3_000);
+        assert!(world.sites[0].settled(), "seed {seed}: site 0 did not settle");
+        assert_eq!(tombstones(&world, 0), 3, "seed {seed}: site 0 collected its tombstone while site 1 could still send an older write");
+        // The link heals: site 1's older write reaches site 0 after the delete.
+        world.cut(0, 1, 0);
+        for _ in 0..200 {
+            world.run_until(world.now_ms() + 100);
+            if world.quiet() && tombstones(&world, 0) + tombstones(&world, 1) == 0 {
+                break;
+            }
+        }
+        assert!(world.quiet(), "seed {seed}: the sites did not settle: {}", geo_state(&world));
+        assert_eq!(tombstones(&world, 0) + tombstones(&world, 1), 0, "seed {seed}: tombstones were not collected");
+        for site in 0..2 {
+            for node in 0..3u16 {
+                let c = world.sites[site].add_client(Some(node));
+                world.sites[site].start(c, Request::Get(key.clone()));
+            }
+        }
+        let mut reads = Vec::new();
+        while reads.len() < 6 {
+            reads.extend(world.run_until(world.now_ms() + 10).into_iter().map(|(_, c)| c.result));
+        }
+        for r in reads {
+            assert!(matches!(r, Ok(Response::Read { value: None, .. })), "seed {seed}: the deleted key came back: {r:?}");
+        }
+    }
 }

@@ -127,6 +127,11 @@ impl ChainReplica {
         self.reclaim.due = None;
     }
 
+    /// Tombstones held, not collected yet.
+    pub fn tombstones(&self) -> usize {
+        self.reclaim.graves.len()
+    }
+
     /// Keys this replica expired as head.
     pub fn expired_keys(&self) -> u64 {
         self.reclaim.expired

@@ -648,6 +648,11 @@ impl Node {
         Some(self.id.sites.iter().filter(|&&s| s != me).map(|&s| geo.site_time().get(s)).min().unwrap_or(Timestamp::ZERO))
     }
 
+    /// Tombstones the replicas here hold, not collected yet.
+    pub fn tombstones(&self) -> usize {
+        self.parts.iter().flatten().map(|r| r.tombstones()).sum()
+    }
+
     /// Keys the heads here expired (INFO `expired_keys`).
     pub fn expired_keys(&self) -> u64 {
         self.parts.iter().flatten().map(|r| r.expired_keys()).sum()

@@ -12,9 +12,10 @@
 //! range`, `ERR invalid expire time in 'expire' command` for a time whose
 //! instant overflows, `ERR NX and XX, GT or LT options at the same time are
 //! not compatible`, `ERR GT and LT options at the same time are not
-//! compatible`, `ERR Unsupported option X`.
+//! compatible`, `ERR Unsupported option x` (the option as given); the
+//! options are checked before the number, as Redis checks them.
 
-use super::{integer, only, own, Batch};
+use super::{integer, only, own, upper, Batch};
 use crate::conn::client_error;
 use crate::server::now_ms;
 use bytes::Bytes;
@@ -25,6 +26,24 @@ use causeway_resp::Frame;
 /// EXPIRE, PEXPIRE, EXPIREAT or PEXPIREAT (`args[0]`).
 pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+    // The options first, then the number, in Redis's order: a bad option
+    // is the error even when the number is bad too.
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for option in &args[3..] {
+        match upper(option).as_str() {
+            "NX" => nx = true,
+            "XX" => xx = true,
+            "GT" => gt = true,
+            "LT" => lt = true,
+            _ => return Err(Frame::error(format!("ERR Unsupported option {}", String::from_utf8_lossy(option)))),
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err(Frame::error("ERR NX and XX, GT or LT options at the same time are not compatible"));
+    }
+    if gt && lt {
+        return Err(Frame::error("ERR GT and LT options at the same time are not compatible"));
+    }
     let when = integer(&args[2])?;
     let (seconds, absolute) = match name.as_str() {
         "expire" => (true, false),
@@ -36,22 +55,6 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     let ms = if seconds { when.checked_mul(1000).ok_or_else(invalid)? } else { when };
     let base = if absolute { 0 } else { now_ms() as i64 };
     let at = ms.checked_add(base).ok_or_else(invalid)?;
-    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
-    for option in &args[3..] {
-        match String::from_utf8_lossy(option).to_ascii_uppercase().as_str() {
-            "NX" => nx = true,
-            "XX" => xx = true,
-            "GT" => gt = true,
-            "LT" => lt = true,
-            other => return Err(Frame::error(format!("ERR Unsupported option {other}"))),
-        }
-    }
-    if nx && (xx || gt || lt) {
-        return Err(Frame::error("ERR NX and XX, GT or LT options at the same time are not compatible"));
-    }
-    if gt && lt {
-        return Err(Frame::error("ERR GT and LT options at the same time are not compatible"));
-    }
     // GT already needs an expiry (none counts as never); LT with XX needs
     // one too, LT alone does not.
     let condition = match (nx, xx, gt, lt) {
@@ -120,8 +123,22 @@ mod tests {
         );
         assert_eq!(err(&["EXPIRE", "k", "10", "GT", "LT"]), Frame::error("ERR GT and LT options at the same time are not compatible"));
         assert_eq!(err(&["EXPIRE", "k", "10", "FOO"]), Frame::error("ERR Unsupported option FOO"));
+        assert_eq!(err(&["EXPIRE", "k", "10", "nx", "Foo"]), Frame::error("ERR Unsupported option Foo"), "as given, as Redis says it");
         assert_eq!(err(&["EXPIRE", "k", "ten"]), Frame::error("ERR value is not an integer or out of range"));
         assert_eq!(err(&["EXPIRE", "k", &i64::MAX.to_string()]), Frame::error("ERR invalid expire time in 'expire' command"));
         assert_eq!(err(&["PEXPIRE", "k", &i64::MAX.to_string()]), Frame::error("ERR invalid expire time in 'pexpire' command"));
+    }
+
+    /// Redis 7.0 parses the options before the number: `EXPIRE k abc AB`
+    /// is `ERR Unsupported option AB`, `EXPIRE k abc NX XX` the NX error.
+    #[test]
+    fn options_are_checked_before_the_number() {
+        let err = |words: &[&str]| requests(words).expect_err("an error");
+        assert_eq!(err(&["EXPIRE", "k", "abc", "AB"]), Frame::error("ERR Unsupported option AB"));
+        assert_eq!(
+            err(&["PEXPIREAT", "k", "abc", "NX", "XX"]),
+            Frame::error("ERR NX and XX, GT or LT options at the same time are not compatible")
+        );
+        assert_eq!(err(&["EXPIRE", "k", "abc", "NX"]), Frame::error("ERR value is not an integer or out of range"));
     }
 }

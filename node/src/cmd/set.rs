@@ -9,7 +9,8 @@
 //! number) is `ERR syntax error`; a number that is not an integer is
 //! `ERR value is not an integer or out of range`; a time that is not
 //! positive or whose instant overflows is
-//! `ERR invalid expire time in 'set' command`.
+//! `ERR invalid expire time in 'set' command`. The number is checked after
+//! the options, as Redis checks it.
 
 use super::{expiry_in, only, own, syntax_error, upper, Batch, Responses};
 use crate::conn::client_error;
@@ -22,29 +23,33 @@ use causeway_resp::Frame;
 /// SET's arguments as one change on the session.
 pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     let mut change = Change::set(own(&args[2]));
-    // Which expiry option was given, if any: the same one may repeat (the
-    // last counts), two kinds may not.
-    let mut expiry_option: Option<String> = None;
+    // Which expiry option was given, if any, with its number (none for
+    // KEEPTTL): the same one may repeat (the last counts), two kinds may
+    // not. The number is read once every option is, as Redis reads it: a
+    // syntax error comes before a bad number.
+    let mut expiry: Option<(String, Option<&Bytes>)> = None;
     let mut i = 3;
     while i < args.len() {
         let opt = upper(&args[i]);
+        let same = expiry.as_ref().is_none_or(|(o, _)| *o == opt);
         match opt.as_str() {
             "NX" if change.condition != Condition::IfPresent => change.condition = Condition::IfAbsent,
             "XX" if change.condition != Condition::IfAbsent => change.condition = Condition::IfPresent,
             "GET" => change.get = true,
-            "KEEPTTL" if expiry_option.as_ref().is_none_or(|o| *o == opt) => {
-                change.expiry = Expiry::Keep;
-                expiry_option = Some(opt);
-            }
-            "EX" | "PX" | "EXAT" | "PXAT" if expiry_option.as_ref().is_none_or(|o| *o == opt) && i + 1 < args.len() => {
-                change.expiry = expiry_in(&opt, &args[i + 1], "set")?;
-                expiry_option = Some(opt);
+            "KEEPTTL" if same => expiry = Some((opt, None)),
+            "EX" | "PX" | "EXAT" | "PXAT" if same && i + 1 < args.len() => {
+                expiry = Some((opt, Some(&args[i + 1])));
                 i += 1;
             }
             _ => return Err(syntax_error()),
         }
         i += 1;
     }
+    change.expiry = match expiry {
+        None => Expiry::Never,
+        Some((_, None)) => Expiry::Keep,
+        Some((unit, Some(n))) => expiry_in(&unit, n, "set")?,
+    };
     debug_assert!(matches!(change.value, NewValue::Set(_)));
     let answer = if change.get { old } else { written };
     Batch::new(vec![Request::Put { key: own(&args[1]), change }], answer)
@@ -136,6 +141,15 @@ mod tests {
         let not_integer = Err(Frame::error("ERR value is not an integer or out of range"));
         assert_eq!(requests(&["SET", "k", "v", "EX", "ten"]), not_integer);
         assert_eq!(requests(&["SET", "k", "v", "PX", "1.5"]), not_integer);
+    }
+
+    /// Redis 7.0 reads the options before the number: `SET k v EX abc
+    /// BOGUS` and `SET k v EX 0 BOGUS` are syntax errors.
+    #[test]
+    fn a_syntax_error_comes_before_a_bad_number() {
+        assert_eq!(requests(&["SET", "k", "v", "EX", "abc", "BOGUS"]), Err(syntax_error()));
+        assert_eq!(requests(&["SET", "k", "v", "EX", "0", "BOGUS"]), Err(syntax_error()));
+        assert_eq!(requests(&["SET", "k", "v", "PX", "abc", "EX", "1"]), Err(syntax_error()));
     }
 
     #[test]

@@ -453,6 +453,8 @@ pub enum Message {
         epoch: u64,
         sent_ms: u64,
         grant_ms: u64,
+        /// The coordinator member that leads (heartbeats go mostly to it).
+        from: NodeId,
     },
 
     // ---- node -> node (one chain), continued ------------------------------

@@ -236,12 +236,8 @@ impl Topology {
 /// `ids`: a chain is a prefix of this, and a chain that lost a node grows
 /// back by taking the next ones.
 fn ring_order(ids: &[NodeId], partition: PartitionId) -> impl Iterator<Item = NodeId> {
-    let mut ring: Vec<(u64, NodeId)> = ids
-        .iter()
-        .flat_map(|&id| (0..POINTS_PER_NODE).map(move |p| (point(&[b"node", &id.to_le_bytes()[..], &p.to_le_bytes()[..]]), id)))
-        .collect();
-    ring.sort_unstable();
-    let at = point(&[b"partition", &partition.to_le_bytes()[..]]);
+    let ring = ring_of(ids);
+    let at = point(&[b"partition", &partition.to_le_bytes()]);
     let start = ring.partition_point(|&(h, _)| h < at);
     let mut seen = Vec::with_capacity(ids.len());
     (0..ring.len()).filter_map(move |i| {
@@ -253,8 +249,42 @@ fn ring_order(ids: &[NodeId], partition: PartitionId) -> impl Iterator<Item = No
     })
 }
 
+/// Every node's points on the ring, sorted.
+type Ring = std::rc::Rc<Vec<(u64, NodeId)>>;
+
+/// The ring of `ids`: each node's points, sorted. The coordinator asks for
+/// every partition's order on every round (`Supervisor::next`), so the
+/// last ring built is kept (it depends on nothing but `ids`).
+fn ring_of(ids: &[NodeId]) -> Ring {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(Vec<NodeId>, Ring)>> = const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        if let Some((for_ids, ring)) = &*last.borrow() {
+            if for_ids == ids {
+                return ring.clone();
+            }
+        }
+        let mut ring: Vec<(u64, NodeId)> = ids
+            .iter()
+            .flat_map(|&id| (0..POINTS_PER_NODE).map(move |p| (point(&[b"node", &id.to_le_bytes(), &p.to_le_bytes()]), id)))
+            .collect();
+        ring.sort_unstable();
+        let ring = std::rc::Rc::new(ring);
+        *last.borrow_mut() = Some((ids.to_vec(), ring.clone()));
+        ring
+    })
+}
+
+/// A point on the ring: the hash of its parts, one after the other.
 fn point(parts: &[&[u8]]) -> u64 {
-    xxh3_64(&parts.concat())
+    let mut buf = [0u8; 32];
+    let mut len = 0;
+    for part in parts {
+        buf[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    xxh3_64(&buf[..len])
 }
 
 #[cfg(test)]

@@ -350,16 +350,17 @@ impl Supervisor {
         (self.failure_timeout_ms / 2).min(MAX_LEASE_MS)
     }
 
-    /// The leader's answer to `beat`: a lease for linearizable reads, to a
-    /// node admitted in `current` and serving it, unless a change waits for
-    /// that node's lease to run out. The node counts it from when it sent
-    /// the heartbeat, so it ends before `now_ms + lease_ms` here.
-    pub fn lease(&mut self, beat: &Beat, current: &Topology, now_ms: u64) -> Option<Message> {
+    /// The leader's answer to `beat` (the leader is member `me`): a lease
+    /// for linearizable reads, to a node admitted in `current` and serving
+    /// it, unless a change waits for that node's lease to run out. The node
+    /// counts it from when it sent the heartbeat, so it ends before
+    /// `now_ms + lease_ms` here.
+    pub fn lease(&mut self, beat: &Beat, current: &Topology, me: NodeId, now_ms: u64) -> Option<Message> {
         if beat.epoch != current.epoch || !current.admits(beat.from, beat.incarnation) || self.revoking.contains(&beat.from) {
             return None;
         }
         self.granted.insert(beat.from, now_ms);
-        Some(Message::Lease { epoch: current.epoch, sent_ms: beat.sent_ms, grant_ms: self.lease_ms() })
+        Some(Message::Lease { epoch: current.epoch, sent_ms: beat.sent_ms, grant_ms: self.lease_ms(), from: me })
     }
 
     /// The next configuration to propose, if any change is due. One change

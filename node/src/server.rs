@@ -29,8 +29,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// How often the node state machine gets a tick (retransmissions,
-/// heartbeats).
+/// heartbeats), and how often when it is idle (every heartbeat).
 const TICK: Duration = Duration::from_millis(20);
+const IDLE_TICK: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT_MS);
 /// With several sites the tick also drives geo-replication (promises,
 /// reporters, the stabilizer: Eunomia batches about every millisecond),
 /// and remote visibility waits on it a few times over: 5 ms took the extra
@@ -455,14 +456,16 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     Ok(())
 }
 
-/// Drives the node state machine's clock: retransmissions and heartbeats.
+/// Drives the node state machine's clock: retransmissions, heartbeats,
+/// expiry. An idle node (`core::node::Node::idle`) ticks only as often as
+/// it heartbeats: at rest it costs next to nothing.
 async fn tick_loop(node: Arc<Node>) {
-    let tick = if node.config.remote_sites.is_empty() { TICK } else { GEO_TICK };
-    let mut interval = tokio::time::interval(tick);
+    let busy = if node.config.remote_sites.is_empty() { TICK } else { GEO_TICK };
     loop {
-        interval.tick().await;
         let out = node.step(|core, out| core.tick(now(), out));
         node.route(out, None);
+        let idle = node.with_core(|core| core.idle());
+        tokio::time::sleep(if idle { IDLE_TICK } else { busy }).await;
     }
 }
 

@@ -517,13 +517,19 @@ impl Sim {
                     let lease = match &mut self.supervisor {
                         Some(s) => {
                             s.heartbeat(beat.clone(), now);
-                            s.lease(&beat, &self.topology, now)
+                            s.lease(&beat, &self.topology, COORDINATOR, now)
                         }
                         // Scripted configurations: every admitted node
                         // serving the current one gets a lease (the tests
                         // that pause tails run the real supervisor).
-                        None => (beat.epoch == self.topology.epoch && self.topology.admits(from, beat.incarnation))
-                            .then_some(Message::Lease { epoch: beat.epoch, sent_ms: beat.sent_ms, grant_ms: FAILURE_TIMEOUT_MS / 2 }),
+                        None => {
+                            (beat.epoch == self.topology.epoch && self.topology.admits(from, beat.incarnation)).then_some(Message::Lease {
+                                epoch: beat.epoch,
+                                sent_ms: beat.sent_ms,
+                                grant_ms: FAILURE_TIMEOUT_MS / 2,
+                                from: COORDINATOR,
+                            })
+                        }
                     };
                     if let Some(lease) = lease {
                         self.enqueue(Envelope { to: Dest::Node(from), msg: lease });

@@ -354,6 +354,12 @@ impl ChainReplica {
         self.refuse(out, op, Refusal::NotResponsible { epoch: self.epoch });
     }
 
+    /// Whether nothing here waits on time: nothing to resend or to ask
+    /// for, nobody waiting (the node's ticks may then be rare).
+    pub fn idle(&self) -> bool {
+        self.unstable.is_empty() && self.early.is_empty() && self.waiters.is_empty() && !self.joining && !self.catching_up
+    }
+
     /// Highest seq known to have reached the tail.
     pub fn stable(&self) -> u64 {
         self.stable

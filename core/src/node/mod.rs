@@ -46,8 +46,14 @@ mod put;
 
 use coalesce::{coalesce, is_chain_traffic};
 
-/// How often a node sends its heartbeat to every coordinator member.
+/// How often a node sends its heartbeat to the coordinator leader (the
+/// member its last lease came from), and to every member once it has
+/// heard from no leader for two of these.
 pub const HEARTBEAT_MS: u64 = 200;
+/// How often the members that do not lead get a heartbeat too: enough for
+/// their reports (CW.CLUSTER STATUS) and for one taking over, which first
+/// waits a failure timeout of fresh heartbeats anyway (`supervisor`).
+pub const FOLLOWER_HEARTBEAT_MS: u64 = 1_000;
 
 /// The time, as the node's driver reads it: the wall clock for hybrid
 /// timestamps and expiries, the monotonic clock (which a wall-clock step
@@ -163,6 +169,10 @@ pub struct Node {
     /// them (`GeoMsg::Synced`).
     probes: Vec<(u64, (NodeId, u64))>,
     last_beat_ms: Option<u64>,
+    /// When heartbeats last went to every coordinator member.
+    all_beat_ms: Option<u64>,
+    /// The coordinator member the last lease came from, and when it came.
+    leader: Option<(NodeId, u64)>,
     /// The coordinator's lease for linearizable reads: the epoch it is for,
     /// and until when (monotonic).
     lease: Option<(u64, u64)>,
@@ -201,6 +211,8 @@ impl Node {
             synced: 0,
             probes: Vec::new(),
             last_beat_ms: None,
+            all_beat_ms: None,
+            leader: None,
             lease: None,
             geo: None,
             parked: Vec::new(),
@@ -484,7 +496,8 @@ impl Node {
                 }
             }
             Message::Geo(msg) => self.geo_step(msg, now_ms, out),
-            Message::Lease { epoch, sent_ms, grant_ms } => {
+            Message::Lease { epoch, sent_ms, grant_ms, from } => {
+                self.leader = Some((from, now.mono_ms));
                 if epoch == self.topology.epoch {
                     let until = sent_ms + grant_ms;
                     self.lease = Some((epoch, self.lease.filter(|l| l.0 == epoch).map_or(until, |l| l.1.max(until))));
@@ -537,10 +550,23 @@ impl Node {
         if self.last_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= HEARTBEAT_MS) {
             self.last_beat_ms = Some(now.mono_ms);
             let beat = self.beat(now.mono_ms);
-            for &c in &self.id.coordinators {
+            let leader = self.leader.filter(|&(_, at)| now.mono_ms.saturating_sub(at) < 2 * HEARTBEAT_MS).map(|(l, _)| l);
+            let everyone = leader.is_none() || self.all_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= FOLLOWER_HEARTBEAT_MS);
+            if everyone {
+                self.all_beat_ms = Some(now.mono_ms);
+            }
+            for &c in self.id.coordinators.iter().filter(|&&c| everyone || Some(c) == leader) {
                 send(out, Dest::Node(c), Message::Heartbeat(beat.clone()));
             }
         }
+    }
+
+    /// Whether nothing here waits on time but the heartbeat: no replica
+    /// with anything to resend or ask for, no write or read parked, and
+    /// one site (geo-replication batches on the tick). The driver may then
+    /// tick only every `HEARTBEAT_MS`.
+    pub fn idle(&self) -> bool {
+        self.geo.is_none() && self.parked.is_empty() && self.waiting.is_empty() && self.parts.iter().flatten().all(ChainReplica::idle)
     }
 
     /// Whether this node holds the coordinator's lease for the epoch it

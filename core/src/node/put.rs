@@ -54,6 +54,10 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
+    pub(super) fn is_empty(&self) -> bool {
+        self.puts.is_empty()
+    }
+
     /// Whether writes wait on `partition`.
     pub(super) fn on(&self, partition: PartitionId) -> bool {
         !self.on.is_empty() && self.on.contains_key(&partition)

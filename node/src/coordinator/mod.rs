@@ -38,7 +38,7 @@ impl Coordinator {
         let mut s = self.supervisor.lock();
         s.heartbeat(beat.clone(), mono_ms());
         if self.raft.is_leader() {
-            s.lease(&beat, &current, mono_ms())
+            s.lease(&beat, &current, self.raft.me(), mono_ms())
         } else {
             None
         }

@@ -98,9 +98,11 @@ openraft::declare_raft_types!(
 );
 
 /// Heartbeats from the leader. Followers stand for election after a random
-/// 300-600 ms without one, plus the leader lease (the 600 ms maximum).
-const HEARTBEAT_MS: u64 = 100;
-const ELECTION_TIMEOUT_MS: (u64, u64) = (300, 600);
+/// 500-800 ms without one, plus the leader lease (the 800 ms maximum). A
+/// heartbeat every 200 ms (not 100) halves what an idle coordinator costs;
+/// a dead leader is replaced about 200 ms later than it was.
+const HEARTBEAT_MS: u64 = 200;
+const ELECTION_TIMEOUT_MS: (u64, u64) = (500, 800);
 
 /// How long `propose` waits for its entry to be applied. Without a quorum a
 /// Raft write waits forever; the caller should rather hear about it.
@@ -205,6 +207,11 @@ impl RaftHandle {
             }
             Err(e) => Err(ProposeError::Failed(e.to_string())),
         }
+    }
+
+    /// This member's node.
+    pub fn me(&self) -> NodeId {
+        self.me
     }
 
     /// Who this member believes leads the group.

@@ -25,8 +25,9 @@ use tokio::sync::mpsc;
 
 /// A peer's frames are acknowledged at most this long after they arrive
 /// (or at once after `ACK_BYTES`), so its unacknowledged backlog stays
-/// small without an extra write per frame.
-const ACK_DELAY: Duration = Duration::from_millis(5);
+/// small without an extra write per frame; a quiet link (heartbeats) is
+/// acknowledged once for several frames.
+const ACK_DELAY: Duration = Duration::from_millis(100);
 const ACK_BYTES: usize = 64 * 1024;
 
 /// Serves a binary connection accepted from a peer node or a native client.

@@ -253,6 +253,7 @@ impl ChainReplica {
         let index = chain.index_of(me)?;
         let mut r = ChainReplica::at(partition, site, topology.epoch, chain.nodes.clone(), index, topology.shape.k);
         r.keep_recent = !topology.returning.is_empty();
+        r.store.keep_history(index == 0);
         Some(r)
     }
 

@@ -20,6 +20,7 @@ impl ChainReplica {
         self.chain = chain.nodes.clone();
         self.index = index;
         self.keep_recent = !topology.returning.is_empty();
+        self.store.keep_history(index == 0);
         if self.joining {
             self.asked_ms = now_ms;
             self.request_state(out);

@@ -31,6 +31,7 @@ impl ChainReplica {
         }
         if let Some(old) = retained {
             r.store = old.store;
+            r.store.keep_history(r.index == 0);
             r.clock = old.clock;
             r.ceiling = old.ceiling;
             r.applied = old.applied;

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! length      LEB128, the whole entry's
+//! key length  LEB128
+//! key         (first: the table compares keys on every probe)
 //! timestamp   8 bytes (`Timestamp::to_bits`)
 //! seq         LEB128
 //! site        1 byte
@@ -11,11 +13,10 @@
 //! n           1 byte: the version vector's length, or 0 when it holds
 //!             nothing but this version's own entry (one site, or a write
 //!             that saw nothing of the others)
-//! key length  LEB128
 //! [expiry]    8 bytes (ms), if EXPIRES
 //! [vector]    the other entries, each as its distance below this
 //!             version's timestamp (LEB128; 0 for an entry never set)
-//! key, value  (the value runs to the end; nothing for a tombstone)
+//! value       to the end; nothing for a tombstone
 //! ```
 //!
 //! A YCSB key (24 bytes) with a 16-byte value takes 56 bytes here, a
@@ -54,6 +55,8 @@ impl Entry {
         debug_assert_eq!(version.vv.get(version.site), version.ts, "a version's own entry is its timestamp");
         // Exactly what `Version::local` makes: nothing to store.
         let plain = entries.len() == own + 1 && entries.iter().enumerate().all(|(s, &t)| s == own || t == Timestamp::ZERO);
+        let mut head = SmallVec::<[u8; 32]>::new();
+        leb128(key.len() as u64, &mut head);
         let mut tail = SmallVec::<[u8; 32]>::new();
         tail.extend_from_slice(&version.ts.to_bits().to_le_bytes());
         leb128(seq, &mut tail);
@@ -63,7 +66,6 @@ impl Entry {
         let n = if plain { 0 } else { entries.len() };
         assert!(n <= u8::MAX as usize, "at most 255 sites");
         tail.push(n as u8);
-        leb128(key.len() as u64, &mut tail);
         if let Some(at) = expires_at_ms {
             tail.extend_from_slice(&at.to_le_bytes());
         }
@@ -75,7 +77,7 @@ impl Entry {
             }
         }
         let body = value.unwrap_or_default();
-        let rest = tail.len() + key.len() + body.len();
+        let rest = head.len() + key.len() + tail.len() + body.len();
         // The length counts its own bytes too.
         let mut len = rest + 1;
         while leb128_len(len as u64) + rest > len {
@@ -85,8 +87,9 @@ impl Entry {
         let mut prefix = SmallVec::<[u8; 32]>::new();
         leb128(len as u64, &mut prefix);
         b.extend_from_slice(&prefix);
-        b.extend_from_slice(&tail);
+        b.extend_from_slice(&head);
         b.extend_from_slice(key);
+        b.extend_from_slice(&tail);
         b.extend_from_slice(body);
         debug_assert_eq!(b.len(), len);
         let raw = Box::into_raw(b.into_boxed_slice()) as *mut u8;
@@ -120,6 +123,14 @@ impl Entry {
 
     pub fn view(&self) -> View<'_> {
         View::new(self.bytes())
+    }
+
+    /// The key alone, without reading the rest (a table probe).
+    pub fn key(&self) -> &[u8] {
+        let b = self.bytes();
+        let (_, at) = read_leb128(b);
+        let (len, used) = read_leb128(&b[at..]);
+        &b[at + used..at + used + len as usize]
     }
 
     /// Bytes this entry takes (its allocation).
@@ -156,37 +167,39 @@ impl Eq for Entry {}
 #[derive(Clone, Copy)]
 pub struct View<'a> {
     b: &'a [u8],
-    /// Where the timestamp starts (after the length).
-    ts_at: u8,
+    key_at: u32,
+    key_len: u32,
+    ts_at: u16,
     seq: u64,
     site: u8,
     flags: u8,
     n: u8,
-    /// Where the optional parts start, and the key.
-    extra_at: u16,
-    key_at: u32,
-    key_len: u32,
+    /// Where the optional parts start, and the value.
+    extra_at: u32,
+    value_at: u32,
 }
 
 impl<'a> View<'a> {
     fn new(b: &'a [u8]) -> View<'a> {
         let (_, mut at) = read_leb128(b);
-        let ts_at = at as u8;
+        let (key_len, used) = read_leb128(&b[at..]);
+        at += used;
+        let key_at = at;
+        at += key_len as usize;
+        let ts_at = at as u16;
         at += 8;
         let (seq, used) = read_leb128(&b[at..]);
         at += used;
         let (site, flags, n) = (b[at], b[at + 1], b[at + 2]);
         at += 3;
-        let (key_len, used) = read_leb128(&b[at..]);
-        at += used;
-        let extra_at = at;
+        let extra_at = at as u32;
         if flags & EXPIRES != 0 {
             at += 8;
         }
         for _ in 1..n {
             at += read_leb128(&b[at..]).1;
         }
-        View { b, ts_at, seq, site, flags, n, extra_at: extra_at as u16, key_at: at as u32, key_len: key_len as u32 }
+        View { b, ts_at, seq, site, flags, n, extra_at, key_at: key_at as u32, key_len: key_len as u32, value_at: at as u32 }
     }
 
     pub fn ts(&self) -> Timestamp {
@@ -218,8 +231,7 @@ impl<'a> View<'a> {
 
     /// The value; `None` for a tombstone.
     pub fn value(&self) -> Option<&'a [u8]> {
-        let at = self.key_at as usize + self.key_len as usize;
-        (self.flags & TOMBSTONE == 0).then(|| &self.b[at..])
+        (self.flags & TOMBSTONE == 0).then(|| &self.b[self.value_at as usize..])
     }
 
     /// The value as a reader at `now_ms` sees it: none once expired.
@@ -248,6 +260,11 @@ impl<'a> View<'a> {
             vv.0.push(if d == 0 { Timestamp::ZERO } else { Timestamp::from_bits(ts.to_bits() - d) });
         }
         Version { ts, site, vv }
+    }
+
+    /// The same entry, saying that the key had versions before this one.
+    pub fn with_replaced(&self) -> Entry {
+        Entry::new(self.key(), &self.version(), self.seq(), self.value(), self.expires_at_ms(), true)
     }
 
     /// The version as the owned `Stored` that transfers and digests carry.

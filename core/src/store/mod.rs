@@ -74,7 +74,6 @@ pub struct Write<'a> {
 }
 
 /// All keys of one partition at one replica.
-#[derive(Default)]
 pub struct PartitionStore {
     latest: HashTable<Entry>,
     hasher: ahash::RandomState,
@@ -85,6 +84,21 @@ pub struct PartitionStore {
     /// The latest tombstone collected (`collect`): a snapshot from before
     /// it may have needed what it deleted.
     collected: Option<Version>,
+    /// Whether replaced versions are kept for snapshots (`keep_history`).
+    keeps_history: bool,
+}
+
+impl Default for PartitionStore {
+    fn default() -> Self {
+        PartitionStore {
+            latest: HashTable::new(),
+            hasher: ahash::RandomState::new(),
+            history: History::default(),
+            bytes: 0,
+            collected: None,
+            keeps_history: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for PartitionStore {
@@ -99,7 +113,7 @@ impl PartitionStore {
     }
 
     fn find(&self, key: &[u8]) -> Option<&Entry> {
-        self.latest.find(self.hash(key), |e| e.view().key() == key)
+        self.latest.find(self.hash(key), |e| e.key() == key)
     }
 
     /// Installs a version. An older version than the latest (a concurrent
@@ -109,7 +123,7 @@ impl PartitionStore {
     pub fn apply(&mut self, key: &[u8], w: Write<'_>, now_ms: u64) {
         let hash = self.hash(key);
         let hasher = &self.hasher;
-        match self.latest.entry(hash, |e| e.view().key() == key, |e| hasher.hash_one(e.view().key())) {
+        match self.latest.entry(hash, |e| e.key() == key, |e| hasher.hash_one(e.key())) {
             hashbrown::hash_table::Entry::Vacant(_) if w.expired => return,
             hashbrown::hash_table::Entry::Vacant(slot) => {
                 let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, false);
@@ -129,11 +143,24 @@ impl PartitionStore {
                     }
                     return;
                 }
-                if old_version == (w.version.ts, w.version.site) || self.history.holds(key, w.version) {
+                let new_version = (w.version.ts, w.version.site);
+                if old_version == new_version {
                     return;
                 }
-                if old_version > (w.version.ts, w.version.site) {
-                    // Lost last-writer-wins: history only.
+                if old_version > new_version {
+                    // Lost last-writer-wins (or a duplicate of one that
+                    // did): kept for snapshots, if this replica keeps
+                    // history; else the latest says older ones are gone.
+                    if !self.keeps_history {
+                        if !old.replaced() {
+                            let flagged = slot.get().view().with_replaced();
+                            *slot.get_mut() = flagged;
+                        }
+                        return;
+                    }
+                    if self.history.holds(key, w.version) {
+                        return;
+                    }
                     let lost = Stored {
                         version: w.version.clone(),
                         seq: w.seq,
@@ -147,10 +174,24 @@ impl PartitionStore {
                 let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, true);
                 let replaced = std::mem::replace(slot.get_mut(), e);
                 self.bytes = self.bytes + slot.get().size() - replaced.size();
-                self.history.keep(key, replaced.view().stored(), replaced.view().replaced(), now_ms);
+                if self.keeps_history {
+                    self.history.keep(key, replaced.view().stored(), replaced.view().replaced(), now_ms);
+                }
             }
         }
         self.history.prune(now_ms);
+    }
+
+    /// Whether to keep replaced versions for snapshots: only heads serve
+    /// snapshots (`chain::snapshot_read`), so other replicas keep none and
+    /// their entries say older versions are gone (a replica that becomes
+    /// head answers snapshots from before that as too old, and the client
+    /// asks again with a fresh time).
+    pub fn keep_history(&mut self, keep: bool) {
+        if self.keeps_history && !keep {
+            self.history = History::default();
+        }
+        self.keeps_history = keep;
     }
 
     /// Forgets replaced versions past their time (`history`), and gives
@@ -160,7 +201,7 @@ impl PartitionStore {
         self.history.prune(now_ms);
         if self.latest.capacity() > 64 && self.latest.len() < self.latest.capacity() / 4 {
             let hasher = &self.hasher;
-            self.latest.shrink_to_fit(|e| hasher.hash_one(e.view().key()));
+            self.latest.shrink_to_fit(|e| hasher.hash_one(e.key()));
         }
     }
 
@@ -249,7 +290,7 @@ impl PartitionStore {
     /// nothing to do (the key was written since).
     pub fn collect(&mut self, key: &[u8], seq: u64) -> bool {
         let hash = self.hash(key);
-        let Ok(slot) = self.latest.find_entry(hash, |e| e.view().key() == key) else {
+        let Ok(slot) = self.latest.find_entry(hash, |e| e.key() == key) else {
             return true;
         };
         let v = slot.get().view();
@@ -285,13 +326,13 @@ impl PartitionStore {
     /// history is unknown, so snapshot reads before them are refused.
     pub fn install(&mut self, entries: Vec<(Bytes, Stored)>) {
         self.clear();
-        self.latest.reserve(entries.len(), |e| self.hasher.hash_one(e.view().key()));
+        self.latest.reserve(entries.len(), |e| self.hasher.hash_one(e.key()));
         for (key, s) in entries {
             let e = Entry::from_stored(&key, &s, true);
             self.bytes += e.size();
             let hash = self.hash(&key);
             let hasher = &self.hasher;
-            self.latest.insert_unique(hash, e, |e| hasher.hash_one(e.view().key()));
+            self.latest.insert_unique(hash, e, |e| hasher.hash_one(e.key()));
         }
     }
 

@@ -771,6 +771,7 @@ impl ChainReplica {
         let site = self.site;
         let visible =
             |v: &Version| v.ts <= at && v.vv.0.iter().enumerate().all(|(s, &t)| s as SiteId == site || t <= remote.get(s as SiteId));
+        self.store.snapshot_seen(now_ms);
         let stored = self.store.latest_where(key, visible).map_err(|_| Refusal::SnapshotTooOld)?;
         Ok(self.item_of(stored, now_ms))
     }

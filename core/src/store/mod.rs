@@ -86,6 +86,9 @@ pub struct PartitionStore {
     collected: Option<Version>,
     /// Whether replaced versions are kept for snapshots (`keep_history`).
     keeps_history: bool,
+    /// When a snapshot last read here (`snapshot_seen`): versions are
+    /// kept only while snapshots come.
+    snapshot_ms: Option<u64>,
 }
 
 impl Default for PartitionStore {
@@ -97,6 +100,7 @@ impl Default for PartitionStore {
             bytes: 0,
             collected: None,
             keeps_history: true,
+            snapshot_ms: None,
         }
     }
 }
@@ -123,6 +127,7 @@ impl PartitionStore {
     pub fn apply(&mut self, key: &[u8], w: Write<'_>, now_ms: u64) {
         let hash = self.hash(key);
         let hasher = &self.hasher;
+        let wants_history = self.wants_history(now_ms);
         match self.latest.entry(hash, |e| e.key() == key, |e| hasher.hash_one(e.key())) {
             hashbrown::hash_table::Entry::Vacant(_) if w.expired => return,
             hashbrown::hash_table::Entry::Vacant(slot) => {
@@ -151,7 +156,7 @@ impl PartitionStore {
                     // Lost last-writer-wins (or a duplicate of one that
                     // did): kept for snapshots, if this replica keeps
                     // history; else the latest says older ones are gone.
-                    if !self.keeps_history {
+                    if !wants_history {
                         if !old.replaced() {
                             let flagged = slot.get().view().with_replaced();
                             *slot.get_mut() = flagged;
@@ -174,7 +179,7 @@ impl PartitionStore {
                 let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, true);
                 let replaced = std::mem::replace(slot.get_mut(), e);
                 self.bytes = self.bytes + slot.get().size() - replaced.size();
-                if self.keeps_history {
+                if wants_history {
                     self.history.keep(key, replaced.view().stored(), replaced.view().replaced(), now_ms);
                 }
             }
@@ -186,12 +191,25 @@ impl PartitionStore {
     /// snapshots (`chain::snapshot_read`), so other replicas keep none and
     /// their entries say older versions are gone (a replica that becomes
     /// head answers snapshots from before that as too old, and the client
-    /// asks again with a fresh time).
+    /// asks again with a fresh time). A head keeps them only while
+    /// snapshots come (`snapshot_seen`): a write-heavy partition nobody
+    /// reads by snapshot pays nothing for them, and the first snapshot
+    /// after a quiet spell may be asked again, with a fresh time.
     pub fn keep_history(&mut self, keep: bool) {
         if self.keeps_history && !keep {
             self.history = History::default();
         }
         self.keeps_history = keep;
+    }
+
+    /// A snapshot read here at `now_ms`: replaced versions are kept from now
+    /// on, for `RETAIN_MS` after the last one.
+    pub fn snapshot_seen(&mut self, now_ms: u64) {
+        self.snapshot_ms = Some(now_ms);
+    }
+
+    fn wants_history(&self, now_ms: u64) -> bool {
+        self.keeps_history && self.snapshot_ms.is_some_and(|at| now_ms.saturating_sub(at) < RETAIN_MS)
     }
 
     /// Forgets replaced versions past their time (`history`), and gives
@@ -376,7 +394,9 @@ mod tests {
     use super::*;
     use crate::hlc::Timestamp;
 
+    /// A write at `now`, snapshots reading meanwhile (so history is kept).
     fn put(s: &mut PartitionStore, key: &str, ms: u64, seq: u64, now: u64) {
+        s.snapshot_seen(now);
         let version = Version::local(0, Timestamp::new(ms, 0));
         let value = format!("v{seq}");
         s.apply(key.as_bytes(), Write { version: &version, seq, value: Some(value.as_bytes()), expires_at_ms: None, expired: false }, now);
@@ -423,6 +443,19 @@ mod tests {
     }
 
     #[test]
+    fn without_snapshots_no_history_is_kept_and_older_snapshots_are_refused() {
+        let mut s = PartitionStore::default();
+        let v = |ms| Version::local(0, Timestamp::new(ms, 0));
+        s.apply(b"k", Write { version: &v(100), seq: 1, value: Some(b"a"), expires_at_ms: None, expired: false }, 100);
+        s.apply(b"k", Write { version: &v(200), seq: 2, value: Some(b"b"), expires_at_ms: None, expired: false }, 200);
+        assert_eq!(s.history.versions_of(b"k"), 0);
+        assert_eq!(at(&s, b"k", Timestamp::new(150, 0)), Err(TooOld), "asked again with a fresh time");
+        s.snapshot_seen(200);
+        s.apply(b"k", Write { version: &v(300), seq: 3, value: Some(b"c"), expires_at_ms: None, expired: false }, 300);
+        assert_eq!(at(&s, b"k", Timestamp::new(250, 0)).unwrap().unwrap().seq, 2, "kept once snapshots come");
+    }
+
+    #[test]
     fn expired_values_read_as_absent() {
         let mut s = PartitionStore::default();
         let version = Version::local(0, Timestamp::new(1, 0));
@@ -455,6 +488,7 @@ mod tests {
         // A delete's tombstone waits until the version it replaced is no
         // longer kept for snapshots.
         let v3 = Version::local(0, Timestamp::new(300, 0));
+        s.snapshot_seen(300);
         s.apply(b"d", Write { version: &v1, seq: 3, value: Some(b"x"), expires_at_ms: None, expired: false }, 300);
         s.apply(b"d", Write { version: &v3, seq: 4, value: None, expires_at_ms: None, expired: false }, 300);
         assert!(!s.collect(b"d", 4), "the deleted version is kept for snapshots a while");

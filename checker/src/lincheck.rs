@@ -93,11 +93,17 @@ fn binary() -> Result<PathBuf, String> {
         return Ok(p.clone());
     }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/lincheck");
-    let out = std::env::temp_dir().join(format!("causeway-lincheck-{}", std::process::id()));
+    // Built beside the workspace's other build products, under a name of
+    // this process's and renamed into place, so processes building at once
+    // never see half a binary and nothing is left behind in /tmp.
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target");
+    let _ = std::fs::create_dir_all(&target);
+    let out = target.join("causeway-lincheck");
+    let building = target.join(format!("causeway-lincheck.{}", std::process::id()));
     let status = Command::new("go")
         .arg("build")
         .arg("-o")
-        .arg(&out)
+        .arg(&building)
         .arg(".")
         .current_dir(&dir)
         .status()
@@ -105,6 +111,7 @@ fn binary() -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("building the linearizability checker in {} failed", dir.display()));
     }
+    std::fs::rename(&building, &out).map_err(|e| format!("cannot move the checker into {}: {e}", out.display()))?;
     *built = Some(out.clone());
     Ok(out)
 }

@@ -20,6 +20,8 @@
 //!   updates and ships their ids to the other sites; the receiver applies
 //!   other sites' updates once their dependencies are stable here.
 //! * `message`, `wire`: what crosses the network and how it is encoded.
+//!   `message` is plain data: it uses `hlc`, `version` and `ring` and no
+//!   protocol, so every protocol can use it.
 
 pub mod chain;
 pub mod driver;

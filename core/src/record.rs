@@ -10,10 +10,9 @@
 //! by sequence number, unless a `Dropped` record came after them; and
 //! whether it was catching up (`Behind`) when the node stopped.
 
-use crate::chain::PartitionState;
 use crate::error::Error;
 use crate::hlc::Timestamp;
-use crate::message::Update;
+use crate::message::{PartitionState, Update};
 use crate::ring::PartitionId;
 use serde::{Deserialize, Serialize};
 

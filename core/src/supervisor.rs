@@ -40,8 +40,7 @@
 //! The Raft leader runs this; whatever it proposes is committed through
 //! Raft and pushed to the nodes, which apply it as `Reconfigure`.
 
-use crate::message::Message;
-use crate::node::Beat;
+use crate::message::{Beat, Message};
 use crate::ring::{NodeId, NodeInfo, PartitionId, Topology};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -651,7 +650,7 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::Recovered;
+    use crate::message::Recovered;
     use crate::ring::Shape;
 
     fn site(n: u16) -> Topology {

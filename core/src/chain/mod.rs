@@ -36,9 +36,10 @@ mod tests;
 mod transfer;
 mod writes;
 
+pub use crate::message::{LastWrite, PartitionState};
 pub use geo::{Conflict, RECENT_CONFLICTS};
 use writes::Writes;
-pub use writes::{LastWrite, WRITE_MEMORY_MS};
+pub use writes::WRITE_MEMORY_MS;
 
 use crate::geo::receiver::RemoteWrite;
 use crate::hlc::{Clock, Timestamp};
@@ -48,7 +49,6 @@ use crate::ring::{NodeId, PartitionId, Topology};
 use crate::store::{PartitionStore, Stored, View, Write};
 use crate::version::{SiteId, Version, VersionVector};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Resend unacknowledged updates to the successor after this long without
@@ -114,25 +114,6 @@ fn chain_history(before: u64, u: &Update) -> u64 {
 /// place in the window.
 fn update_bytes(u: &Update) -> usize {
     u.key.len() + u.value.as_ref().map_or(0, |v| v.len()) + std::mem::size_of::<(Update, u64, u64)>()
-}
-
-/// A replica's state as a state transfer or a checkpoint carries it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PartitionState {
-    pub applied: u64,
-    pub stable: u64,
-    /// Every key's latest version.
-    pub entries: Vec<(Bytes, Stored)>,
-    /// Each session's writes in flight (`writes`), so that a resent write
-    /// is still recognised by a replica that got its state this way.
-    pub sessions: Vec<(ClientId, LastWrite)>,
-    /// The partition's update history up to `applied`, hashed
-    /// (`ChainReplica::history`).
-    pub history: u64,
-    /// This site's updates not known to have reached every stabilizer
-    /// replica and other site (several sites only; `ChainReplica::
-    /// outgoing`).
-    pub unreported: Vec<Update>,
 }
 
 /// How far ahead of a promise the logged clock ceiling goes

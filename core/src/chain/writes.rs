@@ -9,31 +9,13 @@
 //! forgotten `WRITE_MEMORY_MS` after its last write. So the memory is the
 //! writes in flight per session (a pipeline's depth), not one per write.
 
-use crate::message::ClientId;
-use crate::version::Version;
+use crate::message::{ClientId, LastWrite};
 use ahash::AHashMap;
-use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
 /// How long a replica remembers a session's writes after its last one, to
 /// recognise a resend after a failure (well past any request timeout).
 pub const WRITE_MEMORY_MS: u64 = 60_000;
-
-/// One write of a session this replica applied.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LastWrite {
-    pub key: Bytes,
-    /// The write's id in its session.
-    pub write: u64,
-    /// Its place in the partition's update order.
-    pub seq: u64,
-    pub version: Version,
-    pub at_ms: u64,
-    /// The value the key had, for a change that asked for it (a resend is
-    /// answered with it again).
-    pub old: Option<Bytes>,
-}
 
 /// One session's remembered writes.
 #[derive(Debug, Default)]
@@ -116,6 +98,8 @@ impl Writes {
 mod tests {
     use super::*;
     use crate::hlc::Timestamp;
+    use crate::version::Version;
+    use bytes::Bytes;
 
     fn w(write: u64, at_ms: u64) -> LastWrite {
         LastWrite { key: Bytes::from("k"), write, seq: write, version: Version::local(0, Timestamp::new(write, 0)), at_ms, old: None }

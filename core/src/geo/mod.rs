@@ -17,14 +17,15 @@ pub mod visibility;
 
 use crate::chain::PutRequest;
 use crate::hlc::Timestamp;
+pub use crate::message::GeoMsg;
 use crate::message::{send, Dest, Message, OpId, Outbox, Update};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::{SiteId, VersionVector};
-use receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue, RemoteWrite, ValuesAck};
+use receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue};
 use reporter::{Batch, Reporter};
 use sequencer::{SeqReply, SeqRequest, Sequencer};
 use serde::{Deserialize, Serialize};
-use stabilizer::{IdBatch, IdsAck, Ship, SiteAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
+use stabilizer::{IdBatch, IdsAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use visibility::{Delays, Visibility};
 
@@ -76,82 +77,6 @@ pub fn paper_delays(sites: usize) -> Vec<Vec<u64>> {
         _ => 80,
     };
     (0..sites).map(|a| (0..sites).map(|b| delay(a, b)).collect()).collect()
-}
-
-/// What geo-replication sends, between sites and inside one.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, strum::IntoStaticStr)]
-pub enum GeoMsg {
-    /// A node's tails -> a stabilizer replica of its site (one batch per
-    /// partition, all of a tick or a `Geo::flush` in one message).
-    Ids(Vec<IdBatch>),
-    /// A stabilizer replica -> the tail of each `ack.partition`.
-    IdsAcks(Vec<IdsAck>),
-    /// A stabilizer leader -> another site, for its receiver.
-    Ship(Ship),
-    /// A receiver -> the origin site, for every stabilizer replica there.
-    SiteAck(SiteAck),
-    /// A node's tails -> another site, for its receiver: each partition's
-    /// values (data and metadata travel apart, Eunomia §5).
-    Values { origin: SiteId, batches: Vec<Batch<RemoteValue>> },
-    /// A receiver -> the origin site, for the tail of each `ack.partition`.
-    ValuesAcks(Vec<ValuesAck>),
-    /// A receiver -> the head of the local chain of `write.partition`.
-    Apply { epoch: u64, write: RemoteWrite, from: NodeId },
-    /// A head -> the receiver on `from` of `Apply`: the write (or a later
-    /// version of its key) is stable in the local chain.
-    Applied { origin: SiteId, partition: PartitionId, ts: Timestamp },
-    /// Down a chain, batched per successor: (partition, seq, ts) promises
-    /// (`ChainReplica::make_promise`). `asked`: made because the leader
-    /// asked for promises past this time (`Promise`), so tails send them on
-    /// as soon as they all have it (`Geo::flush`).
-    Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)>, asked: Option<Timestamp> },
-    /// The leader -> every node of its site: what the site has applied of
-    /// each other site (for get-transactions, `Message::SnapshotRead`), and
-    /// what each other site has applied of this one (`seen_by`, from its
-    /// acknowledgements: `CW.WAIT`). `probe` (the leader, its time): each
-    /// node answers `Synced` once its disk holds what it had logged when
-    /// this arrived (`Geo::take_probes`).
-    /// `visible`: the leader's summary of remote visibility per origin
-    /// (`visibility`).
-    SiteTime { applied: VersionVector, seen_by: VersionVector, probe: (NodeId, u64), visible: BTreeMap<SiteId, Delays> },
-    /// A node -> the leader that sent `probe`: everything it had logged
-    /// when the probe arrived is synced. Once every node of the site says
-    /// so, what the receiver had applied when it sent the probe survives
-    /// the site crashing whole, and the origins may forget it
-    /// (`Receiver::synced`).
-    Synced { from: NodeId, probe: (NodeId, u64) },
-    /// Passed on inside a site by the node that received it from another
-    /// site: handled where it lands, never passed on again.
-    Relayed(Box<GeoMsg>),
-    /// The stabilizer leader -> every node of its site: ids up to this
-    /// time wait to become stable, so heads promise past it at once
-    /// (`Geo::ask_promises`). Heads promise only when asked (at most every
-    /// `ASK_MS`) and every `IDLE_PROMISE_MS`: a site that takes no writes
-    /// sends few promises, and a write's id does not wait for a tick.
-    Promise(Timestamp),
-    /// `Replication::Sequenced`: a head -> the stabilizer leader, for the
-    /// write's number before the head orders it.
-    Sequence { from: NodeId, req: SeqRequest },
-    /// The leader's answer.
-    Sequenced(SeqReply),
-}
-
-impl GeoMsg {
-    /// Whether this may come over the link from site `from` to site `me`:
-    /// only what travels between sites (shipped ids, values, and the
-    /// acknowledgements of both), naming `from` as its sender and `me` as
-    /// its destination. Everything else is for nodes of one site: from
-    /// another site, an `Apply` would write into a head past the receiver's
-    /// dependency checks.
-    pub fn from_site(&self, from: SiteId, me: SiteId) -> bool {
-        match self {
-            GeoMsg::Ship(s) => s.origin == from && s.to == me,
-            GeoMsg::Values { origin, .. } => *origin == from,
-            GeoMsg::SiteAck(a) => a.from == from && a.origin == me,
-            GeoMsg::ValuesAcks(acks) => acks.iter().all(|a| a.from == from && a.origin == me),
-            _ => false,
-        }
-    }
 }
 
 /// A tail's outgoing streams for one partition.
@@ -647,8 +572,9 @@ impl Geo {
     }
 
     /// A geo message that is not for a chain replica (those are `Apply`,
-    /// `Promises`: the node handles them). `relayed`: it was passed on by
-    /// another node of this site, so it is handled here or dropped.
+    /// `Promises`, `Promise` and `Sequenced`: the node handles them, in
+    /// `node::geo`, and hands every other here). `relayed`: it was passed on
+    /// by another node of this site, so it is handled here or dropped.
     pub fn step(&mut self, msg: GeoMsg, relayed: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) {
         match msg {
             GeoMsg::Ids(batches) => {

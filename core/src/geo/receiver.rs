@@ -97,10 +97,10 @@
 use crate::geo::reporter::{Batch, Stamped};
 use crate::geo::stabilizer::{Position, Ship, SiteAck, UpdateId, SHIP_WINDOW};
 use crate::hlc::Timestamp;
+pub use crate::message::geo::{RemoteValue, RemoteWrite, ValuesAck};
 use crate::ring::PartitionId;
 use crate::version::{SiteId, Version, VersionVector};
 use ahash::AHashMap;
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -116,32 +116,6 @@ pub const EARLY_RUNS: usize = 64;
 /// was received. Well above a relay hop inside a site or WAN jitter, well
 /// below the leader's own `stabilizer::SHIP_RESEND_MS`.
 pub const GAP_RESEND_MS: u64 = 20;
-
-/// A value sent by a partition of `origin` to its sibling partition here.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteValue {
-    pub origin: SiteId,
-    pub partition: PartitionId,
-    pub ts: Timestamp,
-    pub key: Bytes,
-    /// `None` deletes.
-    pub value: Option<Bytes>,
-    pub expires_at_ms: Option<u64>,
-}
-
-/// A remote update ready to be applied: to be written through the head of
-/// `partition`'s local chain with exactly this version (last-writer-wins
-/// against what the chain holds), then reported stable with
-/// `ReceiverMsg::Applied` once the chain's tail has it, whether it won or
-/// lost.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteWrite {
-    pub partition: PartitionId,
-    pub key: Bytes,
-    pub value: Option<Bytes>,
-    pub expires_at_ms: Option<u64>,
-    pub version: Version,
-}
 
 /// What the receiver is told.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,20 +139,6 @@ pub enum ReceiverOut {
     Ack(SiteAck),
     /// To the sibling partition of `ack.partition` in `ack.origin`.
     ValuesAck(ValuesAck),
-}
-
-/// receiver of `from` -> the partition `partition` of `origin`: how far its
-/// value stream is here (`received`) and how far the values were applied
-/// (stable in this site's chains, so never needed again); `resend`: a batch
-/// left a gap, send again from `received`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValuesAck {
-    pub from: SiteId,
-    pub origin: SiteId,
-    pub partition: PartitionId,
-    pub received: Timestamp,
-    pub applied: Timestamp,
-    pub resend: bool,
 }
 
 impl Stamped for RemoteValue {
@@ -730,6 +690,7 @@ fn ready(me: SiteId, origin: SiteId, id: &UpdateId, site_time: &VersionVector) -
 mod tests {
     use super::*;
     use crate::geo::stabilizer::IdVector;
+    use bytes::Bytes;
 
     fn ts(ms: u64) -> Timestamp {
         Timestamp::new(ms, 0)

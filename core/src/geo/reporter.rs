@@ -27,8 +27,8 @@
 //! scratch.
 
 use crate::hlc::Timestamp;
+pub use crate::message::geo::Batch;
 use crate::ring::PartitionId;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
 /// At most this many items in one batch.
@@ -84,21 +84,6 @@ impl Resend {
 /// What a stream carries: items in timestamp order.
 pub trait Stamped: Clone {
     fn ts(&self) -> Timestamp;
-}
-
-/// partition -> one destination: the items it has not acknowledged, and a
-/// promise (Alg. 2 `add_op`, `heartbeat`, and §3.3's batches).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batch<T> {
-    pub partition: PartitionId,
-    /// The batch continues the partition's stream right after this time:
-    /// the destination must already hold everything up to it.
-    pub prev: Timestamp,
-    /// In increasing timestamp order, all greater than `prev`.
-    pub items: Vec<T>,
-    /// No item of this partition at or below `up_to` is missing from what
-    /// the destination then holds (>= the last item's timestamp).
-    pub up_to: Timestamp,
 }
 
 #[derive(Clone, Copy, Debug, Default)]

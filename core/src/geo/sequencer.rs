@@ -21,28 +21,7 @@
 //! `SeqRequest`s and `SeqReply`s. It is not fault tolerant (the paper's
 //! chain-replicated sequencer, Figure 3, is not modelled).
 
-use crate::ring::PartitionId;
-use serde::{Deserialize, Serialize};
-
-/// A head asks its site's sequencer for the next number before ordering a
-/// write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeqRequest {
-    /// The partition whose head asks, so the reply finds its way back.
-    pub partition: PartitionId,
-    /// Chosen by the asker to match the reply to the write waiting for it.
-    pub tag: u64,
-}
-
-/// The sequencer's answer to a `SeqRequest`: its `partition` and `tag`, and
-/// the number the write gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeqReply {
-    pub partition: PartitionId,
-    pub tag: u64,
-    /// The write's place in the site's stream: consecutive from 1.
-    pub seq: u64,
-}
+pub use crate::message::geo::{SeqReply, SeqRequest};
 
 /// One site's sequencer.
 #[derive(Debug, Default)]

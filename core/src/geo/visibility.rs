@@ -10,8 +10,8 @@
 //! included, and any skew between the two sites' clocks too.
 
 use crate::hlc::Timestamp;
+pub use crate::message::geo::Delays;
 use crate::version::SiteId;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Samples older than this are dropped.
@@ -21,15 +21,6 @@ pub const WINDOW_MS: u64 = 60_000;
 pub const MAX_SAMPLES: usize = 10_000;
 /// How often the leader summarizes.
 pub const SUMMARY_MS: u64 = 1_000;
-
-/// One origin's delays over the window.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Delays {
-    pub p50_ms: u64,
-    pub p99_ms: u64,
-    /// Updates the percentiles are over.
-    pub count: u64,
-}
 
 #[derive(Debug, Default)]
 pub struct Visibility {

@@ -22,6 +22,7 @@
 mod entry;
 mod history;
 
+pub use crate::message::Stored;
 use crate::version::Version;
 use bytes::Bytes;
 use entry::Entry;
@@ -33,29 +34,6 @@ use history::History;
 pub const RETAIN_MS: u64 = 5_000;
 /// At most this many versions of one key are kept, whatever their age.
 pub const MAX_VERSIONS: usize = 8;
-
-/// One version of one key, owned: what state transfers, checkpoints and
-/// digests carry.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Stored {
-    pub version: Version,
-    /// The position of the write in its partition's update order (assigned by
-    /// the head); a replica's `stable` watermark is compared against it.
-    pub seq: u64,
-    /// `None` is a tombstone.
-    pub value: Option<Bytes>,
-    pub expires_at_ms: Option<u64>,
-}
-
-impl Stored {
-    /// The value as a reader at `now_ms` sees it.
-    pub fn live_value(&self, now_ms: u64) -> Option<&Bytes> {
-        match self.expires_at_ms {
-            Some(at) if at <= now_ms => None,
-            _ => self.value.as_ref(),
-        }
-    }
-}
 
 /// A key absent from the retained history at the requested time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

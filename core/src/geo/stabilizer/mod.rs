@@ -95,17 +95,13 @@ mod order;
 
 pub use order::OrderedIds;
 
-use crate::geo::reporter::{Batch, Reporter, Resend, Stamped};
+use crate::geo::reporter::{Reporter, Resend, Stamped};
 use crate::hlc::Timestamp;
-use crate::ring::{NodeId, PartitionId};
+pub use crate::message::geo::{IdBatch, IdVector, IdsAck, Position, ReplicaId, Ship, SiteAck, UpdateId};
+use crate::ring::PartitionId;
 use crate::version::SiteId;
 use serde::{Deserialize, Serialize};
-use smallvec::SmallVec;
 use std::collections::{BTreeMap, VecDeque};
-
-/// A stabilizer replica. The coordinator nodes are the natural home, so it
-/// is named like a node.
-pub type ReplicaId = NodeId;
 
 /// At most this many ids in one `Ship`.
 pub const MAX_SHIP: usize = 4096;
@@ -128,104 +124,10 @@ pub const MAX_UNSTABLE: usize = 1 << 20;
 /// from the site's acknowledged point (the shipment or the ack was lost).
 pub const SHIP_RESEND_MS: u64 = 500;
 
-/// Where an id sits in its site's shipped stream: by timestamp, then by
-/// partition (Eunomia §3.1: equal timestamps of different partitions are
-/// concurrent, any fixed order will do). A position also stands for "every id
-/// up to here": `Position::through(t)` covers every id with timestamp <= t.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Position {
-    pub ts: Timestamp,
-    pub partition: PartitionId,
-}
-
-impl Position {
-    /// The beginning of a stream, before every id.
-    pub const START: Position = Position { ts: Timestamp::ZERO, partition: PartitionId::MAX };
-
-    /// Covers every id with timestamp <= `ts`.
-    pub fn through(ts: Timestamp) -> Position {
-        Position { ts, partition: PartitionId::MAX }
-    }
-
-    /// The largest time `t` such that this position covers every id with
-    /// timestamp <= `t`.
-    pub fn time(self) -> Timestamp {
-        if self.partition == PartitionId::MAX {
-            self.ts
-        } else {
-            self.ts.just_before()
-        }
-    }
-
-    /// The position just before this one.
-    pub fn before(self) -> Position {
-        match self.partition {
-            0 => Position::through(self.ts.just_before()),
-            p => Position { ts: self.ts, partition: p - 1 },
-        }
-    }
-}
-
-/// An update's vector as ids carry it: one entry per site, inline up to four
-/// sites so that copying an id (once per destination) never allocates
-/// (`VersionVector` keeps two inline, for per-key memory).
-pub type IdVector = SmallVec<[Timestamp; 4]>;
-
-/// The identifier of one update, what the stabilizer orders and ships
-/// (Eunomia §5: `u.id` and the partition, no key and no value; the value
-/// travels from the partition to its siblings in the other sites directly).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct UpdateId {
-    /// The partition that wrote it (the same partition holds the key in every
-    /// site, so it also says where the value comes from).
-    pub partition: PartitionId,
-    /// Its timestamp: its entry in its own site's slot of `vv`.
-    pub ts: Timestamp,
-    /// The writer's causal past in its own site: the update depends on every
-    /// update of its site with timestamp <= `local_dep` (the `after` the
-    /// head received with the write, Alg. 2 line 5's Clock_c). With it a
-    /// receiver may apply concurrent updates of one site in parallel instead
-    /// of one at a time; `ts.just_before()` is always safe.
-    pub local_dep: Timestamp,
-    /// Its vector (Eunomia §4, `u.vts`): its dependencies on other sites.
-    pub vv: IdVector,
-}
-
-impl Default for Position {
-    fn default() -> Position {
-        Position::START
-    }
-}
-
-impl UpdateId {
-    pub fn position(&self) -> Position {
-        Position { ts: self.ts, partition: self.partition }
-    }
-}
-
-/// partition -> every stabilizer replica of its site: the ids the replica
-/// has not acknowledged, and a promise (`geo::reporter`).
-pub type IdBatch = Batch<UpdateId>;
-
 impl Stamped for UpdateId {
     fn ts(&self) -> Timestamp {
         self.ts
     }
-}
-
-/// stabilizer replica -> partition: "I hold your stream up to `up_to`, and
-/// every other site has applied it up to `applied`". The partition keeps
-/// ids until they are applied everywhere, so that stabilizer replicas that
-/// all restarted (a whole-site restart) get again what no site has applied.
-/// `resend`: the last batch did not continue what the replica holds; send
-/// again from `up_to`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IdsAck {
-    pub replica: ReplicaId,
-    pub partition: PartitionId,
-    pub up_to: Timestamp,
-    pub applied: Timestamp,
-    pub resend: bool,
 }
 
 impl IdsAck {
@@ -234,42 +136,6 @@ impl IdsAck {
         reporter.on_ack(self.replica, self.up_to, Timestamp::ZERO, self.resend, now_ms);
         reporter.forget_through(self.applied.min(self.up_to));
     }
-}
-
-/// stabilizer leader of `origin` -> the receiver of site `to`: the next part
-/// of `origin`'s stream.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ship {
-    pub origin: SiteId,
-    pub to: SiteId,
-    /// The stream position this shipment continues from.
-    pub prev: Position,
-    /// In stream order, all after `prev`.
-    pub ids: Vec<UpdateId>,
-    /// The stream is complete up to here once `ids` are added: the origin's
-    /// stable time when `ids` reach it, else the last id's position.
-    pub through: Position,
-    /// What site `to` acknowledged as applied: a receiver that started anew
-    /// (its site's leader changed) resumes from there instead of waiting
-    /// for values the origin no longer keeps.
-    pub applied: Position,
-}
-
-/// receiver of `from` -> every stabilizer replica of `origin`: how far
-/// `from` has received `origin`'s stream (everything up to `received`,
-/// without a gap), how far it has applied it (made it stable in its local
-/// chains, `visible`), and how far what it applied is also synced to disk
-/// on every node of `from` (`applied`: what survives `from` crashing
-/// whole, so the origin may forget it). `resend`: a shipment left a gap,
-/// ship again from `received`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SiteAck {
-    pub from: SiteId,
-    pub origin: SiteId,
-    pub received: Position,
-    pub applied: Position,
-    pub visible: Position,
-    pub resend: bool,
 }
 
 /// What a stabilizer replica is told.

@@ -4,235 +4,39 @@
 //! Client requests name the topology `epoch` they were routed with; a node
 //! that does not serve the partition at that epoch refuses with
 //! `Refusal::NotResponsible` and the caller refreshes its map.
+//!
+//! This module is plain data, the leaf the protocols stand on: it uses the
+//! vocabulary (`hlc` timestamps, `version`s and site ids, `ring` ids and
+//! the `Topology`, which is data too: the configuration a node holds and
+//! the coordinator pushes) and no protocol (`chain`, `node`, `geo`,
+//! `supervisor`, `driver`, `store`, ...). Each protocol's types that travel
+//! live here, by topic, and their protocol re-exports them:
+//!
+//! * `client`: session and request ids, changes, items, refusals.
+//! * `chain`: updates down a chain, a replica's state for transfers.
+//! * `geo`: geo-replication's messages and what they carry.
+//! * `coordinator`: heartbeats.
+//! * `link`: how a binary connection opens.
+
+pub mod chain;
+pub mod client;
+pub mod coordinator;
+pub mod geo;
+pub mod link;
+
+pub use chain::{Ack, LastWrite, PartitionState, Stored, Update};
+pub use client::{
+    home_node, session_id, Change, ClientId, Condition, DepOn, Expiry, Item, Keyspace, NewValue, OpId, Refusal, WriteDep, ACK_AT_TAIL,
+};
+pub use coordinator::{Beat, Recovered};
+pub use geo::GeoMsg;
+pub use link::{Hello, LinkReply, Welcome, BINARY_MAGIC};
 
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::{SiteId, Version, VersionVector};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-
-/// A client session (a Redis connection's proxy session or a native client).
-/// The top 16 bits are 1 + the node the session lives on, or 0 for a native
-/// client (connected to every node), so replies can be routed without a
-/// lookup service.
-pub type ClientId = u64;
-
-/// The node a client id lives on, if it is a proxy session.
-pub fn home_node(client: ClientId) -> Option<NodeId> {
-    match client >> 48 {
-        0 => None,
-        n => Some((n - 1) as NodeId),
-    }
-}
-
-/// A client id for the `n`th session of `node`.
-pub fn session_id(node: NodeId, n: u64) -> ClientId {
-    ((node as u64 + 1) << 48) | (n & ((1 << 48) - 1))
-}
-
-/// One request of one client; replies carry it back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct OpId {
-    pub client: ClientId,
-    pub seq: u64,
-}
-
-/// What a write does to its key. Its head decides it against what the key
-/// holds then (SET's NX and XX, EXPIRE's conditions, KEEPTTL, GET), so the
-/// update that goes down the chain is plain: a value (or none) and an
-/// expiry instant.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Change {
-    pub value: NewValue,
-    pub expiry: Expiry,
-    pub condition: Condition,
-    /// The answer carries the value the key had (SET ... GET, GETEX).
-    pub get: bool,
-}
-
-impl Change {
-    /// SET key value: a new value, no expiry.
-    pub fn set(value: Bytes) -> Change {
-        Change { value: NewValue::Set(value), expiry: Expiry::Never, condition: Condition::Always, get: false }
-    }
-
-    /// DEL key: a tombstone, if the key holds a value.
-    pub fn delete() -> Change {
-        Change { value: NewValue::Delete, expiry: Expiry::Never, condition: Condition::IfPresent, get: false }
-    }
-
-    /// The new value, if the change sets one.
-    pub fn new_value(&self) -> Option<&Bytes> {
-        match &self.value {
-            NewValue::Set(v) => Some(v),
-            NewValue::Delete | NewValue::Keep => None,
-        }
-    }
-}
-
-/// A change's value.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum NewValue {
-    Set(Bytes),
-    Delete,
-    /// The key keeps its value (EXPIRE, PERSIST, GETEX): only its expiry
-    /// changes, and only if it holds a value.
-    Keep,
-}
-
-/// A change's expiry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Expiry {
-    /// The key keeps its expiry (SET ... KEEPTTL).
-    Keep,
-    /// None (a plain SET, PERSIST).
-    Never,
-    /// This many milliseconds after the head orders the write (EX, PX,
-    /// EXPIRE, PEXPIRE).
-    After(u64),
-    /// At this Unix time in milliseconds (EXAT, PXAT, EXPIREAT,
-    /// PEXPIREAT). An instant already past deletes the key.
-    At(u64),
-}
-
-/// When a change applies, given what its key holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Condition {
-    Always,
-    /// NX: the key holds no value.
-    IfAbsent,
-    /// XX: the key holds a value.
-    IfPresent,
-    /// EXPIRE ... NX: the key holds a value without an expiry.
-    IfNoExpiry,
-    /// EXPIRE ... XX: the key holds a value with an expiry.
-    IfExpiry,
-    /// EXPIRE ... GT: the new expiry is later (no expiry counts as never).
-    IfLater,
-    /// EXPIRE ... LT: the new expiry is sooner.
-    IfSooner,
-    /// EXPIRE ... XX LT: the key has an expiry and the new one is sooner.
-    IfExpiryAndSooner,
-}
-
-/// A write as it travels down a chain.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Update {
-    /// Position in the partition's update order, from 1, assigned by the head.
-    pub seq: u64,
-    pub key: Bytes,
-    pub version: Version,
-    /// `None` deletes.
-    pub value: Option<Bytes>,
-    pub expires_at_ms: Option<u64>,
-    /// Who to answer and where (a client's write; `None` for other sites'
-    /// writes applied here).
-    pub ack: Option<Ack>,
-    /// The writer's causal past in this site when it wrote (its session's
-    /// entry for this site): the update depends on no other update of this
-    /// site after it. Other sites apply concurrent updates of this site in
-    /// parallel thanks to it (`geo::receiver`). Zero for other sites'
-    /// updates applied here.
-    pub local_dep: Timestamp,
-    /// The head's active expiry (`chain::expiry`): version `version` of the
-    /// key, whose expiry has passed, is now a tombstone, with the same
-    /// version, so it beats exactly what that version beat and loses to
-    /// any later write, wherever written. Each site expires its own copies
-    /// (other sites never get these).
-    pub expired: bool,
-}
-
-/// A client write's answer, as its update carries it down the chain.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ack {
-    /// The client and the write's id in its session.
-    pub op: OpId,
-    /// The chain position that answers (k-1 for causal writes).
-    pub at: u8,
-    /// Every write of the session with a smaller id was finished when this
-    /// one was sent (`Message::Put`): replicas forget those.
-    pub done_below: u64,
-    /// The value the key had, for a change that asked for it
-    /// (`Change::get`): the head knows it, the answering replica says it.
-    pub old: Option<Bytes>,
-}
-
-/// Something a write's head must wait for before it orders the write
-/// (`Message::Put`): a version of another key the session saw or wrote,
-/// stable, so that nobody reads the write and then an older value of that
-/// key (ChainReaction's dependency stabilization, done at the head); or,
-/// for the same key, just applied before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WriteDep {
-    pub partition: PartitionId,
-    pub on: DepOn,
-    /// It writes the same key: applied is enough (the new version
-    /// supersedes it).
-    pub same_key: bool,
-}
-
-/// How a dependency is named.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DepOn {
-    /// The partition's update with this sequence number (a version the
-    /// session read, or a write of its that was acknowledged).
-    Seq(u64),
-    /// The session's write with this id, not acknowledged yet when this
-    /// one was sent (pipelined writes).
-    Write(u64),
-}
-
-/// A value as read, with what the client library needs to keep its metadata.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Item {
-    pub value: Option<Bytes>,
-    /// `None` if the key was never written (or flushed).
-    pub version: Option<Version>,
-    /// The version's position in its partition's update order.
-    pub seq: u64,
-    /// Whether the version is known to have reached the tail.
-    pub stable: bool,
-    /// When the value expires (Unix ms), if it does.
-    pub expires_at_ms: Option<u64>,
-}
-
-/// Live keys, and how many of them expire (DBSIZE, INFO keyspace).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Keyspace {
-    pub keys: u64,
-    pub expires: u64,
-}
-
-impl std::ops::AddAssign for Keyspace {
-    fn add_assign(&mut self, other: Keyspace) {
-        self.keys += other.keys;
-        self.expires += other.expires;
-    }
-}
-
-/// Why a node did not serve a request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Refusal {
-    /// This node does not serve that partition at the caller's epoch; `epoch`
-    /// is the node's own.
-    NotResponsible { epoch: u64 },
-    /// This replica has not yet received the version the client already saw
-    /// (its chain index is stale); ChainReaction §3.3.3: try nearer the head.
-    Behind,
-    /// A snapshot read asked for history this replica no longer keeps.
-    SnapshotTooOld,
-    /// Fewer than k replicas of the partition are alive: writes would not be
-    /// as durable as promised.
-    Unavailable { alive: u8, needed: u8 },
-    /// A linearizable read reached a node without a current lease from the
-    /// coordinator (it may have been removed without knowing it yet).
-    NoLease,
-}
-
-/// `ack_at` for a write answered only by the tail (linearizable): a
-/// position past any chain's end, so that a chain that grows while the
-/// write is on its way still answers only at its end.
-pub const ACK_AT_TAIL: u8 = u8::MAX;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Message {
@@ -405,7 +209,7 @@ pub enum Message {
         partition: PartitionId,
         updates: Vec<Update>,
         applied: u64,
-        state: Option<crate::chain::PartitionState>,
+        state: Option<PartitionState>,
         /// The sender's clock: the receiver orders its writes after every
         /// timestamp and promise the sender saw.
         clock: Timestamp,
@@ -427,7 +231,7 @@ pub enum Message {
     Transfer {
         epoch: u64,
         partition: PartitionId,
-        state: Option<crate::chain::PartitionState>,
+        state: Option<PartitionState>,
         updates: Vec<Update>,
         history_before: u64,
         /// The sender's clock (as in `Suffix`).
@@ -443,7 +247,7 @@ pub enum Message {
     /// fetching their state", sent by every node to every coordinator
     /// member: failure detection, rejoin after a restart, and the site's
     /// status.
-    Heartbeat(crate::node::Beat),
+    Heartbeat(Beat),
     /// The coordinator leader's answer to a heartbeat sent at `sent_ms` (on
     /// the node's monotonic clock) at `epoch`: the node may serve
     /// linearizable reads until `sent_ms + grant_ms`. The coordinator waits
@@ -474,7 +278,7 @@ pub enum Message {
     },
 
     // ---- geo-replication (between sites, and inside one for geo) --------
-    Geo(crate::geo::GeoMsg),
+    Geo(GeoMsg),
 }
 
 impl Message {
@@ -565,43 +369,4 @@ pub type Outbox = Vec<Envelope>;
 /// Sends `msg` to `to`.
 pub fn send(out: &mut Outbox, to: Dest, msg: Message) {
     out.push(Envelope { to, msg });
-}
-
-/// The first byte of a binary (peer or native client) connection. It is not
-/// ASCII, so a node tells binary connections from Redis clients on the same
-/// port by it.
-pub const BINARY_MAGIC: u8 = 0xCA;
-
-/// The node's answer to a native client's `Hello`, sent once the client is
-/// registered (so replies from any node of the site reach it from then on):
-/// `Err` says why the connection is refused.
-pub type Welcome = Result<(), String>;
-
-/// The first frame of a binary connection: who is speaking.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Hello {
-    /// Another node of the site: the connection carries its messages to us,
-    /// each frame a `(sequence number, Message)` of the sender's `stream`
-    /// (one per sending process and peer), so frames that a broken
-    /// connection may have lost are resent on the next one and duplicates
-    /// dropped. The acceptor answers with `LinkReply`s.
-    Node { id: NodeId, stream: u64 },
-    /// A native client: replies for it go back on this connection. The
-    /// password is checked against the node's `requirepass`.
-    Client { id: ClientId, password: Option<String> },
-    /// The coordinator's Raft member on node `NodeId`: the connection carries
-    /// Raft RPCs, each request frame answered by one response frame.
-    Raft(NodeId),
-    /// A node of another site: like `Node`, carrying geo-replication only.
-    Site { site: crate::version::SiteId, node: NodeId, stream: u64 },
-}
-
-/// What a node sends back on a connection another node opened to it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LinkReply {
-    /// Right after the hello: this process (`incarnation`) has taken every
-    /// frame of the stream up to `last`; the sender resends what follows.
-    Resume { incarnation: u64, last: u64 },
-    /// Every frame up to this sequence number has been taken.
-    Ack(u64),
 }

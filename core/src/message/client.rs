@@ -1,0 +1,188 @@
+//! What clients ask and are answered: session and request ids, the change a
+//! write makes, what a read returns, and why a node refused.
+
+use crate::ring::{NodeId, PartitionId};
+use crate::version::Version;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// A client session (a Redis connection's proxy session or a native client).
+/// The top 16 bits are 1 + the node the session lives on, or 0 for a native
+/// client (connected to every node), so replies can be routed without a
+/// lookup service.
+pub type ClientId = u64;
+
+/// The node a client id lives on, if it is a proxy session.
+pub fn home_node(client: ClientId) -> Option<NodeId> {
+    match client >> 48 {
+        0 => None,
+        n => Some((n - 1) as NodeId),
+    }
+}
+
+/// A client id for the `n`th session of `node`.
+pub fn session_id(node: NodeId, n: u64) -> ClientId {
+    ((node as u64 + 1) << 48) | (n & ((1 << 48) - 1))
+}
+
+/// One request of one client; replies carry it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpId {
+    pub client: ClientId,
+    pub seq: u64,
+}
+
+/// What a write does to its key. Its head decides it against what the key
+/// holds then (SET's NX and XX, EXPIRE's conditions, KEEPTTL, GET), so the
+/// update that goes down the chain is plain: a value (or none) and an
+/// expiry instant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub value: NewValue,
+    pub expiry: Expiry,
+    pub condition: Condition,
+    /// The answer carries the value the key had (SET ... GET, GETEX).
+    pub get: bool,
+}
+
+impl Change {
+    /// SET key value: a new value, no expiry.
+    pub fn set(value: Bytes) -> Change {
+        Change { value: NewValue::Set(value), expiry: Expiry::Never, condition: Condition::Always, get: false }
+    }
+
+    /// DEL key: a tombstone, if the key holds a value.
+    pub fn delete() -> Change {
+        Change { value: NewValue::Delete, expiry: Expiry::Never, condition: Condition::IfPresent, get: false }
+    }
+
+    /// The new value, if the change sets one.
+    pub fn new_value(&self) -> Option<&Bytes> {
+        match &self.value {
+            NewValue::Set(v) => Some(v),
+            NewValue::Delete | NewValue::Keep => None,
+        }
+    }
+}
+
+/// A change's value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NewValue {
+    Set(Bytes),
+    Delete,
+    /// The key keeps its value (EXPIRE, PERSIST, GETEX): only its expiry
+    /// changes, and only if it holds a value.
+    Keep,
+}
+
+/// A change's expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expiry {
+    /// The key keeps its expiry (SET ... KEEPTTL).
+    Keep,
+    /// None (a plain SET, PERSIST).
+    Never,
+    /// This many milliseconds after the head orders the write (EX, PX,
+    /// EXPIRE, PEXPIRE).
+    After(u64),
+    /// At this Unix time in milliseconds (EXAT, PXAT, EXPIREAT,
+    /// PEXPIREAT). An instant already past deletes the key.
+    At(u64),
+}
+
+/// When a change applies, given what its key holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Condition {
+    Always,
+    /// NX: the key holds no value.
+    IfAbsent,
+    /// XX: the key holds a value.
+    IfPresent,
+    /// EXPIRE ... NX: the key holds a value without an expiry.
+    IfNoExpiry,
+    /// EXPIRE ... XX: the key holds a value with an expiry.
+    IfExpiry,
+    /// EXPIRE ... GT: the new expiry is later (no expiry counts as never).
+    IfLater,
+    /// EXPIRE ... LT: the new expiry is sooner.
+    IfSooner,
+    /// EXPIRE ... XX LT: the key has an expiry and the new one is sooner.
+    IfExpiryAndSooner,
+}
+
+/// Something a write's head must wait for before it orders the write
+/// (`Message::Put`): a version of another key the session saw or wrote,
+/// stable, so that nobody reads the write and then an older value of that
+/// key (ChainReaction's dependency stabilization, done at the head); or,
+/// for the same key, just applied before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteDep {
+    pub partition: PartitionId,
+    pub on: DepOn,
+    /// It writes the same key: applied is enough (the new version
+    /// supersedes it).
+    pub same_key: bool,
+}
+
+/// How a dependency is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DepOn {
+    /// The partition's update with this sequence number (a version the
+    /// session read, or a write of its that was acknowledged).
+    Seq(u64),
+    /// The session's write with this id, not acknowledged yet when this
+    /// one was sent (pipelined writes).
+    Write(u64),
+}
+
+/// A value as read, with what the client library needs to keep its metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item {
+    pub value: Option<Bytes>,
+    /// `None` if the key was never written (or flushed).
+    pub version: Option<Version>,
+    /// The version's position in its partition's update order.
+    pub seq: u64,
+    /// Whether the version is known to have reached the tail.
+    pub stable: bool,
+    /// When the value expires (Unix ms), if it does.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// Live keys, and how many of them expire (DBSIZE, INFO keyspace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Keyspace {
+    pub keys: u64,
+    pub expires: u64,
+}
+
+impl std::ops::AddAssign for Keyspace {
+    fn add_assign(&mut self, other: Keyspace) {
+        self.keys += other.keys;
+        self.expires += other.expires;
+    }
+}
+
+/// Why a node did not serve a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// This node does not serve that partition at the caller's epoch; `epoch`
+    /// is the node's own.
+    NotResponsible { epoch: u64 },
+    /// This replica has not yet received the version the client already saw
+    /// (its chain index is stale); ChainReaction §3.3.3: try nearer the head.
+    Behind,
+    /// A snapshot read asked for history this replica no longer keeps.
+    SnapshotTooOld,
+    /// Fewer than k replicas of the partition are alive: writes would not be
+    /// as durable as promised.
+    Unavailable { alive: u8, needed: u8 },
+    /// A linearizable read reached a node without a current lease from the
+    /// coordinator (it may have been removed without knowing it yet).
+    NoLease,
+}
+
+/// `ack_at` for a write answered only by the tail (linearizable): a
+/// position past any chain's end, so that a chain that grows while the
+/// write is on its way still answers only at its end.
+pub const ACK_AT_TAIL: u8 = u8::MAX;

@@ -19,9 +19,9 @@ use causeway_node::config::{parse_nodes, parse_remote_sites, NodeConfig};
 use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;
 
-/// The system allocator, counted: INFO `used_memory` (`causeway_node::memory`).
+/// The system allocator, counted: INFO `used_memory` (`causeway_node::runtime::memory`).
 #[global_allocator]
-static ALLOCATOR: causeway_node::memory::Counting = causeway_node::memory::Counting;
+static ALLOCATOR: causeway_node::runtime::memory::Counting = causeway_node::runtime::memory::Counting;
 
 #[derive(Parser)]
 #[command(name = "causeway", version, about = "A geo-replicated, causally consistent key-value store that speaks Redis.")]
@@ -162,7 +162,7 @@ fn main() -> ExitCode {
         // unreachable member as an error; the coordinator says what matters.
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CAUSEWAY_LOG")
-                .unwrap_or_else(|_| "warn,openraft=off,causeway_node::coordinator=info".into()),
+                .unwrap_or_else(|_| "warn,openraft=off,causeway_node::runtime::coordinator=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

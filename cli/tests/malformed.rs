@@ -300,7 +300,7 @@ fn forged_peer_connections_are_refused() {
             put_frame(&hello, &mut out);
             s.write_all(&out).await.unwrap();
             if let Some(secret) = secret {
-                let _ = causeway_node::auth::prove(&mut s, &hello, secret).await;
+                let _ = causeway_node::runtime::auth::prove(&mut s, &hello, secret).await;
             }
             out.clear();
             // Frames from a node carry their sequence number.

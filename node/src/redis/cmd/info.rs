@@ -1,0 +1,300 @@
+//! INFO [section ...]
+//!
+//! The sections Redis tools read (server, clients, memory, cpu, stats,
+//! persistence, replication, commandstats, errorstats, latencystats,
+//! keyspace) plus Causeway's own fields in replication and geo
+//! (`CW.SITES`), as one bulk string of `# Section` headers and
+//! `field:value` lines. Sections are named in any case; `default` (or no
+//! argument) is every section but commandstats and latencystats, `all` and
+//! `everything` are every one, as in Redis 7. Unknown names are skipped, as
+//! Redis does, so INFO never answers with an error.
+//!
+//! The per-command sections print as Redis 7 prints them (`stats.rs` says
+//! what is counted), a line per command or subcommand called since start
+//! or CONFIG RESETSTAT:
+//!
+//! ```text
+//! # Commandstats
+//! cmdstat_set:calls=2,usec=35,usec_per_call=17.50,rejected_calls=1,failed_calls=0
+//! cmdstat_client|setname:calls=1,usec=3,usec_per_call=3.00,rejected_calls=0,failed_calls=0
+//! # Errorstats
+//! errorstat_ERR:count=1
+//! # Latencystats
+//! latency_percentiles_usec_set:p50=16.063,p99=19.071,p99.9=19.071
+//! ```
+
+use super::Outcome;
+use crate::redis::conn::Conn;
+use crate::redis::stats::{at_percentile, Stats};
+use crate::runtime::server::now_ms;
+use bytes::Bytes;
+use causeway_core::driver::{Request, Response};
+use causeway_resp::Frame;
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+/// The sections INFO knows, in the order it prints them.
+const SECTIONS: [&str; 12] = [
+    "server",
+    "clients",
+    "memory",
+    "cpu",
+    "stats",
+    "persistence",
+    "replication",
+    "geo",
+    "commandstats",
+    "errorstats",
+    "latencystats",
+    "keyspace",
+];
+
+/// The sections only `all` and `everything` print unless named: a line
+/// per command each.
+const NOT_DEFAULT: [&str; 2] = ["commandstats", "latencystats"];
+
+/// The percentiles INFO latencystats shows, as Redis 7 names them by
+/// default (`latency-tracking-info-percentiles`).
+const PERCENTILES: [(&str, f64); 3] = [("p50", 50.0), ("p99", 99.0), ("p99.9", 99.9)];
+
+pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let mut text = String::new();
+    for section in sections(&args) {
+        if !text.is_empty() {
+            text.push_str("\r\n");
+        }
+        let mut title = section.to_string();
+        title[..1].make_ascii_uppercase();
+        text.push_str(&format!("# {title}\r\n"));
+        let stats = &conn.node.stats;
+        match section {
+            "commandstats" => commandstats(stats, &mut text),
+            "errorstats" => errorstats(stats, &mut text),
+            "latencystats" => latencystats(stats, &mut text),
+            _ => {
+                for (k, v) in section_fields(conn, section).await {
+                    text.push_str(&format!("{k}:{v}\r\n"));
+                }
+            }
+        }
+        if section == "geo" {
+            for (k, v) in super::cw::sites::fields(&conn.node) {
+                text.push_str(&format!("{k}:{v}\r\n"));
+            }
+        }
+    }
+    Frame::Bulk(Bytes::from(text)).into()
+}
+
+/// The sections INFO's arguments ask for, in printing order.
+fn sections(args: &[Bytes]) -> Vec<&'static str> {
+    let asked: Vec<String> = args[1..].iter().map(|a| String::from_utf8_lossy(a).to_lowercase()).collect();
+    let all = asked.iter().any(|a| matches!(a.as_str(), "all" | "everything"));
+    let default = asked.is_empty() || asked.iter().any(|a| a == "default");
+    SECTIONS.into_iter().filter(|s| all || (default && !NOT_DEFAULT.contains(s)) || asked.iter().any(|a| a == s)).collect()
+}
+
+/// `cmdstat_<name>:calls=N,usec=N,usec_per_call=F,rejected_calls=N,failed_calls=N`
+/// for each command with a call, rejected or not (Redis's
+/// `genRedisInfoStringCommandStats`, which divides in single precision).
+fn commandstats(stats: &Stats, text: &mut String) {
+    for (row, name) in super::rows() {
+        let c = stats.calls(row);
+        if c.calls == 0 && c.rejected == 0 && c.failed == 0 {
+            continue;
+        }
+        let usec = c.nanos / 1000;
+        let per_call = if c.calls == 0 { 0.0 } else { usec as f32 / c.calls as f32 };
+        let _ = write!(
+            text,
+            "cmdstat_{name}:calls={},usec={usec},usec_per_call={per_call:.2},rejected_calls={},failed_calls={}\r\n",
+            c.calls, c.rejected, c.failed
+        );
+    }
+}
+
+/// `errorstat_<CODE>:count=N` for each error code replied, in byte order.
+fn errorstats(stats: &Stats, text: &mut String) {
+    for (code, n) in &stats.errors().by_code {
+        let _ = write!(text, "errorstat_{code}:count={n}\r\n");
+    }
+}
+
+/// `latency_percentiles_usec_<name>:p50=F,p99=F,p99.9=F` for each command
+/// that ran, in microseconds (Redis's `fillPercentileDistributionLatencies`).
+fn latencystats(stats: &Stats, text: &mut String) {
+    for (row, name) in super::rows() {
+        let c = stats.calls(row);
+        let Some(h) = &c.latency else { continue };
+        let values: Vec<String> =
+            PERCENTILES.iter().map(|(label, p)| format!("{label}={:.3}", at_percentile(h, *p) as f64 / 1000.0)).collect();
+        let _ = write!(text, "latency_percentiles_usec_{name}:{}\r\n", values.join(","));
+    }
+}
+
+async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, String)> {
+    let node = conn.node.clone();
+    let stat = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
+    match section {
+        "server" => vec![
+            ("redis_version", "7.0.0".into()),
+            ("causeway_version", env!("CARGO_PKG_VERSION").into()),
+            ("process_id", std::process::id().to_string()),
+            ("node_id", node.me.to_string()),
+            ("tcp_port", node.config.listen.rsplit(':').next().unwrap_or("").into()),
+            ("uptime_in_seconds", node.started.elapsed().as_secs().to_string()),
+        ],
+        "clients" => vec![("connected_clients", stat(&node.stats.connections))],
+        "memory" => memory_fields(&node),
+        "cpu" => {
+            let (user, sys) = proc_self::cpu_seconds().unwrap_or_default();
+            vec![("used_cpu_sys", format!("{sys:.6}")), ("used_cpu_user", format!("{user:.6}"))]
+        }
+        "stats" => vec![
+            ("total_connections_received", stat(&node.stats.total_connections)),
+            ("total_commands_processed", stat(&node.stats.commands)),
+            ("instantaneous_ops_per_sec", stat(&node.stats.ops_per_sec)),
+            ("keyspace_hits", stat(&node.stats.keyspace_hits)),
+            ("keyspace_misses", stat(&node.stats.keyspace_misses)),
+            ("total_error_replies", node.stats.errors().total.to_string()),
+            ("expired_keys", node.with_core(|c| c.expired_keys()).to_string()),
+        ],
+        "persistence" => match node.wal() {
+            Some(wal) => vec![
+                ("aof_enabled", "1".into()),
+                ("aof_fsync", wal.policy().into()),
+                ("aof_current_size", wal.size().to_string()),
+                ("aof_last_fsync_ms_ago", now_ms().saturating_sub(wal.last_sync_ms()).to_string()),
+            ],
+            None => vec![("aof_enabled", "0".into())],
+        },
+        "replication" => {
+            let topology = node.topology();
+            let causeway_core::ring::Roles { head, middle, tail } = topology.roles(node.me);
+            let (suffixes, whole) = node.transfers();
+            let sent = node.peer_sent();
+            vec![
+                ("role", "master".into()),
+                ("serving", if node.is_admitted() { "yes" } else { "no" }.into()),
+                ("lease", if node.has_lease() { "held" } else { "none" }.into()),
+                ("epoch", topology.epoch.to_string()),
+                ("partitions", topology.shape.partitions.to_string()),
+                ("replicas", topology.shape.replicas.to_string()),
+                ("k", topology.shape.k.to_string()),
+                ("head_of", head.to_string()),
+                ("middle_of", middle.to_string()),
+                ("tail_of", tail.to_string()),
+                ("consistency", conn.driver.consistency().to_string()),
+                ("peer_backlog_bytes", node.peer_backlog().to_string()),
+                ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
+                ("peer_messages_sent", sent.messages().to_string()),
+                ("peer_bytes_sent", sent.bytes.to_string()),
+                ("peer_messages_by_kind", sent.kinds.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(",")),
+                ("state_transfers_suffix", suffixes.to_string()),
+                ("state_transfers_whole", whole.to_string()),
+            ]
+        }
+        "keyspace" => match conn.run(Request::Count).await {
+            // The whole site's keys, counted at the heads (like DBSIZE).
+            Ok(Response::Count(k)) if k.keys > 0 => vec![("db0", format!("keys={},expires={},avg_ttl=0", k.keys, k.expires))],
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// INFO memory (and MEMORY STATS): `used_memory` is what the allocator
+/// holds for this process (`crate::runtime::memory`; the resident set if the
+/// counting allocator is not installed), `used_memory_rss` what Linux
+/// says is resident, `used_memory_dataset` what the replicas' stores take,
+/// `mem_fragmentation_ratio` the one over the other, as Redis has them.
+pub fn memory_fields(node: &crate::runtime::server::Node) -> Vec<(&'static str, String)> {
+    let rss = proc_self::rss_bytes().unwrap_or(0);
+    let used = match crate::runtime::memory::allocated() {
+        0 => rss,
+        n => n,
+    };
+    let dataset = node.with_core(|c| c.store_memory()) as u64;
+    vec![
+        ("used_memory", used.to_string()),
+        ("used_memory_human", human(used)),
+        ("used_memory_rss", rss.to_string()),
+        ("used_memory_rss_human", human(rss)),
+        ("used_memory_dataset", dataset.to_string()),
+        ("mem_fragmentation_ratio", format!("{:.2}", rss as f64 / used.max(1) as f64)),
+        ("mem_allocator", "libc".into()),
+        ("maxmemory", "0".into()),
+        ("maxmemory_human", "0B".into()),
+        ("maxmemory_policy", "noeviction".into()),
+    ]
+}
+
+/// Bytes as Redis prints them for people (`1.50M`).
+fn human(bytes: u64) -> String {
+    let units = [("G", 1u64 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+    match units.iter().find(|(_, size)| bytes >= *size) {
+        Some((unit, size)) => format!("{:.2}{unit}", bytes as f64 / *size as f64),
+        None => format!("{bytes}B"),
+    }
+}
+
+/// What Linux says about this process (INFO memory and cpu).
+mod proc_self {
+    /// The resident set, in bytes.
+    pub fn rss_bytes() -> Option<u64> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * 4096)
+    }
+
+    /// CPU time used, user and system, in seconds (Linux counts in ticks of
+    /// 1/100 s).
+    pub fn cpu_seconds() -> Option<(f64, f64)> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may hold spaces), which ends
+        // at the last ')'.
+        let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks = |i: usize| rest.get(i)?.parse::<f64>().ok().map(|t| t / 100.0);
+        Some((ticks(11)?, ticks(12)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{sections, SECTIONS};
+    use crate::redis::cmd::args;
+
+    #[test]
+    fn all_or_everything_is_every_section() {
+        for words in [&["INFO", "all"][..], &["INFO", "stats", "Everything"]] {
+            assert_eq!(sections(&args(words)), SECTIONS, "{words:?}");
+        }
+    }
+
+    /// Redis's tests/unit/info-command.tcl, "info command with at most one
+    /// sub command": no argument and `default` leave out the per-command
+    /// sections (errorstats stays, as in Redis 7).
+    #[test]
+    fn no_section_or_default_is_every_section_but_commandstats_and_latencystats() {
+        let default: Vec<&str> = SECTIONS.into_iter().filter(|s| !matches!(*s, "commandstats" | "latencystats")).collect();
+        for words in [&["INFO"][..], &["info", "DEFAULT"]] {
+            assert_eq!(sections(&args(words)), default, "{words:?}");
+        }
+        assert!(default.contains(&"errorstats"));
+        let mut and_commandstats = sections(&args(&["INFO", "commandstats", "default"]));
+        and_commandstats.retain(|s| !default.contains(s));
+        assert_eq!(and_commandstats, ["commandstats"]);
+    }
+
+    #[test]
+    fn named_sections_in_any_case_print_in_info_order() {
+        assert_eq!(sections(&args(&["INFO", "Keyspace", "server", "STATS"])), ["server", "stats", "keyspace"]);
+        assert_eq!(sections(&args(&["INFO", "replication", "replication"])), ["replication"]);
+    }
+
+    #[test]
+    fn unknown_sections_are_skipped_not_errors() {
+        assert_eq!(sections(&args(&["INFO", "nosuch", "cpu"])), ["cpu"]);
+        assert!(sections(&args(&["INFO", "nosuch"])).is_empty());
+    }
+}

@@ -1,0 +1,297 @@
+//! One Redis client connection: read what the client sent, queue every
+//! complete command in the buffer on the session, answer them all in order,
+//! flush once (pipelining), repeat.
+//!
+//! The connection is a ChainReaction client proxy with one session: its
+//! `Driver` keeps the causal metadata a native client would keep itself, so
+//! an unmodified Redis client gets causal+ consistency per connection. The
+//! driver decides which of the queued requests may run together, deadlines,
+//! retries and when to look at the site again (`core/src/driver/mod.rs`);
+//! this file only moves messages: to peers, to this node's own state
+//! machine (handled in place, no hop) and back.
+
+use crate::redis::cmd::{self, Batch, Outcome, Responses};
+use crate::redis::stats::Call;
+use crate::runtime::server::{now_ms, Node};
+use bytes::BytesMut;
+use causeway_core::driver::{Driver, Progress, Request, Response};
+use causeway_core::error::Error;
+use causeway_core::message::{ClientId, Message};
+use causeway_resp::{Frame, Protocol, RequestDecoder};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Replies are written out once this much is buffered, even mid-pipeline,
+/// so one client cannot make the node buffer without bound.
+const MAX_PENDING_OUTPUT: usize = 1 << 20;
+/// At most this many commands of a pipeline are queued on the session at
+/// once; the rest are read after these are answered.
+const MAX_QUEUED: usize = 1024;
+
+type Answer = fn(&Node, Responses) -> Frame;
+
+/// A reply owed to the client, in command order, and what it counts toward
+/// in INFO once encoded.
+enum Owed {
+    Frame(Frame, Call),
+    /// A data command's reply, once the responses to its `requests` are in.
+    Answer {
+        requests: usize,
+        answer: Answer,
+        call: Call,
+    },
+}
+
+/// A connection's state, as commands see it.
+pub struct Conn {
+    pub node: Arc<Node>,
+    pub driver: Driver,
+    pub proto: Protocol,
+    pub authed: bool,
+    pub name: Option<String>,
+    replies: mpsc::UnboundedReceiver<Message>,
+    /// The driver's responses, in request order, not yet in a reply.
+    responses: VecDeque<Result<Response, Error>>,
+    owed: VecDeque<Owed>,
+    /// Encoded replies not yet written.
+    output: BytesMut,
+}
+
+impl Conn {
+    pub fn id(&self) -> ClientId {
+        self.driver.id()
+    }
+
+    /// Runs one request to completion, for commands that need a response
+    /// before they answer (INFO). Only after `settle`.
+    pub async fn run(&mut self, request: Request) -> Result<Response, Error> {
+        debug_assert!(self.owed.is_empty(), "run() after settle()");
+        let level = self.driver.consistency();
+        let now = now_ms();
+        let progress = self.driver.start_at(request, level, now);
+        self.apply(progress, now);
+        loop {
+            if let Some(response) = self.responses.pop_front() {
+                return response;
+            }
+            self.wait().await;
+        }
+    }
+
+    /// Waits until every queued command is answered; their replies are then
+    /// in the output buffer, and the session is as they left it.
+    pub async fn settle(&mut self) {
+        self.encode_ready();
+        while !self.owed.is_empty() {
+            self.wait().await;
+            self.encode_ready();
+        }
+    }
+
+    /// Queues a data command's requests on the session.
+    fn queue(&mut self, batch: Batch, call: Call) {
+        let level = batch.level.unwrap_or(self.driver.consistency());
+        if batch.requests.iter().any(|r| matches!(r, Request::MultiGet(_))) {
+            if let Some((site_time, _)) = self.node.geo_view() {
+                self.driver.observe_site_time(&site_time);
+            }
+        }
+        self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer, call });
+        let now = now_ms();
+        for request in batch.requests {
+            let progress = self.driver.start_at(request, level, now);
+            self.apply(progress, now);
+        }
+    }
+
+    /// Encodes the replies at the front whose responses are all in, and
+    /// counts them (their commands end now: one clock reading for them all).
+    fn encode_ready(&mut self) {
+        let mut now = None;
+        loop {
+            let (frame, call) = match self.owed.front() {
+                Some(Owed::Frame(..)) => match self.owed.pop_front() {
+                    Some(Owed::Frame(frame, call)) => (frame, call),
+                    _ => unreachable!("matched above"),
+                },
+                Some(&Owed::Answer { requests, answer, call }) if self.responses.len() >= requests => {
+                    self.owed.pop_front();
+                    (answer(&self.node, self.responses.drain(..requests)), call)
+                }
+                _ => return,
+            };
+            self.node.stats.replied(call, &frame, *now.get_or_insert_with(Instant::now));
+            frame.encode(self.proto, &mut self.output);
+        }
+    }
+
+    /// The session follows the node's configuration (a cheap local look).
+    fn follow_site(&mut self) {
+        let now = now_ms();
+        let progress = self.driver.reconfigured(self.node.topology(), now);
+        self.apply(progress, now);
+    }
+
+    /// Does what the driver asked: sends its messages (those for this node
+    /// are handled here and now, and their answers fed back at once),
+    /// reports nodes that cannot be reached, looks at the site when asked
+    /// to, and keeps the responses, in the order the driver gave them.
+    /// Everything in place takes no time worth reading the clock for again.
+    fn apply(&mut self, mut p: Progress, now: u64) {
+        let id = self.id();
+        loop {
+            self.responses.extend(p.done.drain(..));
+            let mut next = Progress::default();
+            if p.recheck {
+                merge(&mut next, self.driver.reconfigured(self.node.topology(), now));
+                for peer in self.node.down_peers() {
+                    merge(&mut next, self.driver.unreachable(peer, now));
+                }
+            }
+            if !p.send.is_empty() {
+                let (mine, undelivered) = self.node.route_sends(std::mem::take(&mut p.send), id);
+                for n in undelivered {
+                    merge(&mut next, self.driver.undeliverable(n, now));
+                }
+                for msg in mine {
+                    merge(&mut next, self.driver.on_message(msg, now));
+                }
+            }
+            if next.send.is_empty() && next.done.is_empty() && !next.recheck {
+                return;
+            }
+            p = next;
+        }
+    }
+
+    /// Waits for a reply or for the driver's next wake-up, and hands either
+    /// to the driver.
+    async fn wait(&mut self) {
+        let Some(wake_ms) = self.driver.next_wake() else { return };
+        let sleep = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        match tokio::time::timeout(sleep, self.replies.recv()).await {
+            Ok(Some(msg)) => {
+                let now = now_ms();
+                let progress = self.driver.on_message(msg, now);
+                self.apply(progress, now);
+                // Take what else arrived meanwhile without another wait.
+                while let Ok(msg) = self.replies.try_recv() {
+                    let progress = self.driver.on_message(msg, now);
+                    self.apply(progress, now);
+                }
+            }
+            Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
+            Err(_) => {}
+        }
+        let now = now_ms();
+        if self.driver.next_wake().is_some_and(|at| now >= at) {
+            let progress = self.driver.tick(now);
+            self.apply(progress, now);
+        }
+    }
+}
+
+/// Adds `p` to `into`, keeping the order of the responses (the driver's
+/// calls were made in that order).
+fn merge(into: &mut Progress, p: Progress) {
+    if into.send.is_empty() {
+        into.send = p.send;
+    } else {
+        into.send.extend(p.send);
+    }
+    if into.done.is_empty() {
+        into.done = p.done;
+    } else {
+        into.done.extend(p.done);
+    }
+    into.recheck |= p.recheck;
+}
+
+/// Serves one Redis client until it quits or disconnects.
+pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
+    let id = node.new_session();
+    let (tx, replies) = mpsc::unbounded_channel();
+    node.register(id, tx.clone());
+    let driver = Driver::new(id, node.topology(), Some(node.me), node.config.request_timeout_ms);
+    let authed = node.config.requirepass.is_none();
+    let mut conn = Conn {
+        node: node.clone(),
+        driver,
+        proto: Protocol::Resp2,
+        authed,
+        name: None,
+        replies,
+        responses: VecDeque::new(),
+        owed: VecDeque::new(),
+        output: BytesMut::with_capacity(16 * 1024),
+    };
+    let limits = node.limits.clone();
+    let mut input = BytesMut::with_capacity(16 * 1024);
+    let mut decoder = RequestDecoder::new();
+    'serve: loop {
+        conn.follow_site();
+        loop {
+            match decoder.decode(&mut input, &limits) {
+                Ok(Some(args)) if args.is_empty() => {}
+                Ok(Some(args)) => {
+                    node.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    match cmd::execute(&mut conn, args).await {
+                        (call, Outcome::Queue(batch)) => conn.queue(batch, call),
+                        (call, Outcome::Reply(frame)) => conn.owed.push_back(Owed::Frame(frame, call)),
+                        (call, Outcome::Close(frame)) => {
+                            // QUIT runs after every earlier command is answered.
+                            node.stats.replied(call, &frame, Instant::now());
+                            frame.encode(conn.proto, &mut conn.output);
+                            let _ = stream.write_all(&conn.output).await;
+                            break 'serve;
+                        }
+                    }
+                    conn.encode_ready();
+                    if conn.owed.len() >= MAX_QUEUED {
+                        conn.settle().await;
+                    }
+                    if conn.output.len() >= MAX_PENDING_OUTPUT {
+                        if stream.write_all(&conn.output).await.is_err() {
+                            break 'serve;
+                        }
+                        conn.output.clear();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // Like Redis: answer what came before, report the
+                    // protocol error and close.
+                    conn.settle().await;
+                    let frame = e.to_frame();
+                    node.stats.replied(Call::Unknown, &frame, Instant::now());
+                    frame.encode(conn.proto, &mut conn.output);
+                    let _ = stream.write_all(&conn.output).await;
+                    break 'serve;
+                }
+            }
+        }
+        conn.settle().await;
+        if !conn.output.is_empty() {
+            if stream.write_all(&conn.output).await.is_err() {
+                break;
+            }
+            conn.output.clear();
+        }
+        // A slow peer slows the clients that feed it.
+        node.wait_for_peers().await;
+        match stream.read_buf(&mut input).await {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    node.unregister(id, &tx);
+}
+
+/// The Redis error for a request the replicas did not complete.
+pub fn client_error(e: Error) -> Frame {
+    Frame::error(format!("ERR {e}"))
+}

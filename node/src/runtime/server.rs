@@ -1,0 +1,617 @@
+//! The node process: shared state, the accept loop, the ticker, and
+//! routing of the messages the protocol state machines produce.
+//!
+//! One port serves everyone. A connection whose first byte is
+//! `BINARY_MAGIC` is a peer node or a native client (`peer`); anything else
+//! is a Redis client (`conn`).
+
+use crate::config::NodeConfig;
+use crate::redis::conn;
+use crate::redis::stats::Stats;
+use crate::runtime::coordinator::{self, Coordinator};
+use crate::runtime::peer;
+use crate::runtime::peer::link::{Inbound, Link, Sent, SOFT_LIMIT};
+use crate::runtime::peer::wan::SiteLink;
+use crate::runtime::peer::Peer;
+use crate::runtime::wal::{Fsync, Wal};
+use ahash::AHashMap;
+use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
+use causeway_core::node::{self as core_node, Identity, Now};
+use causeway_core::ring::{NodeId, Topology};
+use causeway_core::version::{SiteId, VersionVector};
+use causeway_resp::Limits;
+use parking_lot::{Mutex, RwLock};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// How often the node state machine gets a tick (retransmissions,
+/// heartbeats), and how often when it is idle (every heartbeat).
+const TICK: Duration = Duration::from_millis(20);
+const IDLE_TICK: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT_MS);
+/// With several sites the tick also drives geo-replication (promises,
+/// reporters, the stabilizer: Eunomia batches about every millisecond),
+/// and remote visibility waits on it a few times over: 5 ms took the extra
+/// visibility delay from 60 to 17 ms (p50) on this machine (now 10). 2 ms
+/// and 1 ms take it to 6.5 and 5 ms, but under load nine nodes on two cores
+/// then spend 20-45% more CPU per operation (timer wakeups and batches
+/// sent, each tick): BENCHMARKS.md, session 11.
+const GEO_TICK: Duration = Duration::from_millis(5);
+
+/// Added to this process's wall clock: a clock fault, emulated
+/// (`CW.CLOCK SKEW`, `causeway torture --sites`).
+static SKEW_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Wall-clock milliseconds: the physical part of hybrid timestamps.
+pub fn now_ms() -> u64 {
+    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    (wall + SKEW_MS.load(Ordering::Relaxed)).max(0) as u64
+}
+
+/// Sets how far this node's wall clock is off (0: not at all).
+pub fn set_skew_ms(ms: i64) {
+    SKEW_MS.store(ms, Ordering::Relaxed);
+}
+
+/// Monotonic milliseconds since the process started: failure detection,
+/// timeouts and leases, which a wall-clock jump must not disturb.
+pub fn mono_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// Both clocks, for the node state machine.
+fn now() -> Now {
+    Now { wall_ms: now_ms(), mono_ms: mono_ms() }
+}
+
+/// A node's shared state: the node state machine (`causeway_core::node`)
+/// behind one lock, and the I/O around it.
+pub struct Node {
+    pub me: NodeId,
+    /// The protocol state. Log records are appended while it is held, so
+    /// they reach the log in the order the replicas produced them.
+    core: Mutex<core_node::Node>,
+    /// A copy of the configuration the core holds, for readers that must
+    /// not wait for the core lock.
+    topology: RwLock<Arc<Topology>>,
+    pub config: NodeConfig,
+    pub limits: Limits,
+    pub stats: Stats,
+    pub started: Instant,
+    /// One outbound connection per other node, added as nodes join.
+    peers: RwLock<AHashMap<NodeId, Link>>,
+    /// Where each peer's link stands on this side (frames taken).
+    inbound: Mutex<AHashMap<Peer, Arc<Inbound>>>,
+    /// One link per other site (geo-replication), through the emulated
+    /// wide-area network (`peer::wan`).
+    sites: AHashMap<SiteId, Arc<SiteLink>>,
+    /// The write-ahead log, when the node has a data directory.
+    wal: OnceLock<Wal>,
+    /// This node's coordinator member, if it is one of the coordinator nodes.
+    pub coordinator: OnceLock<Arc<Coordinator>>,
+    /// Where to deliver replies for sessions and native clients on this node.
+    clients: Mutex<AHashMap<ClientId, mpsc::UnboundedSender<Message>>>,
+    next_session: AtomicU64,
+    /// Wakes `flush_loop` once messages were stepped.
+    flush_wake: tokio::sync::Notify,
+}
+
+impl Node {
+    /// The configuration this node currently holds.
+    pub fn topology(&self) -> Arc<Topology> {
+        self.topology.read().clone()
+    }
+
+    /// Whether the coordinator has admitted this process (it serves).
+    pub fn is_admitted(&self) -> bool {
+        self.core.lock().is_admitted()
+    }
+
+    /// Whether this node may serve linearizable reads now.
+    pub fn has_lease(&self) -> bool {
+        self.core.lock().has_lease(mono_ms())
+    }
+
+    /// This process's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.core.lock().incarnation()
+    }
+
+    /// Runs the node state machine on one message (or a tick), makes its
+    /// log records durable in order, and returns what may be sent now (with
+    /// fsync=always the rest is sent by the log writer once synced).
+    fn step(&self, run: impl FnOnce(&mut core_node::Node, &mut Outbox)) -> Outbox {
+        let mut out = Outbox::new();
+        let mut core = self.core.lock();
+        let before = core.topology().epoch;
+        run(&mut core, &mut out);
+        let log = core.take_log();
+        let ticket = match self.wal.get() {
+            _ if log.is_empty() => None,
+            Some(w) => {
+                // Several sites: tails report only what is on disk.
+                w.append(core.logged(), &log, core.geo().is_some());
+                Some((w, core.logged()))
+            }
+            // No disk: nothing to wait for.
+            None => {
+                let logged = core.logged();
+                core.synced(logged, now_ms(), &mut out);
+                None
+            }
+        };
+        let adopted = (core.topology().epoch != before).then(|| core.topology().clone());
+        drop(core);
+        if let Some(t) = adopted {
+            self.adopted(t);
+        }
+        match ticket {
+            Some((wal, ticket)) => wal.after(ticket, out),
+            None => out,
+        }
+    }
+
+    /// The core moved to a new configuration: connect to new nodes, keep
+    /// it on disk, let readers see it.
+    fn adopted(&self, new: Arc<Topology>) {
+        let admitted = self.is_admitted();
+        tracing::info!(
+            "node {} moves to epoch {}{}",
+            self.me,
+            new.epoch,
+            if admitted { "" } else { " (not serving: waiting to be admitted)" }
+        );
+        {
+            let mut peers = self.peers.write();
+            for n in &new.nodes {
+                if n.id != self.me && !peers.contains_key(&n.id) {
+                    peers.insert(n.id, Link::spawn(self.me, n.addr.clone(), self.secret()));
+                }
+            }
+        }
+        if let Some(dir) = &self.config.data_dir {
+            if let Err(e) = save_topology(Path::new(dir), &new) {
+                tracing::error!("cannot save the configuration: {e}");
+            }
+        }
+        *self.topology.write() = new;
+    }
+
+    /// The cluster secret, for connections to other nodes.
+    pub fn secret(&self) -> Option<Arc<str>> {
+        self.config.cluster_secret.as_deref().map(Arc::from)
+    }
+
+    /// Peers this node cannot reach right now.
+    pub fn down_peers(&self) -> Vec<NodeId> {
+        self.peers.read().iter().filter(|(_, p)| p.is_down()).map(|(&n, _)| n).collect()
+    }
+
+    fn send_to_peer(&self, n: NodeId, msg: Message) {
+        match self.peers.read().get(&n) {
+            Some(p) => p.send(&msg),
+            None => tracing::debug!("dropping a message for unknown node {n}"),
+        }
+    }
+
+    /// Where peer `id`'s link stands on this side.
+    pub fn inbound(&self, id: Peer) -> Arc<Inbound> {
+        self.inbound.lock().entry(id).or_default().clone()
+    }
+
+    /// Waits, up to `MAX_STALL`, until no link to a member of the
+    /// configuration that is up is over its backlog's soft limit: a slow
+    /// peer slows the clients of this node instead of growing its memory.
+    /// Links to nodes that are down or not members do not hold clients back
+    /// (the driver routes around them, the coordinator removes them).
+    pub async fn wait_for_peers(&self) {
+        const MAX_STALL: Duration = Duration::from_secs(1);
+        let deadline = tokio::time::Instant::now() + MAX_STALL;
+        loop {
+            let topology = self.topology();
+            let full = self.peers.read().iter().find_map(|(&n, link)| {
+                (topology.node(n).is_some() && !link.is_down() && link.backlog() > SOFT_LIMIT).then(|| link.clone())
+            });
+            let Some(link) = full else { return };
+            if tokio::time::timeout_at(deadline, link.room()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Bytes queued for peers or not yet acknowledged by them.
+    pub fn peer_backlog(&self) -> usize {
+        self.peers.read().values().map(Link::backlog).sum()
+    }
+
+    /// Messages dropped because a peer's backlog was over its limit.
+    pub fn dropped_peer_messages(&self) -> u64 {
+        self.peers.read().values().map(Link::dropped).sum()
+    }
+
+    /// What this node queued for other nodes so far, of its site and of
+    /// others.
+    pub fn peer_sent(&self) -> Sent {
+        let mut sent = Sent::default();
+        for link in self.peers.read().values() {
+            sent.add(&link.sent());
+        }
+        for site in self.sites.values() {
+            sent.add(&site.sent());
+        }
+        sent
+    }
+
+    /// A fresh client id for a session on this node.
+    pub fn new_session(&self) -> ClientId {
+        session_id(self.me, self.next_session.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Registers where replies for `client` go; `unregister` when it leaves.
+    pub fn register(&self, client: ClientId, tx: mpsc::UnboundedSender<Message>) {
+        self.clients.lock().insert(client, tx);
+    }
+
+    /// Forgets `client`, unless it has registered again since on another
+    /// connection (`tx` tells which registration is ending).
+    pub fn unregister(&self, client: ClientId, tx: &mpsc::UnboundedSender<Message>) {
+        let mut clients = self.clients.lock();
+        if clients.get(&client).is_some_and(|t| t.same_channel(tx)) {
+            clients.remove(&client);
+        }
+    }
+
+    /// Delivers what a state machine produced: messages for this node are
+    /// handled here and now (no hop), messages for `local` are returned to
+    /// the caller, everything else goes to its peer or client connection.
+    pub fn route(&self, out: Outbox, local: Option<ClientId>) -> Vec<Message> {
+        let mut mine = Vec::new();
+        let mut queue: VecDeque<Envelope> = out.into();
+        while let Some(env) = queue.pop_front() {
+            match env.to {
+                Dest::Node(n) if n == self.me => match env.msg {
+                    Message::Heartbeat(beat) => {
+                        let from = beat.from;
+                        if let Some(lease) = self.coordinator.get().and_then(|c| c.heartbeat(beat)) {
+                            queue.push_back(Envelope { to: Dest::Node(from), msg: lease });
+                        }
+                    }
+                    msg => {
+                        queue.extend(self.step(|core, out| core.step(msg, now(), out)));
+                        // What the step holds back for its chains leaves
+                        // with the rest of the burst (`flush_loop`).
+                        self.flush_wake.notify_one();
+                    }
+                },
+                Dest::Node(n) => self.send_to_peer(n, env.msg),
+                Dest::Site(s) => {
+                    if let Some(link) = self.sites.get(&s) {
+                        link.send(env.msg);
+                    }
+                }
+                Dest::Client(c) if Some(c) == local => mine.push(env.msg),
+                Dest::Client(c) => match home_node(c) {
+                    Some(home) if home != self.me => self.send_to_peer(home, env.msg),
+                    // A client that left gets nothing: its request was abandoned.
+                    _ => {
+                        if let Some(tx) = self.clients.lock().get(&c) {
+                            let _ = tx.send(env.msg);
+                        }
+                    }
+                },
+            }
+        }
+        mine
+    }
+
+    /// A driver's sends, routed: the replies for `local` that were produced
+    /// right here, and the nodes that could not be sent to (their
+    /// connection is down, so those messages never left).
+    pub fn route_sends(&self, sends: Vec<(NodeId, Message)>, local: ClientId) -> (Vec<Message>, Vec<NodeId>) {
+        let mut undelivered = Vec::new();
+        let mut out = Vec::with_capacity(sends.len());
+        for (n, msg) in sends {
+            if n != self.me && self.peers.read().get(&n).is_none_or(|p| p.is_down()) {
+                undelivered.push(n);
+            } else {
+                out.push(Envelope { to: Dest::Node(n), msg });
+            }
+        }
+        (self.route(out, Some(local)), undelivered)
+    }
+
+    /// The write-ahead log, if the node keeps one.
+    pub fn wal(&self) -> Option<&Wal> {
+        self.wal.get()
+    }
+
+    /// Every replica this node holds, in brief.
+    pub fn digests(&self) -> Vec<(causeway_core::ring::PartitionId, causeway_core::chain::Digest)> {
+        let core = self.core.lock();
+        (0..core.topology().shape.partitions).filter_map(|p| Some((p, core.digest(p)?))).collect()
+    }
+
+    /// State transfers this node received: (only the updates a returning
+    /// replica missed, whole states).
+    pub fn transfers(&self) -> (u64, u64) {
+        self.core.lock().transfers()
+    }
+
+    /// Replicas on this node catching up after moving up a chain.
+    pub fn catching_up_replicas(&self) -> usize {
+        self.core.lock().catching_up_replicas()
+    }
+
+    /// The link to another site, if it is in the configuration.
+    pub fn site_link(&self, site: SiteId) -> Option<&Arc<SiteLink>> {
+        self.sites.get(&site)
+    }
+
+    /// Every link to another site, by site.
+    pub fn site_links(&self) -> Vec<Arc<SiteLink>> {
+        let mut links: Vec<Arc<SiteLink>> = self.sites.values().cloned().collect();
+        links.sort_by_key(|l| l.site);
+        links
+    }
+
+    /// With several sites, as this node knows: what this site has applied
+    /// of the others, and what each other site has applied of this one.
+    pub fn geo_view(&self) -> Option<(VersionVector, VersionVector)> {
+        if self.sites.is_empty() {
+            return None;
+        }
+        self.core.lock().geo().map(|g| (g.site_time().clone(), g.seen_by().clone()))
+    }
+
+    /// Runs `f` on the node state machine (read-only).
+    pub fn with_core<R>(&self, f: impl FnOnce(&core_node::Node) -> R) -> R {
+        f(&self.core.lock())
+    }
+
+    /// Replicas on this node still waiting for a state transfer.
+    pub fn joining_replicas(&self) -> usize {
+        self.core.lock().joining_replicas()
+    }
+}
+
+/// Starts a node and serves until `shutdown` resolves.
+pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    let mut topology = config.topology()?;
+    // A restarted node starts from the last configuration it adopted (it
+    // serves again only once the coordinator admits this incarnation).
+    if let Some(saved) = config.data_dir.as_ref().and_then(|d| load_topology(Path::new(d))) {
+        if saved.epoch > topology.epoch {
+            topology = saved;
+        }
+    }
+    if config.join && topology.epoch == 1 {
+        // Not a member of anything until the coordinator says so: epoch 0
+        // is older than any configuration it will push.
+        topology.epoch = 0;
+        topology.chains.iter_mut().for_each(|c| c.nodes.retain(|&n| n != config.id));
+    }
+    let listener = TcpListener::bind(&config.listen).await.map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let me = config.id;
+    // Every process start is a new incarnation; session ids must not repeat
+    // across restarts either (replicas remember each session's last write,
+    // and a new session reusing an old id would look like a resend).
+    let incarnation = random_u64() | 1;
+    let identity = Identity {
+        me,
+        site: config.site,
+        addr: config.listen.clone(),
+        incarnation,
+        coordinators: config.coordinators(),
+        sites: config.sites(),
+        replication: config.replication,
+    };
+    let secret: Option<Arc<str>> = config.cluster_secret.as_deref().map(Arc::from);
+    if secret.is_none() {
+        tracing::warn!("no --cluster-secret: connections from other nodes are not authenticated");
+    }
+    let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, Link::spawn(me, n.addr.clone(), secret.clone()))).collect();
+    let jitter = config.wan_jitter_ms;
+    let sites = config.remote_sites.iter().map(|s| (s.id, SiteLink::spawn(config.site, me, s, secret.clone(), jitter))).collect();
+    let node = Arc::new(Node {
+        me,
+        topology: RwLock::new(Arc::new(topology.clone())),
+        core: Mutex::new(core_node::Node::new(identity, topology)),
+        peers: RwLock::new(peers),
+        inbound: Mutex::new(AHashMap::new()),
+        sites,
+        coordinator: OnceLock::new(),
+        wal: OnceLock::new(),
+        limits: config.limits(),
+        config,
+        stats: Stats::default(),
+        started: Instant::now(),
+        clients: Mutex::new(AHashMap::new()),
+        next_session: AtomicU64::new(random_u64() >> 17),
+        flush_wake: tokio::sync::Notify::new(),
+    });
+    if let Some(dir) = &node.config.data_dir {
+        recover(&node, Path::new(dir))?;
+    }
+    tracing::info!("node {me} listening on {} (incarnation {incarnation:x}); serving once the coordinator admits it", node.config.listen);
+    let ticker = tokio::spawn(tick_loop(node.clone()));
+    let flusher = tokio::spawn(flush_loop(node.clone()));
+    let sampler = tokio::spawn(sample_loop(node.clone()));
+    let compaction = tokio::spawn(compact_loop(node.clone()));
+    coordinator::start(&node).await?;
+    tokio::select! {
+        _ = accept_loop(node.clone(), listener) => {}
+        _ = shutdown => tracing::info!("node {me} shutting down"),
+    }
+    ticker.abort();
+    flusher.abort();
+    sampler.abort();
+    compaction.abort();
+    if let Some(c) = node.coordinator.get() {
+        c.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Drives the node state machine's clock: retransmissions, heartbeats,
+/// expiry. An idle node (`core::node::Node::idle`) ticks only as often as
+/// it heartbeats: at rest it costs next to nothing.
+async fn tick_loop(node: Arc<Node>) {
+    let busy = if node.config.remote_sites.is_empty() { TICK } else { GEO_TICK };
+    loop {
+        let out = node.step(|core, out| core.tick(now(), out));
+        node.route(out, None);
+        let idle = node.with_core(|core| core.idle());
+        tokio::time::sleep(if idle { IDLE_TICK } else { busy }).await;
+    }
+}
+
+/// Sends what the steps of a burst held back (`core::node::Node::flush`).
+/// The runtime has one thread: this task runs once the tasks woken with it
+/// (connections and peers with input at hand) have all stepped theirs, so
+/// a burst's chain traffic for one neighbour leaves as one message per
+/// partition, in one write. It leaves once everything logged so far is
+/// durable (it may come from any earlier step).
+async fn flush_loop(node: Arc<Node>) {
+    loop {
+        node.flush_wake.notified().await;
+        let out = node.step(|core, out| core.flush(now_ms(), out));
+        let ticket = node.with_core(|core| core.logged());
+        let out = match node.wal.get() {
+            Some(wal) => wal.after(ticket, out),
+            None => out,
+        };
+        node.route(out, None);
+    }
+}
+
+/// Samples the command counter once a second (INFO's
+/// instantaneous_ops_per_sec), and gives freed memory back
+/// (`memory::release_freed`).
+async fn sample_loop(node: Arc<Node>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    let mut last = 0;
+    let mut peak = 0;
+    loop {
+        interval.tick().await;
+        crate::runtime::memory::release_freed(&mut peak);
+        let now = node.stats.commands.load(Ordering::Relaxed);
+        // CONFIG RESETSTAT may have set the counter back since.
+        node.stats.ops_per_sec.store(now.saturating_sub(last), Ordering::Relaxed);
+        last = now;
+    }
+}
+
+async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve(node.clone(), stream));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve(node: Arc<Node>, stream: TcpStream) {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0] == BINARY_MAGIC => peer::serve_inbound(node, stream).await,
+        Ok(1) => {
+            node.stats.connections.fetch_add(1, Ordering::Relaxed);
+            node.stats.total_connections.fetch_add(1, Ordering::Relaxed);
+            conn::serve(node.clone(), stream).await;
+            node.stats.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}
+
+/// Compacts the write-ahead log when it has grown past its limit: marks
+/// it and checkpoints every replica under the core lock (so no record falls
+/// between the two), and lets the writer swap the files (see `wal`).
+async fn compact_loop(node: Arc<Node>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        interval.tick().await;
+        let Some(wal) = node.wal.get() else { continue };
+        if wal.size() < node.config.wal_compact_bytes {
+            continue;
+        }
+        let checkpoint = {
+            let core = node.core.lock();
+            wal.mark();
+            core.checkpoint()
+        };
+        wal.compact(&checkpoint);
+        // Give the writer time to swap the files before looking again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Opens the write-ahead log and replays it into the node.
+fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
+    let policy: Fsync = node.config.fsync.parse()?;
+    let releaser = Arc::downgrade(node);
+    let (wal, records) = Wal::open(dir, policy, move |synced, then| {
+        if let Some(node) = releaser.upgrade() {
+            node.route(then, None);
+            let more = node.step(|core, out| {
+                let now = now_ms();
+                core.synced(synced, now, out);
+                core.flush(now, out);
+            });
+            node.route(more, None);
+        }
+    })?;
+    let report = node.core.lock().recover(records, wal.synced(), now_ms());
+    for (p, missing) in &report.gaps {
+        tracing::error!(
+            "node {}: the log of partition {p} has a gap at update {missing}; what follows is ignored and the node rejoins with a state transfer",
+            node.me
+        );
+    }
+    if !report.behind.is_empty() {
+        tracing::warn!(
+            "node {}: {} replicas were catching up when the node stopped; it rejoins with a state transfer (or, if nobody else has them, by log length)",
+            node.me,
+            report.behind.len()
+        );
+    }
+    if report.records > 0 {
+        tracing::info!("node {} recovered {} log records from {}", node.me, report.records, dir.display());
+    }
+    let _ = node.wal.set(wal);
+    Ok(())
+}
+
+const TOPOLOGY_FILE: &str = "topology.bin";
+
+fn save_topology(dir: &Path, t: &Topology) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let tmp = dir.join("topology.tmp");
+    std::fs::write(&tmp, causeway_core::wire::encode(t)).map_err(|e| e.to_string())?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, dir.join(TOPOLOGY_FILE)).map_err(|e| e.to_string())
+}
+
+fn load_topology(dir: &Path) -> Option<Topology> {
+    causeway_core::wire::decode(&std::fs::read(dir.join(TOPOLOGY_FILE)).ok()?).ok()
+}
+
+/// A random number from the standard library's per-process hash seed.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish()
+}

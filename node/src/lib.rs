@@ -15,4 +15,8 @@ pub mod redis;
 pub mod runtime;
 
 pub use config::NodeConfig;
-pub use runtime::server::run;
+
+/// Starts a node serving Redis clients, until `shutdown` resolves.
+pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    runtime::run(config, redis::Server::start, shutdown).await
+}

@@ -10,9 +10,10 @@
 //! this file only moves messages: to peers, to this node's own state
 //! machine (handled in place, no hop) and back.
 
-use crate::redis::cmd::{self, Batch, Outcome, Responses};
-use crate::redis::stats::Call;
-use crate::runtime::server::{now_ms, Node};
+use super::cmd::{self, Batch, Outcome, Responses};
+use super::server::Server;
+use super::stats::Call;
+use crate::runtime::Handle;
 use bytes::BytesMut;
 use causeway_core::driver::{Driver, Progress, Request, Response};
 use causeway_core::error::Error;
@@ -32,7 +33,7 @@ const MAX_PENDING_OUTPUT: usize = 1 << 20;
 /// once; the rest are read after these are answered.
 const MAX_QUEUED: usize = 1024;
 
-type Answer = fn(&Node, Responses) -> Frame;
+type Answer = fn(&Server, Responses) -> Frame;
 
 /// A reply owed to the client, in command order, and what it counts toward
 /// in INFO once encoded.
@@ -48,7 +49,8 @@ enum Owed {
 
 /// A connection's state, as commands see it.
 pub struct Conn {
-    pub node: Arc<Node>,
+    pub node: Handle,
+    pub server: Arc<Server>,
     pub driver: Driver,
     pub proto: Protocol,
     pub authed: bool,
@@ -71,7 +73,7 @@ impl Conn {
     pub async fn run(&mut self, request: Request) -> Result<Response, Error> {
         debug_assert!(self.owed.is_empty(), "run() after settle()");
         let level = self.driver.consistency();
-        let now = now_ms();
+        let now = self.server.clock.now_ms();
         let progress = self.driver.start_at(request, level, now);
         self.apply(progress, now);
         loop {
@@ -101,7 +103,7 @@ impl Conn {
             }
         }
         self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer, call });
-        let now = now_ms();
+        let now = self.server.clock.now_ms();
         for request in batch.requests {
             let progress = self.driver.start_at(request, level, now);
             self.apply(progress, now);
@@ -120,18 +122,18 @@ impl Conn {
                 },
                 Some(&Owed::Answer { requests, answer, call }) if self.responses.len() >= requests => {
                     self.owed.pop_front();
-                    (answer(&self.node, self.responses.drain(..requests)), call)
+                    (answer(&self.server, self.responses.drain(..requests)), call)
                 }
                 _ => return,
             };
-            self.node.stats.replied(call, &frame, *now.get_or_insert_with(Instant::now));
+            self.server.stats.replied(call, &frame, *now.get_or_insert_with(Instant::now));
             frame.encode(self.proto, &mut self.output);
         }
     }
 
     /// The session follows the node's configuration (a cheap local look).
     fn follow_site(&mut self) {
-        let now = now_ms();
+        let now = self.server.clock.now_ms();
         let progress = self.driver.reconfigured(self.node.topology(), now);
         self.apply(progress, now);
     }
@@ -153,7 +155,7 @@ impl Conn {
                 }
             }
             if !p.send.is_empty() {
-                let (mine, undelivered) = self.node.route_sends(std::mem::take(&mut p.send), id);
+                let (mine, undelivered) = self.node.submit(std::mem::take(&mut p.send), id);
                 for n in undelivered {
                     merge(&mut next, self.driver.undeliverable(n, now));
                 }
@@ -172,10 +174,10 @@ impl Conn {
     /// to the driver.
     async fn wait(&mut self) {
         let Some(wake_ms) = self.driver.next_wake() else { return };
-        let sleep = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        let sleep = Duration::from_millis(wake_ms.saturating_sub(self.server.clock.now_ms()));
         match tokio::time::timeout(sleep, self.replies.recv()).await {
             Ok(Some(msg)) => {
-                let now = now_ms();
+                let now = self.server.clock.now_ms();
                 let progress = self.driver.on_message(msg, now);
                 self.apply(progress, now);
                 // Take what else arrived meanwhile without another wait.
@@ -187,7 +189,7 @@ impl Conn {
             Ok(None) => unreachable!("the node holds the sender while the connection is registered"),
             Err(_) => {}
         }
-        let now = now_ms();
+        let now = self.server.clock.now_ms();
         if self.driver.next_wake().is_some_and(|at| now >= at) {
             let progress = self.driver.tick(now);
             self.apply(progress, now);
@@ -212,14 +214,15 @@ fn merge(into: &mut Progress, p: Progress) {
 }
 
 /// Serves one Redis client until it quits or disconnects.
-pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
+pub async fn serve(node: Handle, server: Arc<Server>, mut stream: TcpStream) {
     let id = node.new_session();
     let (tx, replies) = mpsc::unbounded_channel();
     node.register(id, tx.clone());
-    let driver = Driver::new(id, node.topology(), Some(node.me), node.config.request_timeout_ms);
-    let authed = node.config.requirepass.is_none();
+    let driver = Driver::new(id, node.topology(), Some(node.me()), node.config().request_timeout_ms);
+    let authed = node.config().requirepass.is_none();
     let mut conn = Conn {
         node: node.clone(),
+        server: server.clone(),
         driver,
         proto: Protocol::Resp2,
         authed,
@@ -229,7 +232,7 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
         owed: VecDeque::new(),
         output: BytesMut::with_capacity(16 * 1024),
     };
-    let limits = node.limits.clone();
+    let limits = server.limits.clone();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut decoder = RequestDecoder::new();
     'serve: loop {
@@ -238,13 +241,13 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
             match decoder.decode(&mut input, &limits) {
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
-                    node.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     match cmd::execute(&mut conn, args).await {
                         (call, Outcome::Queue(batch)) => conn.queue(batch, call),
                         (call, Outcome::Reply(frame)) => conn.owed.push_back(Owed::Frame(frame, call)),
                         (call, Outcome::Close(frame)) => {
                             // QUIT runs after every earlier command is answered.
-                            node.stats.replied(call, &frame, Instant::now());
+                            server.stats.replied(call, &frame, Instant::now());
                             frame.encode(conn.proto, &mut conn.output);
                             let _ = stream.write_all(&conn.output).await;
                             break 'serve;
@@ -267,7 +270,7 @@ pub async fn serve(node: Arc<Node>, mut stream: TcpStream) {
                     // protocol error and close.
                     conn.settle().await;
                     let frame = e.to_frame();
-                    node.stats.replied(Call::Unknown, &frame, Instant::now());
+                    server.stats.replied(Call::Unknown, &frame, Instant::now());
                     frame.encode(conn.proto, &mut conn.output);
                     let _ = stream.write_all(&conn.output).await;
                     break 'serve;

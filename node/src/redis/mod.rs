@@ -1,6 +1,56 @@
-//! The Redis front end: one client connection (`conn`), the commands
-//! (`cmd`), and the counters INFO shows (`stats`).
+//! The Redis front end: it serves Redis clients through the runtime's
+//! `Handle` and knows nothing else of the runtime.
+//!
+//! * `conn`: one client connection, a ChainReaction client proxy with one
+//!   session.
+//! * `cmd`: the commands, one file each (`CW.*` under `cmd/cw/`).
+//! * `server`: what the connections share: the clock, the counters, the
+//!   limits.
+//! * `stats`: the counters INFO shows, per command and per error.
 
 pub mod cmd;
 pub mod conn;
+mod server;
 pub mod stats;
+
+pub use server::Server;
+
+use crate::runtime::{Frontend, Handle};
+use stats::Stats;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+impl Server {
+    /// The front end of the node behind `node`, and its sampler.
+    pub fn start(node: &Handle) -> Arc<Server> {
+        let server = Arc::new(Server { clock: node.clock(), stats: Stats::new(cmd::row_count()), limits: node.config().limits() });
+        tokio::spawn(sample_loop(Arc::downgrade(&server)));
+        server
+    }
+}
+
+impl Frontend for Server {
+    async fn serve(self: Arc<Self>, node: Handle, stream: TcpStream) {
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        self.stats.total_connections.fetch_add(1, Ordering::Relaxed);
+        conn::serve(node, self.clone(), stream).await;
+        self.stats.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Samples the command counter once a second (INFO's
+/// instantaneous_ops_per_sec), while the front end lives.
+async fn sample_loop(server: Weak<Server>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    let mut last = 0;
+    loop {
+        interval.tick().await;
+        let Some(server) = server.upgrade() else { return };
+        let now = server.stats.commands.load(Ordering::Relaxed);
+        // CONFIG RESETSTAT may have set the counter back since.
+        server.stats.ops_per_sec.store(now.saturating_sub(last), Ordering::Relaxed);
+        last = now;
+    }
+}

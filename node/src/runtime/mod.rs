@@ -1,11 +1,93 @@
-//! The node: its shared state and loops (`server`), peer links (`peer`),
-//! the write-ahead log (`wal`), the coordinator member (`coordinator`),
-//! inter-node authentication (`auth`), and the counting allocator behind
-//! INFO's `used_memory` (`memory`).
+//! The runtime: the node itself, with no idea of Redis.
+//!
+//! * `server`: the node's shared state (the node state machine,
+//!   `causeway_core::node`, behind one lock), its ticker and flusher, and
+//!   routing of the messages the state machine produces.
+//! * `peer`: binary connections to and from the other nodes of the site
+//!   (and other sites), and from native clients.
+//! * `wal`: the write-ahead log and recovery.
+//! * `coordinator`: the coordinator member on the first three nodes.
+//! * `clock`, `memory`, `auth`: the node's clocks, the counting allocator
+//!   behind INFO's `used_memory`, inter-node authentication.
+//! * `handle`: all a front end may use of the above.
+//!
+//! One port serves everyone (`run`). A connection whose first byte is
+//! `BINARY_MAGIC` is a peer node or a native client (`peer`); anything else
+//! goes to the front end, with a `Handle`.
 
 pub mod auth;
-pub mod coordinator;
+mod clock;
+mod coordinator;
+mod handle;
 pub mod memory;
-pub mod peer;
-pub mod server;
-pub mod wal;
+mod peer;
+mod server;
+mod wal;
+
+pub use clock::Clock;
+pub use handle::{CoordinatorStatus, GeoStatus, Handle, LinkState, SiteStatus, Status, WalStatus};
+
+use crate::config::NodeConfig;
+use causeway_core::message::BINARY_MAGIC;
+use server::Node;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+
+/// What serves the clients that are not binary: the Redis front end
+/// (`crate::redis`). The runtime hands it each such connection with the
+/// node's handle.
+pub trait Frontend: Send + Sync + 'static {
+    /// Serves one client until it leaves.
+    fn serve(self: Arc<Self>, node: Handle, stream: TcpStream) -> impl Future<Output = ()> + Send;
+}
+
+/// Starts a node, with the front end `frontend` makes (given the node's
+/// handle), and serves until `shutdown` resolves.
+pub async fn run<F: Frontend>(
+    config: NodeConfig,
+    frontend: impl FnOnce(&Handle) -> Arc<F>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let (node, listener, loops) = server::start(config).await?;
+    let me = node.me;
+    coordinator::start(&node).await?;
+    let frontend = frontend(&Handle::new(node.clone()));
+    tokio::select! {
+        _ = accept_loop(node.clone(), frontend, listener) => {}
+        _ = shutdown => tracing::info!("node {me} shutting down"),
+    }
+    for task in loops {
+        task.abort();
+    }
+    if let Some(c) = node.coordinator.get() {
+        c.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn accept_loop<F: Frontend>(node: Arc<Node>, frontend: Arc<F>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve(node.clone(), frontend.clone(), stream));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve<F: Frontend>(node: Arc<Node>, frontend: Arc<F>, stream: TcpStream) {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0] == BINARY_MAGIC => peer::serve_inbound(node, stream).await,
+        Ok(1) => frontend.serve(Handle::new(node), stream).await,
+        _ => {}
+    }
+}

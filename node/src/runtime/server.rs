@@ -1,32 +1,25 @@
-//! The node process: shared state, the accept loop, the ticker, and
-//! routing of the messages the protocol state machines produce.
-//!
-//! One port serves everyone. A connection whose first byte is
-//! `BINARY_MAGIC` is a peer node or a native client (`peer`); anything else
-//! is a Redis client (`conn`).
+//! The node process: shared state, the ticker, and routing of the
+//! messages the protocol state machines produce.
 
+use super::clock::{mono_ms, now_ms};
 use crate::config::NodeConfig;
-use crate::redis::conn;
-use crate::redis::stats::Stats;
-use crate::runtime::coordinator::{self, Coordinator};
-use crate::runtime::peer;
+use crate::runtime::coordinator::Coordinator;
 use crate::runtime::peer::link::{Inbound, Link, Sent, SOFT_LIMIT};
 use crate::runtime::peer::wan::SiteLink;
 use crate::runtime::peer::Peer;
 use crate::runtime::wal::{Fsync, Wal};
 use ahash::AHashMap;
-use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox, BINARY_MAGIC};
+use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox};
 use causeway_core::node::{self as core_node, Identity, Now};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::version::{SiteId, VersionVector};
-use causeway_resp::Limits;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 /// How often the node state machine gets a tick (retransmissions,
@@ -41,28 +34,6 @@ const IDLE_TICK: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT
 /// then spend 20-45% more CPU per operation (timer wakeups and batches
 /// sent, each tick): BENCHMARKS.md, session 11.
 const GEO_TICK: Duration = Duration::from_millis(5);
-
-/// Added to this process's wall clock: a clock fault, emulated
-/// (`CW.CLOCK SKEW`, `causeway torture --sites`).
-static SKEW_MS: AtomicI64 = AtomicI64::new(0);
-
-/// Wall-clock milliseconds: the physical part of hybrid timestamps.
-pub fn now_ms() -> u64 {
-    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-    (wall + SKEW_MS.load(Ordering::Relaxed)).max(0) as u64
-}
-
-/// Sets how far this node's wall clock is off (0: not at all).
-pub fn set_skew_ms(ms: i64) {
-    SKEW_MS.store(ms, Ordering::Relaxed);
-}
-
-/// Monotonic milliseconds since the process started: failure detection,
-/// timeouts and leases, which a wall-clock jump must not disturb.
-pub fn mono_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64
-}
 
 /// Both clocks, for the node state machine.
 fn now() -> Now {
@@ -80,8 +51,6 @@ pub struct Node {
     /// not wait for the core lock.
     topology: RwLock<Arc<Topology>>,
     pub config: NodeConfig,
-    pub limits: Limits,
-    pub stats: Stats,
     pub started: Instant,
     /// One outbound connection per other node, added as nodes join.
     peers: RwLock<AHashMap<NodeId, Link>>,
@@ -379,8 +348,10 @@ impl Node {
     }
 }
 
-/// Starts a node and serves until `shutdown` resolves.
-pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+/// Starts a node: binds its port, builds its state (recovered from its
+/// log) and starts its loops. The caller serves the port and aborts the
+/// loops when it stops (`runtime::run`).
+pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio::task::JoinHandle<()>; 4]), String> {
     let mut topology = config.topology()?;
     // A restarted node starts from the last configuration it adopted (it
     // serves again only once the coordinator admits this incarnation).
@@ -426,9 +397,7 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
         sites,
         coordinator: OnceLock::new(),
         wal: OnceLock::new(),
-        limits: config.limits(),
         config,
-        stats: Stats::default(),
         started: Instant::now(),
         clients: Mutex::new(AHashMap::new()),
         next_session: AtomicU64::new(random_u64() >> 17),
@@ -440,21 +409,9 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     tracing::info!("node {me} listening on {} (incarnation {incarnation:x}); serving once the coordinator admits it", node.config.listen);
     let ticker = tokio::spawn(tick_loop(node.clone()));
     let flusher = tokio::spawn(flush_loop(node.clone()));
-    let sampler = tokio::spawn(sample_loop(node.clone()));
+    let sampler = tokio::spawn(sample_loop());
     let compaction = tokio::spawn(compact_loop(node.clone()));
-    coordinator::start(&node).await?;
-    tokio::select! {
-        _ = accept_loop(node.clone(), listener) => {}
-        _ = shutdown => tracing::info!("node {me} shutting down"),
-    }
-    ticker.abort();
-    flusher.abort();
-    sampler.abort();
-    compaction.abort();
-    if let Some(c) = node.coordinator.get() {
-        c.shutdown().await;
-    }
-    Ok(())
+    Ok((node, listener, [ticker, flusher, sampler, compaction]))
 }
 
 /// Drives the node state machine's clock: retransmissions, heartbeats,
@@ -489,50 +446,13 @@ async fn flush_loop(node: Arc<Node>) {
     }
 }
 
-/// Samples the command counter once a second (INFO's
-/// instantaneous_ops_per_sec), and gives freed memory back
-/// (`memory::release_freed`).
-async fn sample_loop(node: Arc<Node>) {
+/// Gives freed memory back once a second (`memory::release_freed`).
+async fn sample_loop() {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
-    let mut last = 0;
     let mut peak = 0;
     loop {
         interval.tick().await;
         crate::runtime::memory::release_freed(&mut peak);
-        let now = node.stats.commands.load(Ordering::Relaxed);
-        // CONFIG RESETSTAT may have set the counter back since.
-        node.stats.ops_per_sec.store(now.saturating_sub(last), Ordering::Relaxed);
-        last = now;
-    }
-}
-
-async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve(node.clone(), stream));
-            }
-            Err(e) => {
-                // Out of file descriptors and the like: back off, keep serving.
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-async fn serve(node: Arc<Node>, stream: TcpStream) {
-    let mut first = [0u8; 1];
-    match stream.peek(&mut first).await {
-        Ok(1) if first[0] == BINARY_MAGIC => peer::serve_inbound(node, stream).await,
-        Ok(1) => {
-            node.stats.connections.fetch_add(1, Ordering::Relaxed);
-            node.stats.total_connections.fetch_add(1, Ordering::Relaxed);
-            conn::serve(node.clone(), stream).await;
-            node.stats.connections.fetch_sub(1, Ordering::Relaxed);
-        }
-        _ => {}
     }
 }
 

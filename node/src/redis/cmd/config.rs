@@ -24,7 +24,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         "GET" => Frame::Map(Vec::new()),
         "SET" => Frame::error("ERR CONFIG SET is not supported: Causeway is configured by flags or its TOML file"),
         "RESETSTAT" => {
-            conn.node.stats.reset();
+            conn.server.stats.reset();
             Frame::ok()
         }
         other => unreachable!("CONFIG {other} is not in SUBCOMMANDS"),

@@ -5,12 +5,13 @@
 
 use super::{only, Batch};
 use crate::redis::conn::client_error;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
 
 /// One count over every partition.
-pub fn parse(_args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(_args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     Batch::new(vec![Request::Count], |_, responses| match only(responses) {
         Ok(Response::Count(k)) => Frame::Integer(k.keys as i64),
         Ok(other) => unreachable!("DBSIZE answered {other:?}"),

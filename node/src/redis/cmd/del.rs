@@ -5,13 +5,14 @@
 //! (the other keys are still tried). Without a key: the arity error.
 
 use super::{count, own, Batch};
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_core::message::Change;
 use causeway_resp::Frame;
 
 /// One conditional delete per key, in order.
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     let requests = args[1..].iter().map(|key| Request::Put { key: own(key), change: Change::delete() });
     Batch::new(requests.collect(), |_, responses| count(responses, |r| matches!(r, Response::Written(true))))
 }

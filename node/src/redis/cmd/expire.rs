@@ -17,14 +17,14 @@
 
 use super::{integer, only, own, upper, Batch};
 use crate::redis::conn::client_error;
-use crate::runtime::server::now_ms;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_core::message::{Change, Condition, Expiry, NewValue};
 use causeway_resp::Frame;
 
 /// EXPIRE, PEXPIRE, EXPIREAT or PEXPIREAT (`args[0]`).
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
     // The options first, then the number, in Redis's order: a bad option
     // is the error even when the number is bad too.
@@ -53,7 +53,7 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     };
     let invalid = || Frame::error(format!("ERR invalid expire time in '{name}' command"));
     let ms = if seconds { when.checked_mul(1000).ok_or_else(invalid)? } else { when };
-    let base = if absolute { 0 } else { now_ms() as i64 };
+    let base = if absolute { 0 } else { clock.now_ms() as i64 };
     let at = ms.checked_add(base).ok_or_else(invalid)?;
     // GT already needs an expiry (none counts as never); LT with XX needs
     // one too, LT alone does not.
@@ -75,7 +75,7 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
 }
 
 /// PERSIST key: the key's expiry removed, if it has one.
-pub fn persist(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn persist(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     let change = Change { value: NewValue::Keep, expiry: Expiry::Never, condition: Condition::IfExpiry, get: false };
     Batch::new(vec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
         Ok(Response::Written(written)) => Frame::Integer(written as i64),

@@ -6,12 +6,13 @@
 
 use super::{only, syntax_error, upper, Batch};
 use crate::redis::conn::client_error;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::Request;
 use causeway_resp::Frame;
 
 /// ASYNC and SYNC are accepted, as clients send them, and do the same.
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     if args.len() > 2 || args.get(1).is_some_and(|a| !matches!(upper(a).as_str(), "ASYNC" | "SYNC")) {
         return Err(syntax_error());
     }

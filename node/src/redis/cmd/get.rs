@@ -6,20 +6,21 @@
 
 use super::{only, own, Batch};
 use crate::redis::conn::client_error;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// GET key: one read on the session.
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
-    Batch::new(vec![Request::Get(own(&args[1]))], |node, responses| match only(responses) {
+pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
+    Batch::new(vec![Request::Get(own(&args[1]))], |server, responses| match only(responses) {
         Ok(Response::Read { value: Some(v), .. }) => {
-            node.stats.keyspace_hits.fetch_add(1, Relaxed);
+            server.stats.keyspace_hits.fetch_add(1, Relaxed);
             Frame::Bulk(v)
         }
         Ok(_) => {
-            node.stats.keyspace_misses.fetch_add(1, Relaxed);
+            server.stats.keyspace_misses.fetch_add(1, Relaxed);
             Frame::Null
         }
         Err(e) => client_error(e),

@@ -11,12 +11,13 @@
 
 use super::{expiry_in, only, own, syntax_error, upper, Batch};
 use crate::redis::conn::client_error;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_core::message::{Change, Condition, Expiry, NewValue};
 use causeway_resp::Frame;
 
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let key = own(&args[1]);
     // The option given, if any, with its number (none for PERSIST): the
     // same one may repeat (the last counts), two may not, as Redis's
@@ -40,7 +41,7 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     let expiry = match option {
         None => None,
         Some((_, None)) => Some(Expiry::Never),
-        Some((unit, Some(n))) => Some(expiry_in(&unit, n, "getex")?),
+        Some((unit, Some(n))) => Some(expiry_in(&unit, n, "getex", clock)?),
     };
     let Some(expiry) = expiry else {
         return Batch::new(vec![Request::Get(key)], |_, responses| match only(responses) {

@@ -27,7 +27,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
                 if args[i + 1].as_ref() != b"default" {
                     return Frame::error("WRONGPASS invalid username-password pair or user is disabled.").into();
                 }
-                if conn.node.config.requirepass.is_some() {
+                if conn.node.config().requirepass.is_some() {
                     if let Some(err) = check_password(conn, &args[i + 2]) {
                         return err.into();
                     }

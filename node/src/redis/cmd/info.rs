@@ -26,7 +26,7 @@
 use super::Outcome;
 use crate::redis::conn::Conn;
 use crate::redis::stats::{at_percentile, Stats};
-use crate::runtime::server::now_ms;
+use crate::runtime::Status;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
@@ -58,6 +58,7 @@ const NOT_DEFAULT: [&str; 2] = ["commandstats", "latencystats"];
 const PERCENTILES: [(&str, f64); 3] = [("p50", 50.0), ("p99", 99.0), ("p99.9", 99.9)];
 
 pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+    let status = conn.node.status();
     let mut text = String::new();
     for section in sections(&args) {
         if !text.is_empty() {
@@ -66,19 +67,19 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         let mut title = section.to_string();
         title[..1].make_ascii_uppercase();
         text.push_str(&format!("# {title}\r\n"));
-        let stats = &conn.node.stats;
+        let stats = &conn.server.stats;
         match section {
             "commandstats" => commandstats(stats, &mut text),
             "errorstats" => errorstats(stats, &mut text),
             "latencystats" => latencystats(stats, &mut text),
             _ => {
-                for (k, v) in section_fields(conn, section).await {
+                for (k, v) in section_fields(conn, &status, section).await {
                     text.push_str(&format!("{k}:{v}\r\n"));
                 }
             }
         }
         if section == "geo" {
-            for (k, v) in super::cw::sites::fields(&conn.node) {
+            for (k, v) in super::cw::sites::fields(conn.node.config(), status.geo.as_ref(), conn.server.clock.now_ms()) {
                 text.push_str(&format!("{k}:{v}\r\n"));
             }
         }
@@ -132,51 +133,50 @@ fn latencystats(stats: &Stats, text: &mut String) {
     }
 }
 
-async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, String)> {
-    let node = conn.node.clone();
+async fn section_fields(conn: &mut Conn, status: &Status, section: &str) -> Vec<(&'static str, String)> {
+    let server = conn.server.clone();
     let stat = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
     match section {
         "server" => vec![
             ("redis_version", "7.0.0".into()),
             ("causeway_version", env!("CARGO_PKG_VERSION").into()),
             ("process_id", std::process::id().to_string()),
-            ("node_id", node.me.to_string()),
-            ("tcp_port", node.config.listen.rsplit(':').next().unwrap_or("").into()),
-            ("uptime_in_seconds", node.started.elapsed().as_secs().to_string()),
+            ("node_id", status.me.to_string()),
+            ("tcp_port", conn.node.config().listen.rsplit(':').next().unwrap_or("").into()),
+            ("uptime_in_seconds", status.uptime.as_secs().to_string()),
         ],
-        "clients" => vec![("connected_clients", stat(&node.stats.connections))],
-        "memory" => memory_fields(&node),
+        "clients" => vec![("connected_clients", stat(&server.stats.connections))],
+        "memory" => memory_fields(status),
         "cpu" => {
             let (user, sys) = proc_self::cpu_seconds().unwrap_or_default();
             vec![("used_cpu_sys", format!("{sys:.6}")), ("used_cpu_user", format!("{user:.6}"))]
         }
         "stats" => vec![
-            ("total_connections_received", stat(&node.stats.total_connections)),
-            ("total_commands_processed", stat(&node.stats.commands)),
-            ("instantaneous_ops_per_sec", stat(&node.stats.ops_per_sec)),
-            ("keyspace_hits", stat(&node.stats.keyspace_hits)),
-            ("keyspace_misses", stat(&node.stats.keyspace_misses)),
-            ("total_error_replies", node.stats.errors().total.to_string()),
-            ("expired_keys", node.with_core(|c| c.expired_keys()).to_string()),
+            ("total_connections_received", stat(&server.stats.total_connections)),
+            ("total_commands_processed", stat(&server.stats.commands)),
+            ("instantaneous_ops_per_sec", stat(&server.stats.ops_per_sec)),
+            ("keyspace_hits", stat(&server.stats.keyspace_hits)),
+            ("keyspace_misses", stat(&server.stats.keyspace_misses)),
+            ("total_error_replies", server.stats.errors().total.to_string()),
+            ("expired_keys", status.expired_keys.to_string()),
         ],
-        "persistence" => match node.wal() {
+        "persistence" => match &status.wal {
             Some(wal) => vec![
                 ("aof_enabled", "1".into()),
-                ("aof_fsync", wal.policy().into()),
-                ("aof_current_size", wal.size().to_string()),
-                ("aof_last_fsync_ms_ago", now_ms().saturating_sub(wal.last_sync_ms()).to_string()),
+                ("aof_fsync", wal.fsync.into()),
+                ("aof_current_size", wal.bytes.to_string()),
+                ("aof_last_fsync_ms_ago", server.clock.now_ms().saturating_sub(wal.last_sync_ms).to_string()),
             ],
             None => vec![("aof_enabled", "0".into())],
         },
         "replication" => {
-            let topology = node.topology();
-            let causeway_core::ring::Roles { head, middle, tail } = topology.roles(node.me);
-            let (suffixes, whole) = node.transfers();
-            let sent = node.peer_sent();
+            let topology = &status.topology;
+            let causeway_core::ring::Roles { head, middle, tail } = topology.roles(status.me);
+            let sent = &status.peer_sent;
             vec![
                 ("role", "master".into()),
-                ("serving", if node.is_admitted() { "yes" } else { "no" }.into()),
-                ("lease", if node.has_lease() { "held" } else { "none" }.into()),
+                ("serving", if status.admitted { "yes" } else { "no" }.into()),
+                ("lease", if status.lease { "held" } else { "none" }.into()),
                 ("epoch", topology.epoch.to_string()),
                 ("partitions", topology.shape.partitions.to_string()),
                 ("replicas", topology.shape.replicas.to_string()),
@@ -185,13 +185,13 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
                 ("middle_of", middle.to_string()),
                 ("tail_of", tail.to_string()),
                 ("consistency", conn.driver.consistency().to_string()),
-                ("peer_backlog_bytes", node.peer_backlog().to_string()),
-                ("peer_dropped_messages", node.dropped_peer_messages().to_string()),
+                ("peer_backlog_bytes", status.peer_backlog.to_string()),
+                ("peer_dropped_messages", status.peer_dropped.to_string()),
                 ("peer_messages_sent", sent.messages().to_string()),
                 ("peer_bytes_sent", sent.bytes.to_string()),
                 ("peer_messages_by_kind", sent.kinds.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(",")),
-                ("state_transfers_suffix", suffixes.to_string()),
-                ("state_transfers_whole", whole.to_string()),
+                ("state_transfers_suffix", status.suffix_transfers.to_string()),
+                ("state_transfers_whole", status.whole_transfers.to_string()),
             ]
         }
         "keyspace" => match conn.run(Request::Count).await {
@@ -204,17 +204,17 @@ async fn section_fields(conn: &mut Conn, section: &str) -> Vec<(&'static str, St
 }
 
 /// INFO memory (and MEMORY STATS): `used_memory` is what the allocator
-/// holds for this process (`crate::runtime::memory`; the resident set if the
+/// holds for this process (`Status::allocated`; the resident set if the
 /// counting allocator is not installed), `used_memory_rss` what Linux
 /// says is resident, `used_memory_dataset` what the replicas' stores take,
 /// `mem_fragmentation_ratio` the one over the other, as Redis has them.
-pub fn memory_fields(node: &crate::runtime::server::Node) -> Vec<(&'static str, String)> {
+pub fn memory_fields(status: &Status) -> Vec<(&'static str, String)> {
     let rss = proc_self::rss_bytes().unwrap_or(0);
-    let used = match crate::runtime::memory::allocated() {
+    let used = match status.allocated {
         0 => rss,
         n => n,
     };
-    let dataset = node.with_core(|c| c.store_memory()) as u64;
+    let dataset = status.store_bytes as u64;
     vec![
         ("used_memory", used.to_string()),
         ("used_memory_human", human(used)),

@@ -33,7 +33,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
             }
         }
         "STATS" => {
-            let fields = super::info::memory_fields(&conn.node);
+            let fields = super::info::memory_fields(&conn.node.status());
             Frame::Array(fields.into_iter().flat_map(|(k, v)| [Frame::Bulk(Bytes::from(k)), Frame::Bulk(Bytes::from(v))]).collect())
         }
         "HELP" => Frame::Array(

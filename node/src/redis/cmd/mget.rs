@@ -5,13 +5,14 @@
 
 use super::{only, own, Batch};
 use crate::redis::conn::client_error;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
 
 /// One get-transaction, not one read per key, so the values form a
 /// causally consistent snapshot (ChainReaction §3.5).
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     let keys = args[1..].iter().map(own).collect();
     Batch::new(vec![Request::MultiGet(keys)], |_, responses| match only(responses) {
         Ok(Response::Values(values)) => Frame::Array(values.into_iter().map(|v| v.map_or(Frame::Null, Frame::Bulk)).collect()),

@@ -13,7 +13,7 @@
 //! `parse` turns the arguments into requests for the connection's session
 //! and says how to answer from the responses, so a pipelined batch is
 //! queued on the session at once (`conn.rs`), and parsing needs no socket
-//! or node. Every other command (`Handler::Now`) runs once the commands
+//! or node, only the clock (for expiries relative to now). Every other command (`Handler::Now`) runs once the commands
 //! before it have been answered, so it sees the session as they left it
 //! (CW.SESSION EXPORT, HELLO, ...).
 
@@ -42,9 +42,10 @@ mod setex;
 mod time;
 mod ttl;
 
-use crate::redis::conn::{client_error, Conn};
-use crate::redis::stats::{Call, Row};
-use crate::runtime::server::Node;
+use super::conn::{client_error, Conn};
+use super::server::Server;
+use super::stats::{Call, Row};
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Consistency, Request, Response};
 use causeway_core::error::Error;
@@ -71,11 +72,11 @@ pub struct Batch {
     pub requests: Vec<Request>,
     /// The level of these requests alone (CW.WITH), else the session's.
     pub level: Option<Consistency>,
-    pub answer: fn(&Node, Responses) -> Frame,
+    pub answer: fn(&Server, Responses) -> Frame,
 }
 
 impl Batch {
-    fn new(requests: Vec<Request>, answer: fn(&Node, Responses) -> Frame) -> Result<Batch, Frame> {
+    fn new(requests: Vec<Request>, answer: fn(&Server, Responses) -> Frame) -> Result<Batch, Frame> {
         Ok(Batch { requests, level: None, answer })
     }
 }
@@ -92,7 +93,7 @@ pub enum Handler {
     /// Runs once every earlier command of the connection is answered.
     Now(Now),
     /// A data command: its requests (or an error reply, for bad arguments).
-    Queue(fn(&[Bytes]) -> Result<Batch, Frame>),
+    Queue(fn(&[Bytes], Clock) -> Result<Batch, Frame>),
 }
 
 /// A command: its name, arity as Redis states it (negative: at least that
@@ -217,7 +218,7 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
     }
     let call = Call::Ran(row, Instant::now());
     let outcome = match cmd.handler {
-        Handler::Queue(parse) => match parse(&args) {
+        Handler::Queue(parse) => match parse(&args, conn.server.clock) {
             Ok(batch) => Outcome::Queue(batch),
             Err(e) => e.into(),
         },
@@ -301,7 +302,7 @@ fn integer(arg: &[u8]) -> Result<i64, Frame> {
 /// An expiry option of SET, SETEX, PSETEX or GETEX (`unit`: EX, PX, EXAT or
 /// PXAT) and its number, as Redis 7 checks it: positive, and its instant
 /// within range; else `ERR invalid expire time in '<command>' command`.
-fn expiry_in(unit: &str, arg: &[u8], command: &str) -> Result<causeway_core::message::Expiry, Frame> {
+fn expiry_in(unit: &str, arg: &[u8], command: &str, clock: Clock) -> Result<causeway_core::message::Expiry, Frame> {
     use causeway_core::message::Expiry;
     let n = integer(arg)?;
     let invalid = || Frame::error(format!("ERR invalid expire time in '{command}' command"));
@@ -313,7 +314,7 @@ fn expiry_in(unit: &str, arg: &[u8], command: &str) -> Result<causeway_core::mes
     .ok_or_else(invalid)?;
     match unit {
         "EX" | "PX" => {
-            (ms as u64).checked_add(crate::runtime::server::now_ms()).filter(|&at| at <= i64::MAX as u64).ok_or_else(invalid)?;
+            (ms as u64).checked_add(clock.now_ms()).filter(|&at| at <= i64::MAX as u64).ok_or_else(invalid)?;
             Ok(Expiry::After(ms as u64))
         }
         _ => Ok(Expiry::At(ms as u64)),
@@ -364,7 +365,7 @@ fn queue(words: &[&str]) -> Result<Batch, Frame> {
     let cmd = lookup(&args[0]).expect("a known command");
     let Handler::Queue(parse) = cmd.handler else { panic!("{} is not a data command", cmd.name) };
     check_arity(cmd, &args)?;
-    parse(&args)
+    parse(&args, Clock::default())
 }
 
 #[cfg(test)]

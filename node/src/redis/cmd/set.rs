@@ -14,14 +14,15 @@
 
 use super::{expiry_in, only, own, syntax_error, upper, Batch, Responses};
 use crate::redis::conn::client_error;
-use crate::runtime::server::Node;
+use crate::redis::server::Server;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_core::message::{Change, Condition, Expiry, NewValue};
 use causeway_resp::Frame;
 
 /// SET's arguments as one change on the session.
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let mut change = Change::set(own(&args[2]));
     // Which expiry option was given, if any, with its number (none for
     // KEEPTTL): the same one may repeat (the last counts), two kinds may
@@ -48,7 +49,7 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     change.expiry = match expiry {
         None => Expiry::Never,
         Some((_, None)) => Expiry::Keep,
-        Some((unit, Some(n))) => expiry_in(&unit, n, "set")?,
+        Some((unit, Some(n))) => expiry_in(&unit, n, "set", clock)?,
     };
     debug_assert!(matches!(change.value, NewValue::Set(_)));
     let answer = if change.get { old } else { written };
@@ -56,7 +57,7 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
 }
 
 /// `+OK`, or a null when the condition kept it from being written.
-fn written(_: &Node, responses: Responses) -> Frame {
+fn written(_: &Server, responses: Responses) -> Frame {
     match only(responses) {
         Ok(Response::Written(true)) => Frame::ok(),
         Ok(_) => Frame::Null,
@@ -65,7 +66,7 @@ fn written(_: &Node, responses: Responses) -> Frame {
 }
 
 /// With GET: the value the key had.
-fn old(_: &Node, responses: Responses) -> Frame {
+fn old(_: &Server, responses: Responses) -> Frame {
     match only(responses) {
         Ok(Response::Replaced { old: Some(v), .. }) => Frame::Bulk(v),
         Ok(_) => Frame::Null,

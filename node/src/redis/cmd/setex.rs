@@ -7,15 +7,16 @@
 
 use super::{expiry_in, only, own, Batch};
 use crate::redis::conn::client_error;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::Request;
 use causeway_core::message::Change;
 use causeway_resp::Frame;
 
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
     let unit = if name == "setex" { "EX" } else { "PX" };
-    let expiry = expiry_in(unit, &args[2], &name)?;
+    let expiry = expiry_in(unit, &args[2], &name, clock)?;
     let change = Change { expiry, ..Change::set(own(&args[3])) };
     Batch::new(vec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
         Ok(_) => Frame::ok(),

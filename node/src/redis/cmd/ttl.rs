@@ -10,13 +10,14 @@
 
 use super::{only, own, Batch, Responses};
 use crate::redis::conn::client_error;
-use crate::runtime::server::{now_ms, Node};
+use crate::redis::server::Server;
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
 
 /// TTL, PTTL, EXPIRETIME or PEXPIRETIME (`args[0]`): one read.
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     let answer = match String::from_utf8_lossy(&args[0]).to_ascii_lowercase().as_str() {
         "ttl" => ttl,
         "pttl" => pttl,
@@ -26,19 +27,19 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     Batch::new(vec![Request::Get(own(&args[1]))], answer)
 }
 
-fn ttl(_: &Node, r: Responses) -> Frame {
-    reply(only(r), |at| seconds(at.saturating_sub(now_ms())))
+fn ttl(server: &Server, r: Responses) -> Frame {
+    reply(only(r), |at| seconds(at.saturating_sub(server.clock.now_ms())))
 }
 
-fn pttl(_: &Node, r: Responses) -> Frame {
-    reply(only(r), |at| at.saturating_sub(now_ms()) as i64)
+fn pttl(server: &Server, r: Responses) -> Frame {
+    reply(only(r), |at| at.saturating_sub(server.clock.now_ms()) as i64)
 }
 
-fn expiretime(_: &Node, r: Responses) -> Frame {
+fn expiretime(_: &Server, r: Responses) -> Frame {
     reply(only(r), seconds)
 }
 
-fn pexpiretime(_: &Node, r: Responses) -> Frame {
+fn pexpiretime(_: &Server, r: Responses) -> Frame {
     reply(only(r), |at| at as i64)
 }
 

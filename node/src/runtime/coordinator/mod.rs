@@ -11,7 +11,8 @@
 
 pub mod raft;
 
-use crate::runtime::server::{mono_ms, Node};
+use crate::runtime::clock::mono_ms;
+use crate::runtime::server::Node;
 use causeway_core::message::{Dest, Envelope, Message};
 use causeway_core::node::Beat;
 use causeway_core::ring::{NodeId, NodeInfo, Topology};

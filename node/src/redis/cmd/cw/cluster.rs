@@ -6,9 +6,10 @@
 //! or `ERR invalid node id`. Another subcommand or argument count:
 //! `ERR syntax error`.
 
+use crate::config::NodeConfig;
 use crate::redis::cmd::{syntax_error, upper, Outcome};
 use crate::redis::conn::Conn;
-use crate::runtime::server::Node;
+use crate::runtime::Status;
 use bytes::Bytes;
 use causeway_core::ring::NodeInfo;
 use causeway_resp::Frame;
@@ -17,17 +18,17 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let node = conn.node.clone();
     let arg = |i: usize| String::from_utf8_lossy(&args[i]).into_owned();
     match (upper(&args[1]).as_str(), args.len()) {
-        ("STATUS", 2) => Frame::Bulk(Bytes::from(status(&node))),
+        ("STATUS", 2) => Frame::Bulk(Bytes::from(status(node.config(), &node.status()))),
         ("ADD", 4) => {
             let Ok(id) = arg(2).parse() else { return Frame::error("ERR invalid node id").into() };
-            match node.coordinator.get().ok_or_else(not_coordinator).and_then(|c| c.add(NodeInfo { id, addr: arg(3) })) {
+            match node.add_node(NodeInfo { id, addr: arg(3) }).unwrap_or_else(|| Err(not_coordinator())) {
                 Ok(()) => Frame::ok(),
                 Err(e) => Frame::error(format!("ERR {e}")),
             }
         }
         ("REMOVE", 3) => {
             let Ok(id) = arg(2).parse() else { return Frame::error("ERR invalid node id").into() };
-            match node.coordinator.get().ok_or_else(not_coordinator).and_then(|c| c.drain(id)) {
+            match node.remove_node(id).unwrap_or_else(|| Err(not_coordinator())) {
                 Ok(()) => Frame::ok(),
                 Err(e) => Frame::error(format!("ERR {e}")),
             }
@@ -53,16 +54,16 @@ fn heard(r: &causeway_core::supervisor::NodeReport) -> String {
     s
 }
 
-fn status(node: &Node) -> String {
-    let t = node.topology();
+fn status(config: &NodeConfig, status: &Status) -> String {
+    let t = &status.topology;
     let mut s = format!("epoch:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\n", t.epoch, t.shape.partitions, t.shape.replicas, t.shape.k);
-    let coordinators: Vec<String> = node.config.coordinators().iter().map(|c| c.to_string()).collect();
+    let coordinators: Vec<String> = config.coordinators().iter().map(|c| c.to_string()).collect();
     s.push_str(&format!("coordinators:{}\r\n", coordinators.join(",")));
     // Coordinator members hear every node's heartbeats: they know the
     // site's in-flight state transfers and which nodes are silent.
-    let reports = node.coordinator.get().map(|c| c.reports(&t)).unwrap_or_default();
-    if let Some(c) = node.coordinator.get() {
-        s.push_str(&format!("coordinator_leader:{}\r\n", c.leader().map_or("unknown".into(), |l| l.to_string())));
+    let reports = status.coordinator.as_ref().map_or(&[][..], |c| &c.reports);
+    if let Some(c) = &status.coordinator {
+        s.push_str(&format!("coordinator_leader:{}\r\n", c.leader.map_or("unknown".into(), |l| l.to_string())));
         s.push_str(&format!("transfers_in_flight:{}\r\n", reports.iter().filter(|r| r.alive).map(|r| r.joining).sum::<u32>()));
     }
     let lengths: Vec<usize> = t.chains.iter().map(|c| c.len()).collect();
@@ -71,8 +72,8 @@ fn status(node: &Node) -> String {
         "chain_length_min:{}\r\nchain_length_max:{}\r\nshort_chains:{short}\r\njoining_replicas_here:{}\r\ncatching_up_replicas_here:{}\r\n",
         lengths.iter().min().unwrap_or(&0),
         lengths.iter().max().unwrap_or(&0),
-        node.joining_replicas(),
-        node.catching_up_replicas()
+        status.joining_replicas,
+        status.catching_up_replicas
     ));
     for n in &t.nodes {
         let causeway_core::ring::Roles { head, middle, tail } = t.roles(n.id);

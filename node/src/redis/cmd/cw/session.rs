@@ -19,7 +19,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         ("EXPORT", 2) => Frame::Bulk(Bytes::from(hex(&conn.driver.session().export()))),
         ("RESUME", 3) => match unhex(&args[2])
             .ok_or(causeway_core::error::Error::InvalidInput("invalid session token: not hex".into()))
-            .and_then(|b| Session::import(&b, crate::runtime::server::now_ms()))
+            .and_then(|b| Session::import(&b, conn.server.clock.now_ms()))
         {
             // From another site: waits until this one has what the session
             // saw there (ChainReaction §3.4.2's remote read), in the driver.

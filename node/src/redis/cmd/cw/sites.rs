@@ -19,9 +19,10 @@
 //! clocks must keep causality and last-writer-wins sane across sites
 //! (`causeway torture --sites`).
 
+use crate::config::NodeConfig;
 use crate::redis::cmd::{syntax_error, Outcome};
 use crate::redis::conn::Conn;
-use crate::runtime::server::{now_ms, set_skew_ms, Node};
+use crate::runtime::{GeoStatus, Handle, LinkState};
 use bytes::Bytes;
 use causeway_core::geo::Replication;
 use causeway_core::hlc::Timestamp;
@@ -29,64 +30,59 @@ use causeway_core::version::SiteId;
 use causeway_resp::Frame;
 
 pub async fn run(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
-    let text: String = fields(&conn.node).into_iter().map(|(k, v)| format!("{k}:{v}\r\n")).collect();
+    let now = conn.server.clock.now_ms();
+    let status = conn.node.status();
+    let text: String = fields(conn.node.config(), status.geo.as_ref(), now).into_iter().map(|(k, v)| format!("{k}:{v}\r\n")).collect();
     Frame::Bulk(Bytes::from(text)).into()
 }
 
-/// The geo-replication fields of this node.
-pub fn fields(node: &Node) -> Vec<(String, String)> {
-    let sites: Vec<String> = node.config.sites().iter().map(|s| s.to_string()).collect();
-    let mut f = vec![("site".to_string(), node.config.site.to_string()), ("sites".to_string(), sites.join(","))];
-    let topology = node.topology();
-    let now = now_ms();
-    node.with_core(|core| {
-        let Some(geo) = core.geo() else { return };
-        let leader = geo.leader_of(&topology).map_or("none".to_string(), |l| l.to_string());
-        f.push(("leader".into(), leader));
-        f.push(("replication".into(), format!("{:?}", geo.replication()).to_lowercase()));
-        if geo.replication() == Replication::Sequenced {
-            // Numbers this node's sequencer handed out (the leader's counts).
-            f.push(("sequenced".into(), geo.sequenced_count().to_string()));
-        }
-        f.push(("conflicts".into(), core.conflicts().to_string()));
-        f.push(("remote_backlog".into(), geo.backlog().to_string()));
-        f.push(("unreported".into(), geo.unreported().to_string()));
-        // Local updates a tail could not report in timestamp order, so never
-        // shipped: always 0 unless a bug loses writes for other sites.
-        f.push(("out_of_order".into(), geo.out_of_order().to_string()));
-        for link in node.site_links() {
-            let applied = geo.site_time().get(link.site).physical_ms();
-            let state = if link.is_cut() {
-                "cut"
-            } else if link.is_down() {
-                "down"
-            } else {
-                "up"
-            };
-            // How long its updates took to become visible here (p50, p99 over
-            // the last minute; absent while none came).
-            let visible = geo
-                .visibility()
-                .get(&link.site)
-                .map_or(String::new(), |d| format!(",visible_p50_ms={},visible_p99_ms={},visible_count={}", d.p50_ms, d.p99_ms, d.count));
-            f.push((
-                format!("site{}", link.site),
-                format!(
-                    "applied_ms={applied},lag_ms={}{visible},link={state},delay_ms={},dropped={}",
-                    now.saturating_sub(applied),
-                    link.delay_ms(),
-                    link.dropped.load(std::sync::atomic::Ordering::Relaxed)
-                ),
-            ));
-        }
-    });
+/// The geo-replication fields of this node (`geo`: as `Status::geo` has
+/// it), with lags counted to `now` (wall-clock ms).
+pub fn fields(config: &NodeConfig, geo: Option<&GeoStatus>, now: u64) -> Vec<(String, String)> {
+    let sites: Vec<String> = config.sites().iter().map(|s| s.to_string()).collect();
+    let mut f = vec![("site".to_string(), config.site.to_string()), ("sites".to_string(), sites.join(","))];
+    let Some(geo) = geo else { return f };
+    f.push(("leader".into(), geo.leader.map_or("none".to_string(), |l| l.to_string())));
+    f.push(("replication".into(), format!("{:?}", geo.replication).to_lowercase()));
+    if geo.replication == Replication::Sequenced {
+        // Numbers this node's sequencer handed out (the leader's counts).
+        f.push(("sequenced".into(), geo.sequenced.to_string()));
+    }
+    f.push(("conflicts".into(), geo.conflicts.to_string()));
+    f.push(("remote_backlog".into(), geo.remote_backlog.to_string()));
+    f.push(("unreported".into(), geo.unreported.to_string()));
+    // Local updates a tail could not report in timestamp order, so never
+    // shipped: always 0 unless a bug loses writes for other sites.
+    f.push(("out_of_order".into(), geo.out_of_order.to_string()));
+    for site in &geo.sites {
+        let state = match site.link {
+            LinkState::Cut => "cut",
+            LinkState::Down => "down",
+            LinkState::Up => "up",
+        };
+        // How long its updates took to become visible here (p50, p99 over
+        // the last minute; absent while none came).
+        let visible = site
+            .visible
+            .map_or(String::new(), |d| format!(",visible_p50_ms={},visible_p99_ms={},visible_count={}", d.p50_ms, d.p99_ms, d.count));
+        f.push((
+            format!("site{}", site.site),
+            format!(
+                "applied_ms={},lag_ms={}{visible},link={state},delay_ms={},dropped={}",
+                site.applied_ms,
+                now.saturating_sub(site.applied_ms),
+                site.delay_ms,
+                site.dropped
+            ),
+        ));
+    }
     f
 }
 
 /// Waits, up to `timeout_ms`, until every site of `sites` has applied this
-/// site's updates through `mine` (`seen_by`, see `Node::geo_view`); else
+/// site's updates through `mine` (`seen_by`, see `Handle::geo_view`); else
 /// the sites still missing, as text. A single site has nothing to wait for.
-async fn wait_for(node: &Node, timeout_ms: u64, sites: &[SiteId], mine: Timestamp) -> Result<(), String> {
+async fn wait_for(node: &Handle, timeout_ms: u64, sites: &[SiteId], mine: Timestamp) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(timeout_ms);
     loop {
         let Some((_, seen_by)) = node.geo_view() else { return Ok(()) };
@@ -115,11 +111,11 @@ pub async fn wait(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         _ => return syntax_error().into(),
     };
     let Some(timeout_ms) = timeout.and_then(|t| t.parse::<u64>().ok()) else { return syntax_error().into() };
-    let own = conn.node.config.site;
+    let own = conn.node.config().site;
     let sites: Vec<SiteId> = match (word(1).as_deref(), target) {
-        (Some("site"), Some(s)) if conn.node.site_link(s).is_some() => vec![s],
+        (Some("site"), Some(s)) if conn.node.remote_sites().contains(&s) => vec![s],
         (Some("site"), _) => return Frame::error("ERR no such site in this node's configuration").into(),
-        _ => conn.node.site_links().iter().map(|l| l.site).collect(),
+        _ => conn.node.remote_sites(),
     };
     let mine = conn.driver.session().past().get(own);
     match wait_for(&conn.node, timeout_ms, &sites, mine).await {
@@ -140,7 +136,7 @@ pub async fn conflicts(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         Some(Ok(n)) if args.len() == 2 => n,
         _ => return syntax_error().into(),
     };
-    let lines = conn.node.with_core(|core| core.recent_conflicts(count));
+    let lines = conn.node.recent_conflicts(count);
     let frames = lines
         .into_iter()
         .map(|c| Frame::Bulk(Bytes::from(format!("{} kept={} lost={}", String::from_utf8_lossy(&c.key), c.kept, c.lost))))
@@ -151,14 +147,14 @@ pub async fn conflicts(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 pub async fn wan(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let word = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());
     let Some(site) = word(2).and_then(|s| s.parse::<SiteId>().ok()) else { return syntax_error().into() };
-    let Some(link) = conn.node.site_link(site) else {
+    if !conn.node.remote_sites().contains(&site) {
         return Frame::error(format!("ERR site {site} is not in this node's configuration")).into();
-    };
+    }
     match (word(1).as_deref(), args.len()) {
-        (Some("cut"), 3) => link.set_cut(true),
-        (Some("restore"), 3) => link.set_cut(false),
+        (Some("cut"), 3) => conn.node.set_site_cut(site, true),
+        (Some("restore"), 3) => conn.node.set_site_cut(site, false),
         (Some("delay"), 4) => match word(3).and_then(|ms| ms.parse().ok()) {
-            Some(ms) => link.set_delay_ms(ms),
+            Some(ms) => conn.node.set_site_delay_ms(site, ms),
             None => return syntax_error().into(),
         },
         _ => return syntax_error().into(),
@@ -166,11 +162,11 @@ pub async fn wan(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     Frame::ok().into()
 }
 
-pub async fn clock(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
+pub async fn clock(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let skew = String::from_utf8_lossy(&args[1]).eq_ignore_ascii_case("skew");
     match std::str::from_utf8(&args[2]).ok().and_then(|ms| ms.parse::<i64>().ok()) {
         Some(ms) if skew => {
-            set_skew_ms(ms);
+            conn.server.clock.set_skew_ms(ms);
             Frame::ok().into()
         }
         _ => syntax_error().into(),

@@ -9,15 +9,15 @@ use bytes::Bytes;
 use causeway_resp::Frame;
 
 pub async fn run(conn: &mut Conn, _args: Vec<Bytes>) -> Outcome {
-    let node = &conn.node;
-    let causeway_core::ring::Roles { head, middle, tail } = node.topology().roles(node.me);
-    let t = node.topology();
+    let status = conn.node.status();
+    let causeway_core::ring::Roles { head, middle, tail } = status.topology.roles(status.me);
+    let t = &status.topology;
     let text = format!(
         "node:{}\r\nserving:{}\r\nlease:{}\r\nincarnation:{:x}\r\nepoch:{}\r\nnodes:{}\r\npartitions:{}\r\nreplicas:{}\r\nk:{}\r\nhead_of:{head}\r\nmiddle_of:{middle}\r\ntail_of:{tail}\r\n",
-        node.me,
-        if node.is_admitted() { "yes" } else { "no" },
-        if node.has_lease() { "held" } else { "none" },
-        node.incarnation(),
+        status.me,
+        if status.admitted { "yes" } else { "no" },
+        if status.lease { "held" } else { "none" },
+        status.incarnation,
         t.epoch,
         t.nodes.len(),
         t.shape.partitions,

@@ -8,12 +8,13 @@
 //! command's own arity and syntax errors come back unchanged.
 
 use crate::redis::cmd::{check_arity, lookup, Batch, Handler};
+use crate::runtime::Clock;
 use bytes::Bytes;
 use causeway_core::driver::Consistency;
 use causeway_resp::Frame;
 
 /// The inner command's requests, marked with `level`.
-pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
+pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let level = String::from_utf8_lossy(&args[1]).parse::<Consistency>().map_err(|e| Frame::error(format!("ERR {e}")))?;
     let inner = &args[2..];
     let Some(cmd) = lookup(&inner[0]).filter(|c| ["get", "set", "del", "exists", "mget"].contains(&c.name)) else {
@@ -21,7 +22,7 @@ pub fn parse(args: &[Bytes]) -> Result<Batch, Frame> {
     };
     let Handler::Queue(parse) = cmd.handler else { unreachable!("data commands are queued") };
     check_arity(cmd, inner)?;
-    Ok(Batch { level: Some(level), ..parse(inner)? })
+    Ok(Batch { level: Some(level), ..parse(inner, clock)? })
 }
 
 #[cfg(test)]

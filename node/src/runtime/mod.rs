@@ -52,7 +52,7 @@ pub async fn run<F: Frontend>(
 ) -> Result<(), String> {
     let (node, listener, loops) = server::start(config).await?;
     let me = node.me;
-    coordinator::start(&node).await?;
+    coordinate(&node).await?;
     let frontend = frontend(&Handle::new(node.clone()));
     tokio::select! {
         _ = accept_loop(node.clone(), frontend, listener) => {}
@@ -64,6 +64,24 @@ pub async fn run<F: Frontend>(
     if let Some(c) = node.coordinator.get() {
         c.shutdown().await;
     }
+    Ok(())
+}
+
+/// Starts this node's coordinator member, if it is a coordinator node:
+/// what the member sends goes through the node's routing.
+async fn coordinate(node: &Arc<Node>) -> Result<(), String> {
+    let Some(c) = coordinator::start(&node.config, node.me, (*node.topology()).clone(), node.secret()).await? else {
+        return Ok(());
+    };
+    let _ = node.coordinator.set(c.clone());
+    let to = node.clone();
+    coordinator::spawn(
+        &c,
+        node.me,
+        Arc::new(move |out| {
+            to.route(out, None);
+        }),
+    );
     Ok(())
 }
 

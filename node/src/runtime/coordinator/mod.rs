@@ -8,12 +8,17 @@
 //! Raft and pushes them as `Reconfigure` to every node (again to any node
 //! whose heartbeat shows an older epoch). Followers keep receiving
 //! heartbeats, so a new leader judges liveness from fresh data.
+//!
+//! The member does not know the node it runs in: what it sends (each
+//! committed configuration for this node, pushes for the others) goes
+//! through the `Deliver` it is given (`spawn`), and the node hands it the
+//! heartbeats it receives (`Coordinator::heartbeat`).
 
 pub mod raft;
 
+use crate::config::NodeConfig;
 use crate::runtime::clock::mono_ms;
-use crate::runtime::server::Node;
-use causeway_core::message::{Dest, Envelope, Message};
+use causeway_core::message::{Dest, Envelope, Message, Outbox};
 use causeway_core::node::Beat;
 use causeway_core::ring::{NodeId, NodeInfo, Topology};
 use causeway_core::supervisor::{NodeReport, Supervisor};
@@ -25,6 +30,10 @@ use std::time::Duration;
 
 /// How often the leader looks for repairs to make.
 const SUPERVISE: Duration = Duration::from_millis(100);
+
+/// Where the member's messages go: to the node it runs in, which steps
+/// those for itself and sends the others.
+pub type Deliver = Arc<dyn Fn(Outbox) + Send + Sync>;
 
 /// This node's coordinator member.
 pub struct Coordinator {
@@ -84,32 +93,38 @@ impl Coordinator {
     }
 }
 
-/// Starts the coordinator member on `node` if it is a coordinator node.
-pub async fn start(node: &Arc<Node>) -> Result<(), String> {
-    let voters: BTreeMap<NodeId, String> = node
-        .config
-        .coordinators()
-        .into_iter()
-        .filter_map(|id| node.config.nodes.iter().find(|n| n.id == id).map(|n| (id, n.addr.clone())))
-        .collect();
-    if !voters.contains_key(&node.me) {
-        return Ok(());
+/// The coordinator member of node `me`, starting from `topology`, if `me`
+/// is a coordinator node (`None` if not). It does nothing until `spawn`.
+pub async fn start(
+    config: &NodeConfig,
+    me: NodeId,
+    topology: Topology,
+    secret: Option<Arc<str>>,
+) -> Result<Option<Arc<Coordinator>>, String> {
+    let voters: BTreeMap<NodeId, String> =
+        config.coordinators().into_iter().filter_map(|id| config.nodes.iter().find(|n| n.id == id).map(|n| (id, n.addr.clone()))).collect();
+    if !voters.contains_key(&me) {
+        return Ok(None);
     }
-    let dir = node.config.data_dir.as_ref().map(|d| std::path::Path::new(d).join("raft"));
-    let raft = RaftHandle::start(node.me, voters, (*node.topology()).clone(), dir.as_deref(), node.secret()).await?;
-    let coordinator = Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(node.config.failure_timeout_ms, mono_ms())) });
-    let _ = node.coordinator.set(coordinator.clone());
-    tokio::spawn(follow(node.clone(), coordinator.clone()));
-    tokio::spawn(supervise(node.clone(), coordinator));
-    Ok(())
+    let dir = config.data_dir.as_ref().map(|d| std::path::Path::new(d).join("raft"));
+    let raft = RaftHandle::start(me, voters, topology, dir.as_deref(), secret).await?;
+    Ok(Some(Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(config.failure_timeout_ms, mono_ms())) })))
+}
+
+/// Runs the member `c` of node `me`: it applies every committed
+/// configuration there and, while it leads, commits repairs and pushes
+/// configurations, all through `deliver`.
+pub fn spawn(c: &Arc<Coordinator>, me: NodeId, deliver: Deliver) {
+    tokio::spawn(follow(me, c.clone(), deliver.clone()));
+    tokio::spawn(supervise(me, c.clone(), deliver));
 }
 
 /// Applies every committed configuration on this node.
-async fn follow(node: Arc<Node>, c: Arc<Coordinator>) {
+async fn follow(me: NodeId, c: Arc<Coordinator>, deliver: Deliver) {
     let mut watch = c.raft.watch();
     loop {
         let topology = (**watch.borrow_and_update()).clone();
-        node.route(vec![Envelope { to: Dest::Node(node.me), msg: Message::Reconfigure { topology } }], None);
+        deliver(vec![Envelope { to: Dest::Node(me), msg: Message::Reconfigure { topology } }]);
         if watch.changed().await.is_err() {
             return;
         }
@@ -119,7 +134,7 @@ async fn follow(node: Arc<Node>, c: Arc<Coordinator>) {
 /// On every member: keep the supervisor's clock (a pause or a new
 /// leadership starts a grace period). On the leader: commit repairs and
 /// push configurations.
-async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
+async fn supervise(me: NodeId, c: Arc<Coordinator>, deliver: Deliver) {
     let mut interval = tokio::time::interval(SUPERVISE);
     let mut last_waiting = None;
     let mut led = false;
@@ -129,9 +144,9 @@ async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
         if leader != led {
             match leader {
                 true => {
-                    tracing::info!("coordinator: node {} leads; it judges nodes after one failure timeout of fresh heartbeats", node.me)
+                    tracing::info!("coordinator: node {} leads; it judges nodes after one failure timeout of fresh heartbeats", me)
                 }
-                false => tracing::debug!("coordinator: node {} no longer leads", node.me),
+                false => tracing::debug!("coordinator: node {} no longer leads", me),
             }
             led = leader;
         }
@@ -164,20 +179,20 @@ async fn supervise(node: Arc<Node>, c: Arc<Coordinator>) {
                         );
                         let everyone: Vec<NodeId> =
                             current.nodes.iter().chain(&change.topology.nodes).chain(&current.returning).map(|n| n.id).collect();
-                        push(&node, &change.topology, everyone);
+                        push(&deliver, &change.topology, everyone);
                     }
                     Err(e) => tracing::warn!("coordinator: could not commit epoch {} ({}): {e}", change.topology.epoch, change.why),
                 }
             }
             None => {
                 let lagging = c.supervisor.lock().lagging(current.epoch);
-                push(&node, &current, lagging);
+                push(&deliver, &current, lagging);
             }
         }
     }
 }
 
-fn push(node: &Node, topology: &Topology, to: Vec<NodeId>) {
+fn push(deliver: &Deliver, topology: &Topology, to: Vec<NodeId>) {
     let out = to.into_iter().map(|n| Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: topology.clone() } }).collect();
-    node.route(out, None);
+    deliver(out);
 }

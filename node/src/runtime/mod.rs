@@ -3,8 +3,9 @@
 //! * `server`: the node's shared state (the node state machine,
 //!   `causeway_core::node`, behind one lock), its ticker and flusher, and
 //!   routing of the messages the state machine produces.
-//! * `peer`: binary connections to and from the other nodes of the site
-//!   (and other sites), and from native clients.
+//! * `peer`: links to the other nodes of the site and to other sites.
+//! * `inbound`: binary connections accepted: from peers (their links),
+//!   native clients and coordinator members.
 //! * `wal`: the write-ahead log and recovery.
 //! * `coordinator`: the coordinator member on the first three nodes.
 //! * `clock`, `memory`, `auth`: the node's clocks, the counting allocator
@@ -12,13 +13,14 @@
 //! * `handle`: all a front end may use of the above.
 //!
 //! One port serves everyone (`run`). A connection whose first byte is
-//! `BINARY_MAGIC` is a peer node or a native client (`peer`); anything else
-//! goes to the front end, with a `Handle`.
+//! `BINARY_MAGIC` is a peer node or a native client (`inbound`); anything
+//! else goes to the front end, with a `Handle`.
 
 pub mod auth;
 mod clock;
 mod coordinator;
 mod handle;
+mod inbound;
 pub mod memory;
 mod peer;
 mod server;
@@ -104,7 +106,7 @@ async fn accept_loop<F: Frontend>(node: Arc<Node>, frontend: Arc<F>, listener: T
 async fn serve<F: Frontend>(node: Arc<Node>, frontend: Arc<F>, stream: TcpStream) {
     let mut first = [0u8; 1];
     match stream.peek(&mut first).await {
-        Ok(1) if first[0] == BINARY_MAGIC => peer::serve_inbound(node, stream).await,
+        Ok(1) if first[0] == BINARY_MAGIC => inbound::serve(node, stream).await,
         Ok(1) => frontend.serve(Handle::new(node), stream).await,
         _ => {}
     }

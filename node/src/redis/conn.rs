@@ -10,16 +10,17 @@
 //! this file only moves messages: to peers, to this node's own state
 //! machine (handled in place, no hop) and back.
 
-use super::cmd::{self, Batch, Outcome, Responses};
 use super::server::Server;
 use super::stats::Call;
 use crate::runtime::Handle;
+use bytes::Bytes;
 use bytes::BytesMut;
-use causeway_core::driver::{Driver, Progress, Request, Response};
+use causeway_core::driver::{Consistency, Driver, Progress, Request, Response};
 use causeway_core::error::Error;
 use causeway_core::message::{ClientId, Message};
 use causeway_resp::{Frame, Protocol, RequestDecoder};
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,7 +34,44 @@ const MAX_PENDING_OUTPUT: usize = 1 << 20;
 /// once; the rest are read after these are answered.
 const MAX_QUEUED: usize = 1024;
 
-type Answer = fn(&Server, Responses) -> Frame;
+/// How a connection runs a command: the command table (`cmd::Commands`),
+/// handed to `serve`. Every command uses the connection (`Conn`); the
+/// connection knows the commands only through this.
+pub trait Dispatch {
+    /// Runs one command (a data command is only parsed into its
+    /// requests), and says what its reply counts toward in INFO.
+    fn execute(conn: &mut Conn, args: Vec<Bytes>) -> impl Future<Output = (Call, Outcome)> + Send;
+}
+
+/// What the connection does after a command.
+pub enum Outcome {
+    Reply(Frame),
+    /// Send this, then close the connection (QUIT).
+    Close(Frame),
+    /// Run these requests on the session, then answer.
+    Queue(Batch),
+}
+
+impl From<Frame> for Outcome {
+    fn from(f: Frame) -> Self {
+        Outcome::Reply(f)
+    }
+}
+
+/// A data command's requests, in order, and how to answer from their
+/// responses.
+pub struct Batch {
+    pub requests: Vec<Request>,
+    /// The level of these requests alone (CW.WITH), else the session's.
+    pub level: Option<Consistency>,
+    pub answer: Answer,
+}
+
+/// The responses to a data command's requests, in order.
+pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, Error>>;
+
+/// How a data command answers once its responses are in.
+pub type Answer = fn(&Server, Responses) -> Frame;
 
 /// A reply owed to the client, in command order, and what it counts toward
 /// in INFO once encoded.
@@ -214,7 +252,7 @@ fn merge(into: &mut Progress, p: Progress) {
 }
 
 /// Serves one Redis client until it quits or disconnects.
-pub async fn serve(node: Handle, server: Arc<Server>, mut stream: TcpStream) {
+pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: TcpStream) {
     let id = node.new_session();
     let (tx, replies) = mpsc::unbounded_channel();
     node.register(id, tx.clone());
@@ -242,7 +280,7 @@ pub async fn serve(node: Handle, server: Arc<Server>, mut stream: TcpStream) {
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
                     server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    match cmd::execute(&mut conn, args).await {
+                    match D::execute(&mut conn, args).await {
                         (call, Outcome::Queue(batch)) => conn.queue(batch, call),
                         (call, Outcome::Reply(frame)) => conn.owed.push_back(Owed::Frame(frame, call)),
                         (call, Outcome::Close(frame)) => {

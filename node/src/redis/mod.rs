@@ -35,7 +35,7 @@ impl Frontend for Server {
     async fn serve(self: Arc<Self>, node: Handle, stream: TcpStream) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.total_connections.fetch_add(1, Ordering::Relaxed);
-        conn::serve(node, self.clone(), stream).await;
+        conn::serve::<cmd::Commands>(node, self.clone(), stream).await;
         self.stats.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }

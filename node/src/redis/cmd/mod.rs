@@ -42,48 +42,20 @@ mod setex;
 mod time;
 mod ttl;
 
-use super::conn::{client_error, Conn};
-use super::server::Server;
+use super::conn::{client_error, Answer, Batch, Conn, Dispatch, Outcome, Responses};
 use super::stats::{Call, Row};
 use crate::runtime::Clock;
 use bytes::Bytes;
-use causeway_core::driver::{Consistency, Request, Response};
+use causeway_core::driver::{Request, Response};
 use causeway_core::error::Error;
 use causeway_resp::Frame;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
 
-/// What the connection does after a command.
-pub enum Outcome {
-    Reply(Frame),
-    /// Send this, then close the connection (QUIT).
-    Close(Frame),
-    /// Run these requests on the session, then answer.
-    Queue(Batch),
-}
-
-/// The responses to a data command's requests, in order.
-pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, Error>>;
-
-/// A data command's requests, in order, and how to answer from their
-/// responses.
-pub struct Batch {
-    pub requests: Vec<Request>,
-    /// The level of these requests alone (CW.WITH), else the session's.
-    pub level: Option<Consistency>,
-    pub answer: fn(&Server, Responses) -> Frame,
-}
-
 impl Batch {
-    fn new(requests: Vec<Request>, answer: fn(&Server, Responses) -> Frame) -> Result<Batch, Frame> {
+    fn new(requests: Vec<Request>, answer: Answer) -> Result<Batch, Frame> {
         Ok(Batch { requests, level: None, answer })
-    }
-}
-
-impl From<Frame> for Outcome {
-    fn from(f: Frame) -> Self {
-        Outcome::Reply(f)
     }
 }
 
@@ -191,6 +163,15 @@ fn position(name: &[u8]) -> Option<usize> {
 
 fn lookup(name: &[u8]) -> Option<&'static Command> {
     position(name).map(|i| &COMMANDS[i])
+}
+
+/// The command table, as connections run it (`conn::serve`).
+pub struct Commands;
+
+impl Dispatch for Commands {
+    fn execute(conn: &mut Conn, args: Vec<Bytes>) -> impl Future<Output = (Call, Outcome)> + Send {
+        execute(conn, args)
+    }
 }
 
 /// Runs one command: a data command is only parsed into its requests.

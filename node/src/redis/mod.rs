@@ -1,9 +1,12 @@
 //! The Redis front end: it serves Redis clients through the runtime's
-//! `Handle` and knows nothing else of the runtime.
+//! `Handle` (and the `Clock` it hands out) and knows nothing else of the
+//! runtime.
 //!
 //! * `conn`: one client connection, a ChainReaction client proxy with one
-//!   session.
-//! * `cmd`: the commands, one file each (`CW.*` under `cmd/cw/`).
+//!   session. It runs the commands of the table it is handed.
+//! * `cmd`: the commands, one file each (`CW.*` under `cmd/cw/`), and
+//!   their table (`cmd::Commands`). A command turns into requests for the
+//!   connection's session, or runs against the connection (`conn::Conn`).
 //! * `server`: what the connections share: the clock, the counters, the
 //!   limits.
 //! * `stats`: the counters INFO shows, per command and per error.

@@ -31,12 +31,24 @@ pub fn mono_ms() -> u64 {
 }
 
 /// The node's wall clock, as a front end is handed it (`Handle::clock`):
-/// commands read the time, and set the emulated skew, through it.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Clock;
+/// commands read the time, and set the emulated skew, through it. Only the
+/// runtime makes one.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock(());
 
 impl Clock {
+    pub(super) fn new() -> Clock {
+        Clock(())
+    }
+
+    /// A clock for tests of what is handed one.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Clock {
+        Clock(())
+    }
+
     /// Wall-clock milliseconds, skew included (`now_ms`).
+    #[inline]
     pub fn now_ms(&self) -> u64 {
         now_ms()
     }

@@ -134,31 +134,37 @@ impl Handle {
         Handle { node }
     }
 
+    #[inline]
     pub fn me(&self) -> NodeId {
         self.node.me
     }
 
+    #[inline]
     pub fn config(&self) -> &NodeConfig {
         &self.node.config
     }
 
     /// The node's wall clock.
+    #[inline]
     pub fn clock(&self) -> Clock {
-        Clock
+        Clock::new()
     }
 
     /// A fresh client id for a session on this node.
+    #[inline]
     pub fn new_session(&self) -> ClientId {
         self.node.new_session()
     }
 
     /// Registers where replies for `client` go; `unregister` when it leaves.
+    #[inline]
     pub fn register(&self, client: ClientId, tx: mpsc::UnboundedSender<Message>) {
         self.node.register(client, tx)
     }
 
     /// Forgets `client`, unless it has registered again since on another
     /// connection (`tx` tells which registration is ending).
+    #[inline]
     pub fn unregister(&self, client: ClientId, tx: &mpsc::UnboundedSender<Message>) {
         self.node.unregister(client, tx)
     }
@@ -167,28 +173,33 @@ impl Handle {
     /// for `client` that were produced right here (messages for this node
     /// are stepped in place, no hop), and the nodes that could not be sent
     /// to (their connection is down, so those messages never left).
+    #[inline]
     pub fn submit(&self, sends: Vec<(NodeId, Message)>, client: ClientId) -> (Vec<Message>, Vec<NodeId>) {
         self.node.route_sends(sends, client)
     }
 
     /// Waits, up to a second, while a link to a live member is over its
     /// backlog's soft limit: a slow peer slows the clients of this node.
+    #[inline]
     pub async fn wait_for_peers(&self) {
         self.node.wait_for_peers().await
     }
 
     /// The configuration this node currently holds.
+    #[inline]
     pub fn topology(&self) -> Arc<Topology> {
         self.node.topology()
     }
 
     /// Peers this node cannot reach right now.
+    #[inline]
     pub fn down_peers(&self) -> Vec<NodeId> {
         self.node.down_peers()
     }
 
     /// With several sites, as this node knows: what this site has applied
     /// of the others, and what each other site has applied of this one.
+    #[inline]
     pub fn geo_view(&self) -> Option<(VersionVector, VersionVector)> {
         self.node.geo_view()
     }

@@ -346,7 +346,7 @@ fn queue(words: &[&str]) -> Result<Batch, Frame> {
     let cmd = lookup(&args[0]).expect("a known command");
     let Handler::Queue(parse) = cmd.handler else { panic!("{} is not a data command", cmd.name) };
     check_arity(cmd, &args)?;
-    parse(&args, Clock::default())
+    parse(&args, Clock::for_tests())
 }
 
 #[cfg(test)]

@@ -121,9 +121,9 @@ mod tests {
     #[test]
     #[ignore]
     fn frame_cost() {
-        use crate::geo::stabilizer::{Position, Ship, UpdateId};
-        use crate::geo::GeoMsg;
         use crate::hlc::Timestamp;
+        use crate::message::geo::{Position, Ship, UpdateId};
+        use crate::message::GeoMsg;
         let t = |ms: u64, l: u16| Timestamp::new(1_795_472_920_986 + ms, l);
         let ids = (0..1_000u64)
             .map(|i| {

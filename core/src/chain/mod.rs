@@ -41,8 +41,8 @@ pub use geo::{Conflict, RECENT_CONFLICTS};
 use writes::Writes;
 pub use writes::WRITE_MEMORY_MS;
 
-use crate::geo::receiver::RemoteWrite;
 use crate::hlc::{Clock, Timestamp};
+use crate::message::geo::RemoteWrite;
 use crate::message::{send, Ack, Change, ClientId, Dest, Envelope, Item, Message, OpId, Outbox, Refusal, Update};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};

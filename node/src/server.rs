@@ -131,13 +131,13 @@ impl Node {
         run(&mut core, &mut out);
         let log = core.take_log();
         let ticket = match self.wal.get() {
-            _ if log.is_empty() => None,
+            Some(_) if log.is_empty() => None,
             Some(w) => {
                 // Several sites: tails report only what is on disk.
                 w.append(core.logged(), &log, core.geo().is_some());
                 Some((w, core.logged()))
             }
-            // No disk: nothing to wait for.
+            // No disk: nothing to wait for (`core::node::Node::without_log`).
             None => {
                 let logged = core.logged();
                 core.synced(logged, now_ms(), &mut out);
@@ -419,7 +419,13 @@ pub async fn run(config: NodeConfig, shutdown: impl std::future::Future<Output =
     let node = Arc::new(Node {
         me,
         topology: RwLock::new(Arc::new(topology.clone())),
-        core: Mutex::new(core_node::Node::new(identity, topology)),
+        core: Mutex::new({
+            let mut core = core_node::Node::new(identity, topology);
+            if config.data_dir.is_none() {
+                core.without_log();
+            }
+            core
+        }),
         peers: RwLock::new(peers),
         inbound: Mutex::new(AHashMap::new()),
         sites,

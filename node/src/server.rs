@@ -38,7 +38,7 @@ const IDLE_TICK: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT
 /// visibility delay from 60 to 17 ms (p50) on this machine (now 10). 2 ms
 /// and 1 ms take it to 6.5 and 5 ms, but under load nine nodes on two cores
 /// then spend 20-45% more CPU per operation (timer wakeups and batches
-/// sent, each tick): BENCHMARKS.md, session 11.
+/// sent, each tick).
 const GEO_TICK: Duration = Duration::from_millis(5);
 
 /// Added to this process's wall clock: a clock fault, emulated

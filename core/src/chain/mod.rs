@@ -20,8 +20,8 @@
 //! quiet. Acknowledgements are cumulative (`StableUpTo`), so a lost
 //! acknowledgement is repaired by the next one, and a duplicate update is
 //! answered with the receiver's stable watermark. This is what lets the
-//! simulator drop and reorder messages, and what chain repair (issue 3) will
-//! use to retransmit in-flight writes after a failure.
+//! simulator drop and reorder messages, and what chain repair uses to
+//! retransmit in-flight writes after a failure.
 //!
 //! Get-transactions (ChainReaction §3.5) are served by heads: see
 //! `snapshot_read`.

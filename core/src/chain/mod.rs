@@ -520,6 +520,15 @@ impl ChainReplica {
     fn remember(&mut self, u: &Update, now_ms: u64) {
         let before = self.history;
         self.history = chain_history(before, u);
+        if self.chain.len() == 1 && !self.keep_recent {
+            // Alone in its chain, with no node out that may come back:
+            // nobody can ask for recent updates (a newcomer gets the state).
+            // What it kept goes too: the window must be one unbroken run.
+            if !self.recent.is_empty() {
+                self.set_recent(VecDeque::new());
+            }
+            return;
+        }
         self.recent_bytes += update_bytes(u);
         self.recent.push_back((u.clone(), before, now_ms));
         while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {

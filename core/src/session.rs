@@ -107,8 +107,11 @@ impl Session {
             Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
             _ => at,
         };
-        self.index.insert(key.clone(), Seen { version: version.clone(), seq: item.seq, chain_index });
-        self.note_accessed(key, Dep { version: version.clone(), seq: item.seq });
+        // Kept in a copy of its own: the key of a read may be a slice of a
+        // connection's read buffer, which this would keep whole.
+        let key = Bytes::copy_from_slice(key);
+        self.note_accessed(&key, Dep { version: version.clone(), seq: item.seq });
+        self.index.insert(key, Seen { version: version.clone(), seq: item.seq, chain_index });
     }
 
     /// Records this session's own write `write` (its id), acknowledged at

@@ -552,7 +552,7 @@ impl Supervisor {
     /// holds all it holds. (A middle member dropped at once would leave its
     /// updates to its predecessor alone, and a write acknowledged by the
     /// two of them was lost when that predecessor crashed in the same
-    /// moment: campaign seed 1552, session 7.)
+    /// moment: campaign seed 1552.)
     fn placed(&self, t: &Topology, current: &Topology, now_ms: u64) -> Topology {
         let ideal = t.rebalanced();
         let mut next = ideal.clone();

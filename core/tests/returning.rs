@@ -66,13 +66,16 @@ fn write(head: &mut ChainReplica, next: Option<(&mut ChainReplica, NodeId)>, wri
     }
 }
 
-/// Chain [A, B] takes writes 1..3, then B is removed (epoch 2: [A]);
-/// returns A's replica and the one B kept.
+/// Chain [A, B] takes writes 1..3, then B is removed after a failure
+/// (epoch 2: [A], B returning, as the coordinator records it); returns A's
+/// replica and the one B kept.
 fn b_removed() -> (ChainReplica, ChainReplica) {
     let t1 = topo(1, &[A, B]);
     let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
     write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
-    a.reconfigure(&topo(2, &[A]), A, 20, &mut Outbox::new());
+    let mut t2 = topo(2, &[A]);
+    t2.returning = vec![NodeInfo { id: B, addr: format!("n{B}") }];
+    a.reconfigure(&t2, A, 20, &mut Outbox::new());
     (a, b)
 }
 
@@ -201,4 +204,17 @@ fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
     assert!(b.transfer(epoch, state, updates, history_before, clock, 1_000, &mut out));
     let (da, db) = (a.digest(), b.digest());
     assert_eq!((da.applied, da.latest), (db.applied, db.latest));
+}
+
+/// A replica alone in its chain, with no node out that may come back (B
+/// was drained, not failed), keeps no recent updates: if B is placed again
+/// after all, it gets the whole state, and ends identical.
+#[test]
+fn a_lone_replica_with_nobody_returning_keeps_no_recent_updates() {
+    let t1 = topo(1, &[A, B]);
+    let (mut a, mut b) = (ChainReplica::new(&t1, 0, A, 0).unwrap(), ChainReplica::new(&t1, 0, B, 0).unwrap());
+    write(&mut a, Some((&mut b, B)), 1..4, 10, 10);
+    a.reconfigure(&topo(2, &[A]), A, 20, &mut Outbox::new());
+    write(&mut a, None, 4..9, 10, 30);
+    assert!(!rejoin(&mut a, b, &topo(3, &[A, B])), "nothing recent kept: the whole state");
 }

@@ -51,7 +51,14 @@ fn sets() {
         sites: vec![0],
         replication: Replication::Causal,
     };
-    let mut nodes: Vec<Node> = (0..3).map(|n| Node::new(identity(n), topology.clone())).collect();
+    // No disk, as `causeway dev` runs without `--data-dir`.
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|n| {
+            let mut node = Node::new(identity(n), topology.clone());
+            node.without_log();
+            node
+        })
+        .collect();
     let topology = Arc::new(topology);
     let mut sessions: Vec<Driver> = (0..SESSIONS)
         .map(|i| {

@@ -104,6 +104,10 @@ impl ChainReplica {
     /// What it has applied goes into the node's log with ticket `ticket`
     /// (the next or last `take_log`).
     pub fn mark(&mut self, ticket: u64) {
+        if !self.logs {
+            self.on_disk = self.applied;
+            return;
+        }
         let last = self.marks.back().map_or(self.on_disk, |&(_, seq)| seq);
         if self.applied > last {
             self.marks.push_back((ticket, self.applied));
@@ -119,6 +123,16 @@ impl ChainReplica {
             self.marks.pop_front();
         }
         self.on_disk > before
+    }
+
+    /// The node has no disk: updates are not logged (state, clock and
+    /// membership records still are, for the driver to drop), and what is
+    /// applied counts as on disk at once.
+    pub fn without_log(&mut self) {
+        self.logs = false;
+        self.to_log.clear();
+        self.on_disk = self.applied;
+        self.marks.clear();
     }
 
     /// Recovered from this node's disk: all of it is there.

@@ -20,8 +20,8 @@
 //! quiet. Acknowledgements are cumulative (`StableUpTo`), so a lost
 //! acknowledgement is repaired by the next one, and a duplicate update is
 //! answered with the receiver's stable watermark. This is what lets the
-//! simulator drop and reorder messages, and what chain repair (issue 3) will
-//! use to retransmit in-flight writes after a failure.
+//! simulator drop and reorder messages, and what chain repair uses to
+//! retransmit in-flight writes after a failure.
 //!
 //! Get-transactions (ChainReaction §3.5) are served by heads: see
 //! `snapshot_read`.
@@ -99,15 +99,15 @@ pub const RECENT_MS: u64 = 2_000;
 /// each update's position, key and version (a version names one write, so
 /// its value adds nothing).
 fn chain_history(before: u64, u: &Update) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::with_seed(before);
-    h.update(&u.seq.to_le_bytes());
-    h.update(&(u.key.len() as u64).to_le_bytes());
-    h.update(&u.key);
-    h.update(&u.version.ts.to_bits().to_le_bytes());
-    h.update(&u.version.site.to_le_bytes());
-    h.update(&[u8::from(u.value.is_some())]);
-    h.update(&u.expires_at_ms.unwrap_or(0).to_le_bytes());
-    h.digest()
+    use xxhash_rust::xxh3::xxh3_64_with_seed;
+    // Two one-shot hashes: the streaming hasher costs ten times more.
+    let key = xxh3_64_with_seed(&u.key, before);
+    let mut fixed = [0u8; 32];
+    fixed[..8].copy_from_slice(&u.seq.to_le_bytes());
+    fixed[8..16].copy_from_slice(&u.version.ts.to_bits().to_le_bytes());
+    fixed[16..24].copy_from_slice(&u.expires_at_ms.unwrap_or(0).to_le_bytes());
+    fixed[24..32].copy_from_slice(&((u64::from(u.version.site) << 1) | u64::from(u.value.is_some())).to_le_bytes());
+    xxh3_64_with_seed(&fixed, key)
 }
 
 /// What an update kept among the recent ones takes: its key and value, its
@@ -202,6 +202,10 @@ pub struct ChainReplica {
     /// Log tickets (`Node::take_log`'s numbers) not known synced yet, with
     /// how far this replica had applied when each was taken.
     marks: VecDeque<(u64, u64)>,
+    /// Whether the node keeps a log (`without_log`): a node without a disk
+    /// records no updates (a copy of every write that nobody would read)
+    /// and counts what it applied as on disk at once.
+    logs: bool,
     /// A promise (`make_promise`) to pass down the chain, or, at the tail,
     /// to report, once everything up to its seq is applied here.
     promise: Option<(u64, Timestamp)>,
@@ -276,6 +280,7 @@ impl ChainReplica {
             handed: 0,
             on_disk: 0,
             marks: VecDeque::new(),
+            logs: true,
             promise: None,
             conflicts: 0,
             recent_conflicts: VecDeque::new(),
@@ -460,7 +465,9 @@ impl ChainReplica {
     fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {
         self.applied = u.seq;
         self.remember(&u, now_ms);
-        self.to_log.push(u.clone());
+        if self.logs {
+            self.to_log.push(u.clone());
+        }
         self.clock.observe(u.version.ts);
         let write =
             Write { version: &u.version, seq: u.seq, value: u.value.as_deref(), expires_at_ms: u.expires_at_ms, expired: u.expired };
@@ -494,6 +501,15 @@ impl ChainReplica {
     fn remember(&mut self, u: &Update, now_ms: u64) {
         let before = self.history;
         self.history = chain_history(before, u);
+        if self.chain.len() == 1 && !self.keep_recent {
+            // Alone in its chain, with no node out that may come back:
+            // nobody can ask for recent updates (a newcomer gets the state).
+            // What it kept goes too: the window must be one unbroken run.
+            if !self.recent.is_empty() {
+                self.set_recent(VecDeque::new());
+            }
+            return;
+        }
         self.recent_bytes += update_bytes(u);
         self.recent.push_back((u.clone(), before, now_ms));
         while self.recent_bytes > RECENT_BYTES && self.recent.len() > 1 {

@@ -34,25 +34,32 @@
 //!   one key (monotonic reads: two replicas of one chain). Linearizable
 //!   reads overlapping each other break real-time order for the same
 //!   reason.
-//! * A write must not overlap anything. Before it, its dependencies
-//!   (§3.3.1, the session's accessed objects) must be known, which needs
-//!   every earlier read's answer; after it, a read must see it
-//!   (read-your-writes) and the next write must wait for it to be stable;
-//!   and its `after` timestamp orders it after everything the session saw.
-//!   Even at the eventual level two writes of a session must not overlap:
-//!   a replica remembers one last write per session to recognise a resend
-//!   (`chain.rs`, `last_writes`), so with two in flight a resend of the
-//!   first could be applied twice; and two writes of one key could swap.
-//! * MGET, DBSIZE, FLUSHALL and topology fetches run alone, as writes do.
+//! * An unconditional write (SET without NX/XX/GET; DEL is not one: it
+//!   answers whether the key was there) at
+//!   the causal or eventual level overlaps the unconditional writes of the
+//!   same level before it. Its dependencies (§3.3.1, the session's
+//!   accessed objects) travel with it to its head (`Message::Put::deps`):
+//!   the earlier write still in flight, named by its write id, and the
+//!   session's past not yet known stable. The head, not the proxy, waits
+//!   until those are stable at its node (or applied, for the same key)
+//!   and orders the write after them (`node/put.rs`), so no replica can
+//!   show it before its causes. A causal write therefore starts while one
+//!   is in flight only if its head holds a replica of that one's
+//!   partition (`Ctx::head_holds`), to wait for it there; otherwise it
+//!   waits here. Replicas remember each write in flight by its id
+//!   (`chain/writes.rs`), so a resent write is recognised and never
+//!   applied twice; `done_below` tells them what they may forget.
+//! * Every other write (conditional, GET, linearizable) must not overlap
+//!   anything: its condition is decided against what the key holds, and
+//!   a linearizable write must be stable before anything after it runs.
+//!   A read after a write waits for it (read-your-writes).
+//! * MGET, DBSIZE, FLUSHALL and topology fetches run alone, as such writes
+//!   do.
 //!
-//! So with today's protocol a causal or linearizable session runs one
-//! request at a time. Overlapping its writes needs the protocol to carry
-//! the dependencies to the head (so the head, not the proxy, waits for them
-//! to be stable) and one remembered write per request rather than per
-//! session; that is future work. What a pipelined connection gains now is
-//! no per-request overhead: every request of the batch is queued at once,
-//! the next starts inside the same call that completes the previous one
-//! (no wake-up in between), and the shell flushes all the answers once.
+//! What a pipelined connection gains beyond that is no per-request
+//! overhead: every request of the batch is queued at once, the next starts
+//! inside the same call that completes the previous one (no wake-up in
+//! between), and the shell flushes all the answers once.
 
 mod op;
 

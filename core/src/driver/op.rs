@@ -24,6 +24,7 @@ use crate::session::{Dep, Session};
 use crate::version::Version;
 use ahash::AHashMap;
 use bytes::Bytes;
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -110,7 +111,8 @@ impl Ctx {
 /// What one request wants after a step.
 #[derive(Debug, Default)]
 pub(super) struct Step {
-    pub send: Vec<(NodeId, Message)>,
+    /// Nearly always one message: kept inline.
+    pub send: SmallVec<[(NodeId, Message); 1]>,
     pub done: Option<Result<Response, Error>>,
 }
 
@@ -168,9 +170,9 @@ pub(super) struct Op {
     redirects: u8,
     phase: Phase,
     /// Op sequence numbers whose replies we still expect.
-    outstanding: Vec<u64>,
+    outstanding: SmallVec<[u64; 2]>,
     /// Where each message went, by op seq (a few per request).
-    targets: Vec<(u64, NodeId)>,
+    targets: SmallVec<[(u64, NodeId); 2]>,
     /// A write's id (the op seq of its first `Put`): every resend carries
     /// it, and its acknowledgement is accepted whichever attempt it answers.
     write: Option<u64>,
@@ -190,8 +192,8 @@ impl Op {
             started_ms: now_ms,
             redirects: 0,
             phase: Phase::Writing,
-            outstanding: Vec::new(),
-            targets: Vec::new(),
+            outstanding: SmallVec::new(),
+            targets: SmallVec::new(),
             write: None,
             resends: 0,
             behind: Vec::new(),
@@ -240,7 +242,7 @@ impl Op {
                     true => Error::Timeout,
                     false => Error::Behind { sites: self.behind.clone() },
                 };
-                Step { send: Vec::new(), done: Some(Err(error)) }
+                Step { send: SmallVec::new(), done: Some(Err(error)) }
             }
             Phase::Retrying { at_ms } if now_ms >= at_ms => {
                 let mut p = Step::default();
@@ -430,7 +432,8 @@ impl Op {
 
     fn read(&mut self, cx: &mut Ctx, key: &Bytes, at_head: bool, p: &mut Step) {
         let partition = cx.topology.partition_of(key);
-        let chain = cx.topology.chain(partition).clone();
+        let topology = cx.topology.clone();
+        let chain = topology.chain(partition);
         let (target, min) = if at_head {
             (chain.head(), None)
         } else {

@@ -238,9 +238,9 @@ pub struct Geo {
     /// Local updates a tail could not report in timestamp order (never
     /// shipped). None should ever be: every head orders above the promises
     /// its chain passed on, and a replica drops updates parked behind a gap
-    /// when its chain changes (`ChainReplica::reconfigure`; session 7 found
-    /// them spliced after a new head's update at the gap). The simulator
-    /// asserts 0.
+    /// when its chain changes (`ChainReplica::reconfigure`; the simulator
+    /// once found them spliced after a new head's update at the gap). The
+    /// simulator asserts 0.
     out_of_order: u64,
     /// `Replication::Sequenced`: the site's sequencer (on stabilizer
     /// replicas; the leader's answers), and the writes heads here wait to

@@ -120,6 +120,8 @@ pub struct Node {
     transfers: (u64, u64),
     /// Records to make durable before this step's messages leave.
     log: Vec<LogRecord>,
+    /// Whether the driver keeps a log (`without_log`).
+    logs: bool,
     /// How many times `take_log` handed out records, and how many of those
     /// the driver has synced (`synced`).
     logged: u64,
@@ -166,6 +168,7 @@ impl Node {
             retained: (0..partitions).map(|_| None).collect(),
             transfers: (0, 0),
             log: Vec::new(),
+            logs: true,
             logged: 0,
             synced: 0,
             probes: Vec::new(),
@@ -267,6 +270,9 @@ impl Node {
                 report.gaps.push((p, missing));
             }
             r.recovered_on_disk();
+            if !self.logs {
+                r.without_log();
+            }
             self.parts[p as usize] = Some(r);
         }
         self.whole = synced;
@@ -552,6 +558,17 @@ impl Node {
         }
     }
 
+    /// The driver keeps no log (no disk): replicas stop recording the
+    /// updates they apply, which nobody would read, and count them as on
+    /// disk at once. Records of other kinds still come out of `take_log`;
+    /// the driver says they are synced by calling `synced` after every step.
+    pub fn without_log(&mut self) {
+        self.logs = false;
+        for r in self.parts.iter_mut().chain(self.retained.iter_mut()).flatten() {
+            r.without_log();
+        }
+    }
+
     /// The log records produced since the last call, in order: the driver
     /// makes them durable before it sends what the same step produced.
     ///
@@ -576,7 +593,10 @@ impl Node {
     pub fn synced(&mut self, through: u64, now_ms: u64, out: &mut Outbox) {
         self.synced = self.synced.max(through);
         if self.geo.is_some() {
-            for p in 0..self.parts.len() as PartitionId {
+            // Without a log, replicas count what they apply as on disk at
+            // once: none has more to report now.
+            let logged = if self.logs { self.parts.len() as PartitionId } else { 0 };
+            for p in 0..logged {
                 // Only a replica with more on disk has more to report.
                 if self.parts[p as usize].as_mut().is_some_and(|r| r.synced(self.synced)) {
                     self.geo_tail(p, out);
@@ -799,6 +819,9 @@ impl Node {
                 None => *slot = ChainReplica::joining(&topology, p, me, site, self.retained[p as usize].take(), now_ms, out),
             }
             if let Some(r) = &mut self.parts[p as usize] {
+                if !self.logs {
+                    r.without_log();
+                }
                 self.log.extend(r.take_log());
             }
         }

@@ -3,9 +3,9 @@
 //! Each key's latest version is one packed allocation (`entry`), found
 //! through one hash table of those entries: the key is not stored twice,
 //! the value is inline, and the version costs a few bytes
-//! (`entry::Entry`). A key with a 16-byte value takes about 90 bytes, a
-//! 100-byte value about 170, where Redis takes 129 and 208
-//! (BENCHMARKS.md, "Memory").
+//! (`entry::Entry`). A node's RSS grows by about 103 bytes per key with
+//! 16-byte values and 204 with 100-byte values, where Redis's grows by 130
+//! and 208 (BENCHMARKS.md, "Memory").
 //!
 //! Get-transactions read "the latest version at or before timestamp S" at
 //! the chain heads (see `chain`), and S is at most a few milliseconds old,
@@ -16,8 +16,10 @@
 //! retries with a fresh S) rather than answered wrongly.
 //!
 //! Deletes are tombstone versions (value `None`) so that they order and
-//! replicate like any write. Expired values read as absent; nothing expires
-//! them actively yet (memory is reclaimed when the key is written again).
+//! replicate like any write. Expired values read as absent; the head
+//! expires them actively (`chain/expiry.rs`: a tombstone of the same
+//! version, replicated down the chain), and tombstones are collected once
+//! no write they must win against can still arrive.
 
 mod entry;
 mod history;

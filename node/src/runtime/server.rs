@@ -32,7 +32,7 @@ const IDLE_TICK: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT
 /// visibility delay from 60 to 17 ms (p50) on this machine (now 10). 2 ms
 /// and 1 ms take it to 6.5 and 5 ms, but under load nine nodes on two cores
 /// then spend 20-45% more CPU per operation (timer wakeups and batches
-/// sent, each tick): BENCHMARKS.md, session 11.
+/// sent, each tick).
 const GEO_TICK: Duration = Duration::from_millis(5);
 
 /// Both clocks, for the node state machine.
@@ -101,13 +101,13 @@ impl Node {
         run(&mut core, &mut out);
         let log = core.take_log();
         let ticket = match self.wal.get() {
-            _ if log.is_empty() => None,
+            Some(_) if log.is_empty() => None,
             Some(w) => {
                 // Several sites: tails report only what is on disk.
                 w.append(core.logged(), &log, core.geo().is_some());
                 Some((w, core.logged()))
             }
-            // No disk: nothing to wait for.
+            // No disk: nothing to wait for (`core::node::Node::without_log`).
             None => {
                 let logged = core.logged();
                 core.synced(logged, now_ms(), &mut out);
@@ -391,7 +391,13 @@ pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio
     let node = Arc::new(Node {
         me,
         topology: RwLock::new(Arc::new(topology.clone())),
-        core: Mutex::new(core_node::Node::new(identity, topology)),
+        core: Mutex::new({
+            let mut core = core_node::Node::new(identity, topology);
+            if config.data_dir.is_none() {
+                core.without_log();
+            }
+            core
+        }),
         peers: RwLock::new(peers),
         inbound: Mutex::new(AHashMap::new()),
         sites,

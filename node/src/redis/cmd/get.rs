@@ -4,7 +4,7 @@
 //! absent (counted in INFO's keyspace hits and misses). Any other number of
 //! arguments is refused by the arity check in `mod.rs`.
 
-use super::{only, own, Batch};
+use super::{only, Batch};
 use crate::redis::conn::client_error;
 use crate::runtime::Clock;
 use bytes::Bytes;
@@ -12,9 +12,11 @@ use causeway_core::driver::{Request, Response};
 use causeway_resp::Frame;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// GET key: one read on the session.
+/// GET key: one read on the session. The key stays a slice of the
+/// connection's read buffer (a read holds it only while it runs; the
+/// session copies what it keeps).
 pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
-    Batch::new(vec![Request::Get(own(&args[1]))], |server, responses| match only(responses) {
+    Batch::new(vec![Request::Get(args[1].clone())], |server, responses| match only(responses) {
         Ok(Response::Read { value: Some(v), .. }) => {
             server.stats.keyspace_hits.fetch_add(1, Relaxed);
             Frame::Bulk(v)

@@ -131,6 +131,8 @@ impl Node {
         }
     }
 
+    /// Where every geo message goes: the one place `GeoMsg` is dispatched
+    /// (`Geo::step` then sorts those it is handed among its parts).
     pub(super) fn geo_step(&mut self, msg: GeoMsg, now_ms: u64, out: &mut Outbox) {
         let epoch = self.topology.epoch;
         match msg {
@@ -166,7 +168,21 @@ impl Node {
                 };
                 self.with(write.partition, |r| r.apply_remote(write, reply, now_ms, out));
             }
-            msg => {
+            // Every variant is named here, so a new one must be routed on
+            // purpose: the ones above act on this node's replicas; these
+            // go to the site's geo machinery (reporters, stabilizer,
+            // receiver, sequencer: `Geo::step`).
+            msg @ (GeoMsg::Ids(_)
+            | GeoMsg::IdsAcks(_)
+            | GeoMsg::Ship(_)
+            | GeoMsg::SiteAck(_)
+            | GeoMsg::Values { .. }
+            | GeoMsg::ValuesAcks(_)
+            | GeoMsg::Applied { .. }
+            | GeoMsg::SiteTime { .. }
+            | GeoMsg::Synced { .. }
+            | GeoMsg::Relayed(_)
+            | GeoMsg::Sequence { .. }) => {
                 let topology = self.topology.clone();
                 if let Some(geo) = &mut self.geo {
                     geo.step(msg, false, &topology, now_ms, out);

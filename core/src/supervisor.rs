@@ -244,8 +244,14 @@ impl Supervisor {
             .filter(|&&m| m != n && self.holds(current, m, p, now_ms) && self.heard_since(m, back_ms))
             .map(|&m| self.applied(m, p))
             .max();
+        // A head or a middle member catches up from its successor, which
+        // holds all that is stable; a tail has none: others may have
+        // declared stable, while it was down, writes it lacks (it was out
+        // of the chain and put back at its tail before it restarted), and
+        // nobody resends those.
+        let tail = current.chain(p).tail() == n;
         match (recovered.whole, mine, best) {
-            (true, Some(_), _) if !recovered.incomplete.contains(&p) => Verdict::Keep,
+            (true, Some(a), b) if !recovered.incomplete.contains(&p) && (!tail || b.is_none_or(|b| a >= b)) => Verdict::Keep,
             (_, _, None) => Verdict::Orphan,
             // Synced, and as far as every other copy: nothing the chain
             // holds is missing (it catches up from its successor anyway).
@@ -997,6 +1003,40 @@ mod tests {
     /// left of one of them was then wiped. Now an incomplete replica leaves
     /// its chain only if another member holds the partition further, and
     /// the whole ones stay.
+    /// Found by the campaign (seed 243, with balanced roles): a node
+    /// crashed as it left a chain from its tail, was put back at that tail
+    /// as a newcomer while still counted alive, and restarted with a whole
+    /// log before it ever adopted that. Resumed in place, it served its old
+    /// copy as the tail: the others had declared stable, without it, writes
+    /// it lacked, and nobody sent them (a read older than the reader's own
+    /// past). A recovered tail has no successor to catch up from: it stays
+    /// in place only if no other copy is further; a head or a middle member
+    /// catches up from its successor and stays.
+    #[test]
+    fn a_restarted_tail_that_another_copy_is_ahead_of_returns_by_state_transfer() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        let mine: Vec<PartitionId> = (0..16).filter(|&p| t.chain(p).nodes.contains(&1)).collect();
+        let ends: Vec<PartitionId> = mine.iter().copied().filter(|&p| t.chain(p).tail() == 1).collect();
+        assert!(!ends.is_empty() && ends.len() < mine.len());
+        let at = |n: NodeId, a: u64| Beat { applied: (0..16).map(|p| (p, a)).collect(), ..beat(&t, n, t.epoch) };
+        let restarted = Beat {
+            incarnation: 7,
+            applied: mine.iter().map(|&p| (p, 5)).collect(),
+            recovered: Some(Recovered { whole: true, incomplete: Vec::new() }),
+            ..beat(&t, 1, t.epoch)
+        };
+        s.heartbeat(restarted, 2_100);
+        for n in [0, 2, 3] {
+            s.heartbeat(at(n, 9), 2_150);
+        }
+        let out = s.next(&t, 2_150).unwrap();
+        assert!(out.topology.admits(1, 7), "{}", out.why);
+        for &p in &mine {
+            assert_eq!(out.topology.chain(p).nodes.contains(&1), !ends.contains(&p), "p{p}: {}", out.why);
+        }
+    }
+
     #[test]
     fn a_restart_with_incomplete_replicas_keeps_what_no_other_copy_has() {
         let t = site(4);

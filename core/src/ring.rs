@@ -252,33 +252,42 @@ fn placement(ids: &[NodeId], shape: Shape) -> Placement {
     thread_local! {
         static LAST: std::cell::RefCell<Vec<(Vec<NodeId>, Shape, Placement)>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
     LAST.with(|last| {
-        if let Some((_, _, placed)) = last.borrow().iter().find(|(i, s, _)| i == ids && *s == shape) {
+        if let Some((_, _, placed)) = last.borrow().iter().find(|(i, s, _)| *i == ids && *s == shape) {
             return placed.clone();
         }
-        let ring: Vec<Vec<NodeId>> = (0..shape.partitions).map(|p| ring_order(ids, p).take(shape.replicas).collect()).collect();
-        let mut heads: Vec<NodeId> = ring.iter().map(|c| c[0]).collect();
-        spread(&mut heads, &ring);
-        let others: Vec<Vec<NodeId>> = ring.iter().zip(&heads).map(|(c, h)| c.iter().copied().filter(|n| n != h).collect()).collect();
-        let mut tails: Vec<NodeId> = others.iter().map(|o| o.last().copied().unwrap_or(NodeId::MAX)).collect();
-        if shape.replicas > 1 {
-            spread(&mut tails, &others);
-        }
-        let chains: Vec<Vec<NodeId>> = heads
-            .iter()
-            .zip(&tails)
-            .zip(&others)
-            .map(|((&head, &tail), others)| {
-                let middles = others.iter().copied().filter(|&n| n != tail);
-                std::iter::once(head).chain(middles).chain(others.contains(&tail).then_some(tail)).collect()
-            })
-            .collect();
-        let placed = std::rc::Rc::new(chains);
+        let placed = std::rc::Rc::new(place(&ids, shape));
         let mut last = last.borrow_mut();
         last.truncate(KEPT - 1);
-        last.insert(0, (ids.to_vec(), shape, placed.clone()));
+        last.insert(0, (ids, shape, placed.clone()));
         placed
     })
+}
+
+/// `placement`, computed.
+fn place(ids: &[NodeId], shape: Shape) -> Vec<Vec<NodeId>> {
+    let ring: Vec<Vec<NodeId>> = (0..shape.partitions).map(|p| ring_order(ids, p).take(shape.replicas).collect()).collect();
+    if ids.is_empty() {
+        return ring;
+    }
+    let mut heads: Vec<NodeId> = ring.iter().map(|c| c[0]).collect();
+    spread(&mut heads, &ring);
+    let others: Vec<Vec<NodeId>> = ring.iter().zip(&heads).map(|(c, h)| c.iter().copied().filter(|n| n != h).collect()).collect();
+    // A chain of one member (fewer nodes than R) has no tail to choose: it
+    // gets a stand-in that is nobody's candidate, so it never moves.
+    let mut tails: Vec<NodeId> = others.iter().map(|o| o.last().copied().unwrap_or(NodeId::MAX)).collect();
+    spread(&mut tails, &others);
+    heads
+        .iter()
+        .zip(&tails)
+        .zip(&others)
+        .map(|((&head, &tail), others)| {
+            let middles = others.iter().copied().filter(|&n| n != tail);
+            std::iter::once(head).chain(middles).chain(others.contains(&tail).then_some(tail)).collect()
+        })
+        .collect()
 }
 
 /// Chains, head first, by partition.
@@ -507,6 +516,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With fewer nodes than R (failures), chains are as long as the nodes
+    /// allow; with none, empty.
+    #[test]
+    fn a_site_smaller_than_r_places_what_it_has() {
+        let t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2 }, nodes(3)).unwrap();
+        let one = t.without(0).without(1).rebalanced();
+        assert!(one.chains.iter().all(|c| c.nodes == vec![2]));
+        let two = t.without(0).rebalanced();
+        assert!(two.chains.iter().all(|c| c.len() == 2));
+        assert!(two.roles(1).head.abs_diff(two.roles(2).head) <= 1, "heads spread over the two");
+        assert!(one.without(2).rebalanced().chains.iter().all(|c| c.is_empty()));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //!   every node, and the replicas of each chain are identical;
 //! * a node paused past the failure timeout, then the coordinator leader
 //!   paused as long: the site comes back to every node a member, every
-//!   chain at R and back in its ring order (roles balanced), and writes
+//!   chain at R and back in its placed order (roles balanced), and writes
 //!   keep flowing;
 //! * a coordinator member restarted on an empty disk: it rejoins (its Raft
 //!   log caught up from the leader) and the coordinator keeps deciding.
@@ -130,9 +130,9 @@ fn a_paused_node_then_a_paused_leader_and_the_site_heals_by_itself() {
     readable_everywhere(&c, &[0, 1, 2, 3], &acked);
     replicas_identical(&c, &[0, 1, 2, 3]);
     // The nodes that came back took the tail of their chains; roles move
-    // back to the ring's order by themselves (heads, middles and tails as
+    // back to the placed order by themselves (heads, middles and tails as
     // at the start).
-    c.eventually(WAIT, "every chain back in its ring order", || (c.chains(0) == placed).then_some(()));
+    c.eventually(WAIT, "every chain back in its placed order", || (c.chains(0) == placed).then_some(()));
 }
 
 #[test]

@@ -7,13 +7,20 @@
 //! data item is placed in R consecutive data servers in the DHT ring"). Adding
 //! or removing a node therefore only moves the partitions next to it.
 //!
+//! The ring says who holds a partition, not in which order: load follows
+//! roles (heads take writes, tails linearizable reads and geo reporting),
+//! and taken in ring order the roles are as uneven as the ring's arcs (on
+//! four nodes and 64 partitions one node heads 22 chains and another ends
+//! 24, where 16 is the fair share). Each chain's order is chosen so heads
+//! and tails spread evenly (`placement`).
+//!
 //! A `Topology` is immutable and carries an `epoch`; every request names the
 //! epoch it was routed with so a node can answer "not responsible" to callers
 //! with an old map (the p2p store's `server-not-responsible` + `keyrange`).
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// A data node of one site.
@@ -126,7 +133,7 @@ impl Topology {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             return Err(Error::InvalidInput("node ids must be distinct".into()));
         }
-        let chains = (0..shape.partitions).map(|p| Chain { nodes: ring_order(&ids, p).take(shape.replicas).collect() }).collect();
+        let chains = placement(&ids, shape).iter().map(|nodes| Chain { nodes: nodes.clone() }).collect();
         Ok(Topology { epoch, shape, nodes, chains, admitted: BTreeMap::new(), returning: Vec::new() })
     }
 
@@ -184,8 +191,8 @@ impl Topology {
         let mut t = self.clone();
         t.epoch += 1;
         let ids: Vec<NodeId> = t.nodes.iter().map(|n| n.id).collect();
-        for (p, c) in t.chains.iter_mut().enumerate() {
-            let ideal: Vec<NodeId> = ring_order(&ids, p as PartitionId).take(t.shape.replicas).collect();
+        let placed = placement(&ids, t.shape);
+        for (c, ideal) in t.chains.iter_mut().zip(placed.iter()) {
             c.nodes.retain(|n| ideal.contains(n));
             let missing: Vec<NodeId> = ideal.iter().copied().filter(|n| !c.nodes.contains(n)).collect();
             c.nodes.extend(missing);
@@ -193,22 +200,22 @@ impl Topology {
         t
     }
 
-    /// Chain `p` one step nearer its order on the ring, if it has its ring
-    /// members but not in their ring order: the first member out of place
-    /// moves up to its place (the others keep their order). Moving up is
-    /// the only safe move (the mover catches up from its new successor,
-    /// `ChainReplica::catch_up`); repeated, it restores the ring's order,
-    /// which spreads head, middle and tail roles over the nodes as evenly
-    /// as the ring spreads partitions. Joins and returns append at the
-    /// tail; this undoes that.
-    pub fn toward_ring_order(&self, p: PartitionId) -> Option<Vec<NodeId>> {
+    /// Chain `p` one step nearer its placed order (`placement`), if it has
+    /// its placed members but not in that order: the first member out of
+    /// place moves up to its place (the others keep their order). Moving up
+    /// is the only safe move (the mover catches up from its new successor,
+    /// `ChainReplica::catch_up`); repeated, at most R - 1 times, it restores
+    /// the placed order, which spreads head and tail roles evenly over the
+    /// nodes. Joins and returns append at the tail; this undoes that.
+    pub fn toward_placed_order(&self, p: PartitionId) -> Option<Vec<NodeId>> {
         let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
-        let ideal: Vec<NodeId> = ring_order(&ids, p).take(self.shape.replicas).collect();
+        let placed = placement(&ids, self.shape);
+        let ideal = &placed[p as usize];
         let chain = &self.chain(p).nodes;
         if chain.len() != ideal.len() || ideal.iter().any(|n| !chain.contains(n)) {
             return None;
         }
-        let at = chain.iter().zip(&ideal).position(|(c, i)| c != i)?;
+        let at = chain.iter().zip(ideal).position(|(c, i)| c != i)?;
         let mut moved: Vec<NodeId> = chain.iter().copied().filter(|&n| n != ideal[at]).collect();
         moved.insert(at, ideal[at]);
         Some(moved)
@@ -230,6 +237,132 @@ impl Topology {
         }
         r
     }
+}
+
+/// Every partition's chain on the ring of `ids`, head first: its members
+/// are the first `replicas` distinct nodes clockwise from its point
+/// (`ring_order`); its head, then its tail among the others, are chosen so
+/// that no node heads (ends) more chains than it must (`spread`), and the
+/// middles keep their ring order. Every coordinator member and node
+/// computes the same chains. The coordinator asks on every round, for the
+/// site's nodes and, while it drains one, for the nodes without it: the
+/// last few are kept.
+fn placement(ids: &[NodeId], shape: Shape) -> Placement {
+    const KEPT: usize = 4;
+    thread_local! {
+        static LAST: std::cell::RefCell<Vec<(Vec<NodeId>, Shape, Placement)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    LAST.with(|last| {
+        if let Some((_, _, placed)) = last.borrow().iter().find(|(i, s, _)| *i == ids && *s == shape) {
+            return placed.clone();
+        }
+        let placed = std::rc::Rc::new(place(&ids, shape));
+        let mut last = last.borrow_mut();
+        last.truncate(KEPT - 1);
+        last.insert(0, (ids, shape, placed.clone()));
+        placed
+    })
+}
+
+/// `placement`, computed.
+fn place(ids: &[NodeId], shape: Shape) -> Vec<Vec<NodeId>> {
+    let ring: Vec<Vec<NodeId>> = (0..shape.partitions).map(|p| ring_order(ids, p).take(shape.replicas).collect()).collect();
+    if ids.is_empty() {
+        return ring;
+    }
+    let mut heads: Vec<NodeId> = ring.iter().map(|c| c[0]).collect();
+    spread(&mut heads, &ring);
+    let others: Vec<Vec<NodeId>> = ring.iter().zip(&heads).map(|(c, h)| c.iter().copied().filter(|n| n != h).collect()).collect();
+    // A chain of one member (fewer nodes than R) has no tail to choose: it
+    // gets a stand-in that is nobody's candidate, so it never moves.
+    let mut tails: Vec<NodeId> = others.iter().map(|o| o.last().copied().unwrap_or(NodeId::MAX)).collect();
+    spread(&mut tails, &others);
+    heads
+        .iter()
+        .zip(&tails)
+        .zip(&others)
+        .map(|((&head, &tail), others)| {
+            let middles = others.iter().copied().filter(|&n| n != tail);
+            std::iter::once(head).chain(middles).chain(others.contains(&tail).then_some(tail)).collect()
+        })
+        .collect()
+}
+
+/// Chains, head first, by partition.
+type Placement = std::rc::Rc<Vec<Vec<NodeId>>>;
+
+/// Gives each partition's role (`chosen[p]`, one of `candidates[p]`) to
+/// other candidates until no node has the role for more partitions than it
+/// must. A move follows a path: node x hands the role of one of its
+/// partitions to a candidate y, y hands one of its own to z, ... until one
+/// that has it at least two fewer times than x (x loses one, that node
+/// gains one, the others keep their count). When no node has such a path,
+/// the busiest node's count is the least possible: every node it reaches
+/// has at least one fewer, and the partitions they hold the role for have
+/// no candidate outside them. Starting from the ring's choice, only what
+/// must change changes.
+fn spread(chosen: &mut [NodeId], candidates: &[Vec<NodeId>]) {
+    let mut load: BTreeMap<NodeId, usize> = candidates.iter().flatten().map(|&n| (n, 0)).collect();
+    for n in chosen.iter() {
+        *load.entry(*n).or_default() += 1;
+    }
+    let mut held: BTreeMap<NodeId, BTreeSet<usize>> = BTreeMap::new();
+    for (p, &n) in chosen.iter().enumerate() {
+        held.entry(n).or_default().insert(p);
+    }
+    loop {
+        let mut busiest: Vec<(usize, NodeId)> = load.iter().map(|(&n, &l)| (l, n)).collect();
+        busiest.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let Some((from, path)) = busiest.iter().find_map(|&(l, x)| Some((x, relief(x, l, &held, candidates, &load)?))) else {
+            return;
+        };
+        *load.get_mut(&from).expect("a candidate") -= 1;
+        *load.get_mut(&path[0].1).expect("a candidate") += 1;
+        for (p, n) in path {
+            held.get_mut(&chosen[p]).expect("held").remove(&p);
+            held.entry(n).or_default().insert(p);
+            chosen[p] = n;
+        }
+    }
+}
+
+/// A path relieving `x`, which has the role `load` times (see `spread`):
+/// the partitions to hand over, each with its new holder, from the node
+/// that ends it back to `x`; breadth first, so the shortest.
+fn relief(
+    x: NodeId,
+    load: usize,
+    held: &BTreeMap<NodeId, BTreeSet<usize>>,
+    candidates: &[Vec<NodeId>],
+    loads: &BTreeMap<NodeId, usize>,
+) -> Option<Vec<(usize, NodeId)>> {
+    // Who reached each node, through which partition.
+    let mut came: BTreeMap<NodeId, (NodeId, usize)> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([x]);
+    while let Some(u) = queue.pop_front() {
+        for &p in held.get(&u).into_iter().flatten() {
+            for &v in &candidates[p] {
+                if v == x || came.contains_key(&v) {
+                    continue;
+                }
+                came.insert(v, (u, p));
+                if loads[&v] + 2 <= load {
+                    let mut path = Vec::new();
+                    let mut at = v;
+                    while at != x {
+                        let (u, p) = came[&at];
+                        path.push((p, at));
+                        at = u;
+                    }
+                    return Some(path);
+                }
+                queue.push_back(v);
+            }
+        }
+    }
+    None
 }
 
 /// The distinct nodes clockwise from `partition`'s point on the ring of
@@ -350,10 +483,58 @@ mod tests {
         assert_eq!(same, 32);
     }
 
+    /// Taken in ring order, four nodes and 64 partitions give one node 22
+    /// heads and another 24 tails (fair: 16); placed, nobody has more than
+    /// a quarter above the fair share, on any site size and partition count
+    /// where a chain has a choice (R of at least 3, or R = N).
     #[test]
-    fn roles_return_to_the_ring_order_one_move_up_at_a_time() {
+    fn placed_roles_are_within_a_quarter_of_the_fair_share() {
+        for n in 3..=12u16 {
+            for partitions in [16, 64, 256, 1024] {
+                for replicas in [3, n as usize].into_iter().filter(|&r| r <= n as usize) {
+                    let t = Topology::new(1, Shape { partitions, replicas, k: 1 }, nodes(n)).unwrap();
+                    let fair = partitions as f64 / n as f64;
+                    let limit = (fair * 1.25).floor().max(fair.ceil()) as usize;
+                    for id in 0..n {
+                        let r = t.roles(id);
+                        assert!(
+                            r.head <= limit && r.tail <= limit,
+                            "{n} nodes, {partitions} partitions, R={replicas}: node {id} heads {} and ends {} (limit {limit})",
+                            r.head,
+                            r.tail
+                        );
+                    }
+                    // The members are the ring's: only their order changed.
+                    let ids: Vec<NodeId> = (0..n).collect();
+                    for (p, c) in t.chains.iter().enumerate() {
+                        let mut ring: Vec<NodeId> = ring_order(&ids, p as PartitionId).take(replicas).collect();
+                        let mut members = c.nodes.clone();
+                        ring.sort_unstable();
+                        members.sort_unstable();
+                        assert_eq!(members, ring);
+                    }
+                }
+            }
+        }
+    }
+
+    /// With fewer nodes than R (failures), chains are as long as the nodes
+    /// allow; with none, empty.
+    #[test]
+    fn a_site_smaller_than_r_places_what_it_has() {
+        let t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2 }, nodes(3)).unwrap();
+        let one = t.without(0).without(1).rebalanced();
+        assert!(one.chains.iter().all(|c| c.nodes == vec![2]));
+        let two = t.without(0).rebalanced();
+        assert!(two.chains.iter().all(|c| c.len() == 2));
+        assert!(two.roles(1).head.abs_diff(two.roles(2).head) <= 1, "heads spread over the two");
+        assert!(one.without(2).rebalanced().chains.iter().all(|c| c.is_empty()));
+    }
+
+    #[test]
+    fn roles_return_to_the_placed_order_one_move_up_at_a_time() {
         let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(4)).unwrap();
-        assert!((0..64).all(|p| t.toward_ring_order(p).is_none()), "placed chains are in ring order");
+        assert!((0..64).all(|p| t.toward_placed_order(p).is_none()), "a new site's chains are in their placed order");
         // Node 0 fails and returns: it is at the tail of every chain it is in.
         let mut back = t.clone();
         for c in &mut back.chains {
@@ -365,7 +546,7 @@ mod tests {
         assert_eq!(back.roles(0).head, 0);
         for p in 0..64 {
             let mut steps = 0;
-            while let Some(order) = back.toward_ring_order(p) {
+            while let Some(order) = back.toward_placed_order(p) {
                 // One member moves up; the others keep their order.
                 let before = &back.chains[p as usize].nodes;
                 let mover = *order.iter().zip(before).find(|(a, b)| a != b).unwrap().0;

@@ -29,10 +29,13 @@
 //!   with live nodes (state transfer, then the new tail serves).
 //! * Then roles rebalance: a node that joined or returned took the tail of
 //!   its chains; once every member of a chain holds the data, the chain
-//!   moves one member up at a time towards its order on the ring
-//!   (`Topology::toward_ring_order`), so heads, middles and tails spread
-//!   over the nodes again. A member that moves up catches up from its new
-//!   successor before it serves (`ChainReplica::catch_up`).
+//!   moves one member up at a time towards its placed order
+//!   (`Topology::toward_placed_order`: no node heads or ends more chains
+//!   than it must), in the same change as the chains still being placed.
+//!   A member that moves up catches up from its new successor before it
+//!   serves (`ChainReplica::catch_up`). Members leave or move up only once
+//!   every live member has reported the current configuration, so one
+//!   change moves every chain that is ready, not the first few.
 //! * An operator can drain a node (`drain`): it leaves every chain the same
 //!   way, after the chains have been extended past it, so R is never lost;
 //!   it does not come back by itself.
@@ -240,8 +243,14 @@ impl Supervisor {
             .filter(|&&m| m != n && self.holds(current, m, p, now_ms) && self.heard_since(m, back_ms))
             .map(|&m| self.applied(m, p))
             .max();
+        // A head or a middle member catches up from its successor, which
+        // holds all that is stable; a tail has none: others may have
+        // declared stable, while it was down, writes it lacks (it was out
+        // of the chain and put back at its tail before it restarted), and
+        // nobody resends those.
+        let tail = current.chain(p).tail() == n;
         match (recovered.whole, mine, best) {
-            (true, Some(_), _) if !recovered.incomplete.contains(&p) => Verdict::Keep,
+            (true, Some(a), b) if !recovered.incomplete.contains(&p) && (!tail || b.is_none_or(|b| a >= b)) => Verdict::Keep,
             (_, _, None) => Verdict::Orphan,
             // Synced, and as far as every other copy: nothing the chain
             // holds is missing (it catches up from its successor anyway).
@@ -429,35 +438,57 @@ impl Supervisor {
         if let Some(&n) = self.draining.iter().next() {
             return self.drain_step(current, n, now_ms);
         }
-        // 5. Chains grow back to R, or move to their place on the ring.
-        let placed = self.placed(current, current, now_ms);
-        if placed.chains != current.chains {
-            return Some(Change { topology: placed, why: "chains placed on the ring".into() });
-        }
-        // 6. Roles rebalance: chains whose members all hold the data move
-        // one step nearer their ring order.
-        self.rebalance_roles(current, now_ms)
+        // 5. Chains grow back to R, or move to their place on the ring;
+        // 6. in the same change, the chains that have their members already
+        // and all of them hold the data move one step nearer their placed
+        // order (balanced roles). Each chain makes at most one of these
+        // moves per change, so a chain waits for no other.
+        let mut next = self.placed(current, current, now_ms);
+        let placed = next.chains.iter().zip(&current.chains).filter(|(a, b)| a != b).count();
+        let reordered = self.rebalance_roles(&mut next, current, now_ms);
+        let why = match (placed, reordered) {
+            (0, 0) => return None,
+            (_, 0) => format!("{placed} chains placed on the ring"),
+            (0, _) => format!("{reordered} chains reordered towards their placed order (balanced roles)"),
+            (_, _) => format!("{placed} chains placed on the ring, {reordered} reordered towards their placed order (balanced roles)"),
+        };
+        Some(Change { topology: next, why })
     }
 
-    /// Chains with every member holding the data, each moved one step
-    /// nearer its ring order (`Topology::toward_ring_order`).
-    fn rebalance_roles(&self, current: &Topology, now_ms: u64) -> Option<Change> {
-        let mut t = current.clone();
+    /// Whether every admitted member heard lately has sent a heartbeat at
+    /// `current`'s epoch. Members leave or move up a chain only then
+    /// (`placed`, `rebalance_roles`): a member is `settled` only by such a
+    /// heartbeat, so a change made on the first few would move the few
+    /// chains whose members all had sent one, and send every other chain
+    /// back to waiting for the next ones: a cascade of changes of a chain
+    /// or two, each waiting out a lease, that took seconds to balance roles
+    /// after a heal.
+    fn all_reported(&self, current: &Topology, now_ms: u64) -> bool {
+        current
+            .nodes
+            .iter()
+            .all(|n| self.alive_beat(n.id, now_ms).is_none_or(|b| !current.admits(n.id, b.incarnation) || b.epoch == current.epoch))
+    }
+
+    /// Moves each chain of `next` that is as in `current`, with every
+    /// member holding the data, one step nearer its placed order
+    /// (`Topology::toward_placed_order`); returns how many moved.
+    fn rebalance_roles(&self, next: &mut Topology, current: &Topology, now_ms: u64) -> usize {
         let mut moved = 0;
+        if !self.all_reported(current, now_ms) {
+            return 0;
+        }
         for p in 0..current.shape.partitions {
             let chain = &current.chain(p).nodes;
-            if !chain.iter().all(|&n| self.settled(current, n, p, now_ms)) {
+            if &next.chain(p).nodes != chain || !chain.iter().all(|&n| self.settled(current, n, p, now_ms)) {
                 continue;
             }
-            if let Some(order) = current.toward_ring_order(p) {
-                t.chains[p as usize].nodes = order;
+            if let Some(order) = current.toward_placed_order(p) {
+                next.chains[p as usize].nodes = order;
                 moved += 1;
             }
         }
-        (moved > 0).then(|| {
-            t.epoch += 1;
-            Change { topology: t, why: format!("{moved} chains reordered towards the ring's order (balanced roles)") }
-        })
+        moved
     }
 
     /// A node of `current` heard with an incarnation it does not admit: see
@@ -538,10 +569,11 @@ impl Supervisor {
     /// `t` (the current configuration, maybe with nodes added) with every
     /// chain moved towards its place on the ring (`Topology::rebalanced`),
     /// safely: members it should gain join at the tail at once if alive
-    /// (they fetch the state), but a member it should lose leaves only once every
-    /// member of its new chain holds the data (`settled`), so a chain is
-    /// never left with nobody but replicas still fetching. Meanwhile it is
-    /// one longer.
+    /// (they fetch the state), but a member it should lose leaves only once
+    /// every member of its new chain holds the data (`settled`, and every
+    /// member has reported this configuration: `all_reported`), so a chain
+    /// is never left with nobody but replicas still fetching. Meanwhile it
+    /// is one longer.
     ///
     /// A head that should leave first hands its role over: the first member
     /// that stays moves up to the head and catches up from it (a head may
@@ -556,10 +588,11 @@ impl Supervisor {
     fn placed(&self, t: &Topology, current: &Topology, now_ms: u64) -> Topology {
         let ideal = t.rebalanced();
         let mut next = ideal.clone();
+        let reported = self.all_reported(current, now_ms);
         for (p, chain) in next.chains.iter_mut().enumerate() {
             let p = p as PartitionId;
             let before = &current.chain(p).nodes;
-            let ready = chain.nodes.iter().all(|&n| before.contains(&n) && self.settled(current, n, p, now_ms));
+            let ready = reported && chain.nodes.iter().all(|&n| before.contains(&n) && self.settled(current, n, p, now_ms));
             let stays = |n: &NodeId| chain.nodes.contains(n);
             if let (true, Some(&head), Some(heir)) = (ready, before.first(), before.iter().position(stays)) {
                 if !stays(&head) {
@@ -707,6 +740,41 @@ mod tests {
         let grown = s.next(&t, 1_600).expect("chains are short").topology;
         assert!(grown.chains.iter().all(|c| c.len() == 3));
         assert_eq!(s.next(&grown, 1_600), None);
+    }
+
+    /// Nodes 0 and 1 came back at the tail of their chains. A change made
+    /// as soon as the chains without node 1 had every member settled would
+    /// move those only, and send every other chain back to waiting for
+    /// heartbeats at the new epoch (seconds of one-chain changes after a
+    /// heal): nothing moves until node 1 has reported the configuration
+    /// too, then every chain out of its placed order moves in one change.
+    #[test]
+    fn roles_move_once_every_member_has_reported_and_all_in_one_change() {
+        let placed = site(6);
+        let mut t = placed.clone();
+        for c in &mut t.chains {
+            for n in [1, 0] {
+                if let Some(i) = c.index_of(n) {
+                    c.nodes.remove(i);
+                    c.nodes.push(n);
+                }
+            }
+        }
+        let out_of_order: Vec<PartitionId> = (0..16).filter(|&p| t.toward_placed_order(p).is_some()).collect();
+        let without_1 = out_of_order.iter().filter(|&&p| t.chain(p).index_of(1).is_none()).count();
+        assert!(without_1 > 0 && without_1 < out_of_order.len());
+        let mut s = Supervisor::new(1_000, 0);
+        all_beat(&mut s, &t, &[0, 2, 3, 4, 5], 1_500);
+        s.heartbeat(beat(&t, 1, t.epoch - 1), 1_500);
+        assert_eq!(s.next(&t, 1_500), None, "node 1 has not reported epoch {}", t.epoch);
+        all_beat(&mut s, &t, &[1], 1_600);
+        let moved = s.next(&t, 1_600).expect("every member reported").topology;
+        for p in 0..16 {
+            let want = t.toward_placed_order(p).unwrap_or_else(|| t.chain(p).nodes.clone());
+            assert_eq!(moved.chain(p).nodes, want, "p{p}: one step nearer its placed order");
+        }
+        let steps = settle(&mut s, &moved, &[0, 1, 2, 3, 4, 5], 1_700);
+        assert_eq!(steps.last().unwrap().chains, placed.chains);
     }
 
     /// Runs the supervisor from `t` with every node of `nodes` beating,
@@ -866,12 +934,13 @@ mod tests {
         all_beat(&mut s, &t, &[0, 1, 2, 3], 0);
         all_beat(&mut s, &t, &[0, 1, 2], 1_500);
         let cut = s.next(&t, 1_500).unwrap().topology;
-        let mut t = s.next(&cut, 1_500).unwrap().topology; // chains grow back
-                                                           // Node 3 resumes, still at the old epoch: not back until it has
-                                                           // adopted the configuration that removed it.
-        s.heartbeat(beat(&t, 3, 1), 1_600);
-        all_beat(&mut s, &t, &[0, 1, 2], 1_600);
-        assert_eq!(s.next(&t, 1_600), None);
+        // The chains grow back (and their roles rebalance over three nodes).
+        let grown = s.next(&cut, 1_500).unwrap().topology;
+        // Node 3 resumes, still at the old epoch: not back until it has
+        // adopted the configuration that removed it.
+        s.heartbeat(beat(&grown, 3, 1), 1_600);
+        let mut t = settle(&mut s, &grown, &[0, 1, 2], 1_600).pop().unwrap();
+        assert!(t.node(3).is_none());
         let mut at = 1_600;
         let back_at = loop {
             at += 100;
@@ -933,6 +1002,40 @@ mod tests {
     /// left of one of them was then wiped. Now an incomplete replica leaves
     /// its chain only if another member holds the partition further, and
     /// the whole ones stay.
+    /// Found by the campaign (seed 243, with balanced roles): a node
+    /// crashed as it left a chain from its tail, was put back at that tail
+    /// as a newcomer while still counted alive, and restarted with a whole
+    /// log before it ever adopted that. Resumed in place, it served its old
+    /// copy as the tail: the others had declared stable, without it, writes
+    /// it lacked, and nobody sent them (a read older than the reader's own
+    /// past). A recovered tail has no successor to catch up from: it stays
+    /// in place only if no other copy is further; a head or a middle member
+    /// catches up from its successor and stays.
+    #[test]
+    fn a_restarted_tail_that_another_copy_is_ahead_of_returns_by_state_transfer() {
+        let t = site(4);
+        let mut s = Supervisor::new(1_000, 0);
+        let mine: Vec<PartitionId> = (0..16).filter(|&p| t.chain(p).nodes.contains(&1)).collect();
+        let ends: Vec<PartitionId> = mine.iter().copied().filter(|&p| t.chain(p).tail() == 1).collect();
+        assert!(!ends.is_empty() && ends.len() < mine.len());
+        let at = |n: NodeId, a: u64| Beat { applied: (0..16).map(|p| (p, a)).collect(), ..beat(&t, n, t.epoch) };
+        let restarted = Beat {
+            incarnation: 7,
+            applied: mine.iter().map(|&p| (p, 5)).collect(),
+            recovered: Some(Recovered { whole: true, incomplete: Vec::new() }),
+            ..beat(&t, 1, t.epoch)
+        };
+        s.heartbeat(restarted, 2_100);
+        for n in [0, 2, 3] {
+            s.heartbeat(at(n, 9), 2_150);
+        }
+        let out = s.next(&t, 2_150).unwrap();
+        assert!(out.topology.admits(1, 7), "{}", out.why);
+        for &p in &mine {
+            assert_eq!(out.topology.chain(p).nodes.contains(&1), !ends.contains(&p), "p{p}: {}", out.why);
+        }
+    }
+
     #[test]
     fn a_restart_with_incomplete_replicas_keeps_what_no_other_copy_has() {
         let t = site(4);

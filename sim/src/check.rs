@@ -168,7 +168,8 @@ impl CausalChecker {
                 if let Some(have) = got.get(dep_key) {
                     if have.is_none_or(|h| h < dep_version) {
                         self.violations.push(format!(
-                            "client {client} MGET fractured: {key:?} was written after its writer saw {dep_key:?}@{dep_version}, but the snapshot has {dep_key:?}@{}",
+                            "client {client} MGET fractured: {key:?}@{} was written after its writer saw {dep_key:?}@{dep_version}, but the snapshot has {dep_key:?}@{}",
+                            item.version.as_ref().map(|v| v.to_string()).unwrap_or_default(),
                             have.map(|h| h.to_string()).unwrap_or("nothing".into())
                         ));
                     }

@@ -828,7 +828,7 @@ impl Sim {
     }
 
     /// Whether the coordinator has nothing left to do: every node not
-    /// drained is a member, every chain is R long and in its ring order
+    /// drained is a member, every chain is R long and in its placed order
     /// (roles balanced).
     pub fn healed(&self) -> bool {
         let t = &self.topology;
@@ -836,7 +836,7 @@ impl Sim {
         t.returning.is_empty()
             && (0..self.nodes.len() as NodeId).all(|n| t.node(n).is_some() != drained(n))
             && t.chains.iter().all(|c| c.len() == t.shape.replicas)
-            && (0..t.shape.partitions).all(|p| t.toward_ring_order(p).is_none())
+            && (0..t.shape.partitions).all(|p| t.toward_placed_order(p).is_none())
     }
 
     /// Whether the site has nothing left to do by itself: every live node
@@ -847,7 +847,7 @@ impl Sim {
         let crashed = |n: NodeId| self.nodes[n as usize].crashed;
         (0..self.nodes.len() as NodeId).all(|n| crashed(n) || t.node(n).is_some() != self.drained.contains(&n))
             && t.chains.iter().all(|c| c.len() == t.shape.replicas && !c.nodes.iter().any(|&n| crashed(n)))
-            && (0..t.shape.partitions).all(|p| t.toward_ring_order(p).is_none())
+            && (0..t.shape.partitions).all(|p| t.toward_placed_order(p).is_none())
             && self.settled()
     }
 
@@ -890,8 +890,8 @@ impl Sim {
             }
         }
         for (p, c) in t.chains.iter().enumerate() {
-            if c.len() != t.shape.replicas || t.toward_ring_order(p as causeway_core::ring::PartitionId).is_some() {
-                lines.push(format!("  p{p}: {:?} (not R long or not in ring order)", c.nodes));
+            if c.len() != t.shape.replicas || t.toward_placed_order(p as causeway_core::ring::PartitionId).is_some() {
+                lines.push(format!("  p{p}: {:?} (not R long or not in its placed order)", c.nodes));
             }
         }
         lines.join("\n")

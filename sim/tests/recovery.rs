@@ -144,12 +144,12 @@ fn pause_a_node_then_the_coordinator_and_the_site_heals() {
 
 /// Found by `cli/tests/recovery.rs` on a loaded machine: a node paused
 /// past the failure timeout comes back at the tail of its chains, which
-/// then move it up towards their ring order while writers keep writing. A
+/// then move it up towards their placed order while writers keep writing. A
 /// member that moved up adopted the new order before its successor, which
 /// ignored its request to catch up; with writes flowing past it (its
 /// successor acknowledging them) it never asked again, and the site never
 /// settled until the writes stopped. Here the writers never stop: the
-/// chains must be back in their ring order with every replica holding its
+/// chains must be back in their placed order with every replica holding its
 /// data while they write.
 #[test]
 fn a_node_back_from_a_pause_moves_up_its_chains_while_writers_keep_writing() {

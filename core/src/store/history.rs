@@ -43,6 +43,15 @@ impl History {
         self.order.push_back((now_ms, key));
     }
 
+    /// Forgets every version kept of `key` (a newer one was not kept: the
+    /// latest then says older ones are gone).
+    pub fn forget(&mut self, key: &[u8]) {
+        // Most replicas keep nothing: no hashing for them.
+        if !self.keys.is_empty() {
+            self.keys.remove(key);
+        }
+    }
+
     /// Whether versions of `key` older than those kept may have existed:
     /// `None` if none is kept.
     pub fn truncated(&self, key: &[u8]) -> Option<bool> {

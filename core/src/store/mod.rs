@@ -141,6 +141,9 @@ impl PartitionStore {
                             let flagged = slot.get().view().with_replaced();
                             *slot.get_mut() = flagged;
                         }
+                        // What is kept from before may be older than this
+                        // one: a snapshot must not skip over it to them.
+                        self.history.forget(key);
                         return;
                     }
                     if self.history.holds(key, w.version) {
@@ -161,6 +164,11 @@ impl PartitionStore {
                 self.bytes = self.bytes + slot.get().size() - replaced.size();
                 if wants_history {
                     self.history.keep(key, replaced.view().stored(), replaced.view().replaced(), now_ms);
+                } else {
+                    // Versions kept from while snapshots came are older than
+                    // the one replaced now: a snapshot between the two must
+                    // be refused, not given the older one.
+                    self.history.forget(key);
                 }
             }
         }
@@ -433,6 +441,28 @@ mod tests {
         s.snapshot_seen(200);
         s.apply(b"k", Write { version: &v(300), seq: 3, value: Some(b"c"), expires_at_ms: None, expired: false }, 300);
         assert_eq!(at(&s, b"k", Timestamp::new(250, 0)).unwrap().unwrap().seq, 2, "kept once snapshots come");
+    }
+
+    /// Found by the simulator (sim/tests/roles.rs, seed 4): snapshots
+    /// stopped a while; a version kept from when they came stayed in the
+    /// history, the one after it was replaced without being kept, and a
+    /// snapshot between the two got the older one (a fractured MGET).
+    #[test]
+    fn a_version_replaced_while_snapshots_pause_is_not_skipped_by_older_history() {
+        let mut s = PartitionStore::default();
+        let v = |ms| Version::local(0, Timestamp::new(ms, 0));
+        s.snapshot_seen(100);
+        s.apply(b"k", Write { version: &v(100), seq: 1, value: Some(b"a"), expires_at_ms: None, expired: false }, 100);
+        s.apply(b"k", Write { version: &v(4_000), seq: 2, value: Some(b"b"), expires_at_ms: None, expired: false }, 4_000);
+        // No snapshot since 100: from 5100 on, replaced versions are not kept.
+        s.apply(b"k", Write { version: &v(6_000), seq: 3, value: Some(b"c"), expires_at_ms: None, expired: false }, 6_000);
+        assert_eq!(at(&s, b"k", Timestamp::new(5_000, 0)), Err(TooOld), "seq 2 is gone: asked again with a fresh time");
+        // The same with a write that lost last-writer-wins (several sites).
+        s.snapshot_seen(20_000);
+        s.apply(b"j", Write { version: &v(20_000), seq: 1, value: Some(b"a"), expires_at_ms: None, expired: false }, 20_000);
+        s.apply(b"j", Write { version: &v(22_000), seq: 2, value: Some(b"b"), expires_at_ms: None, expired: false }, 22_000);
+        s.apply(b"j", Write { version: &v(21_000), seq: 3, value: Some(b"c"), expires_at_ms: None, expired: false }, 26_000);
+        assert_eq!(at(&s, b"j", Timestamp::new(21_500, 0)), Err(TooOld), "the loser at 21000 is gone");
     }
 
     #[test]

@@ -102,6 +102,9 @@ struct SimNode {
     /// How far its wall clock is off (`Sim::skew_clocks`; a restart sets it
     /// right, as a new process on a fixed machine).
     skew_ms: i64,
+    /// Idle (`Node::idle`) since its last tick: not ticked again before
+    /// then, unless a step makes it busy (`Sim::idle_ticks`).
+    rests_until: u64,
 }
 
 impl SimNode {
@@ -216,6 +219,10 @@ pub struct Sim {
     pub network: Network,
     pub straggler: Option<Straggler>,
     pub fsync: Fsync,
+    /// Nodes tick as the TCP node's runtime does (`tick_loop`): an idle
+    /// node only every `IDLE_TICK_MS`, back to every tick as soon as a
+    /// step makes it busy. Off: every node ticks every `TICK_MS`.
+    pub idle_ticks: bool,
     /// The coordinator's configuration.
     topology: Arc<Topology>,
     nodes: Vec<SimNode>,
@@ -235,6 +242,8 @@ pub struct Sim {
     incarnations: u64,
     pub delivered: u64,
     pub dropped: u64,
+    /// Node ticks run.
+    pub ticks: u64,
     /// What the coordinator did, with when (for failure messages).
     pub changes: Vec<(u64, String)>,
     /// This site, and every site of the deployment (`world` runs several).
@@ -247,6 +256,9 @@ pub struct Sim {
 
 /// Milliseconds between node ticks.
 pub const TICK_MS: u64 = 10;
+/// Milliseconds between an idle node's ticks (`Sim::idle_ticks`), as the
+/// TCP node's.
+pub const IDLE_TICK_MS: u64 = causeway_core::node::HEARTBEAT_MS;
 /// Client request timeout in the simulation.
 pub const CLIENT_TIMEOUT_MS: u64 = 500;
 /// The coordinator's failure timeout in the simulation.
@@ -279,7 +291,16 @@ impl Sim {
             .map(|me| {
                 let mut core = Node::new(identity(me, me as u64 + 1, site, sites, replication, nodes), topology.clone());
                 let disk = core.take_log();
-                SimNode { core, synced: disk.len(), disk, saved: topology.clone(), crashed: false, paused_until: 0, skew_ms: 0 }
+                SimNode {
+                    core,
+                    synced: disk.len(),
+                    disk,
+                    saved: topology.clone(),
+                    crashed: false,
+                    paused_until: 0,
+                    skew_ms: 0,
+                    rests_until: 0,
+                }
             })
             .collect();
         let mut sim = Sim {
@@ -288,6 +309,7 @@ impl Sim {
             network,
             straggler: None,
             fsync: Fsync::Always,
+            idle_ticks: false,
             topology: Arc::new(topology),
             nodes,
             clients: Vec::new(),
@@ -302,6 +324,7 @@ impl Sim {
             incarnations: 1_000,
             delivered: 0,
             dropped: 0,
+            ticks: 0,
             changes: Vec::new(),
             site,
             sites: sites.to_vec(),
@@ -433,6 +456,9 @@ impl Sim {
         }
         if node.core.topology().epoch != before {
             node.saved = (**node.core.topology()).clone();
+        }
+        if node.rests_until > self.now_ms && !node.core.idle() {
+            node.rests_until = 0;
         }
         self.send_all(out);
     }
@@ -647,11 +673,15 @@ impl Sim {
             }
         }
         for n in 0..self.nodes.len() {
-            if self.nodes[n].crashed || self.nodes[n].paused_until > now {
+            let node = &self.nodes[n];
+            if node.crashed || node.paused_until > now || node.rests_until > now {
                 continue;
             }
-            let now = self.nodes[n].now(now);
-            self.step_node(n, |core, out| core.tick(now, out));
+            let at = node.now(now);
+            self.ticks += 1;
+            self.step_node(n, |core, out| core.tick(at, out));
+            let node = &mut self.nodes[n];
+            node.rests_until = if self.idle_ticks && node.core.idle() { now + IDLE_TICK_MS } else { 0 };
         }
         for i in 0..self.clients.len() {
             if self.clients[i].gone {
@@ -737,6 +767,7 @@ impl Sim {
         n.core = core;
         n.crashed = false;
         n.skew_ms = 0;
+        n.rests_until = 0;
     }
 
     /// Starts a crashed `node` again with nothing: no log, no saved
@@ -765,7 +796,7 @@ impl Sim {
         let saved = (*self.topology).clone();
         let core =
             Node::new(identity(id, self.incarnations, self.site, &self.sites, self.replication, self.nodes.len() as u16), saved.clone());
-        self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0, skew_ms: 0 });
+        self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0, skew_ms: 0, rests_until: 0 });
         self.supervisor.as_mut().expect("joins need the coordinator").add(NodeInfo { id, addr: format!("sim-{id}") });
         id
     }

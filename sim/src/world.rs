@@ -66,7 +66,9 @@ impl World {
             .iter()
             .map(|&s| {
                 let seed = seed.wrapping_mul(31).wrapping_add(s as u64);
-                Sim::site(seed, s, &ids, replication, nodes, shape, clients, network.clone()).with_coordinator()
+                let mut site = Sim::site(seed, s, &ids, replication, nodes, shape, clients, network.clone()).with_coordinator();
+                site.idle_ticks = true;
+                site
             })
             .collect::<Vec<_>>();
         let n = sites.len();

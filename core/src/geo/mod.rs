@@ -583,10 +583,13 @@ impl Geo {
                     for batch in batches {
                         s.step(StabilizerMsg::Ids(batch), now_ms, &mut sout);
                     }
-                    if s.is_leader() {
+                    if s.is_leader() && !s.idle() {
                         // Ship what became stable now rather than at the
                         // next tick (Eunomia's `process_stable`, driven by
                         // arrivals: a tick's wait less of visibility delay).
+                        // Without ids, a shipment only moves the stable
+                        // time: that waits for the tick, or every promise
+                        // that moved it would cost a message to every site.
                         s.tick(now_ms, &mut sout);
                     }
                     self.stabilizer_out(sout, out);
@@ -754,6 +757,38 @@ impl Geo {
         self.tails.values().map(|o| o.ids.unacked() + o.values.unacked()).sum()
     }
 
+    /// Whether nothing of geo-replication here waits on time, so the node
+    /// may tick as seldom as an idle single site (`node::Node::idle`):
+    ///
+    /// * the tails keep no id or value some stabilizer replica or site has
+    ///   not applied (they resend them on ticks), and none got one it has
+    ///   not sent (`fed`);
+    /// * no ask for promises is pending, to make here (`asked`) or to
+    ///   answer (`flush_at`), and no write waits for its number
+    ///   (`Replication::Sequenced`);
+    /// * the stabilizer replica, if any, holds no id (`Stabilizer::idle`)
+    ///   and owes no tail a refusal (a tail resends once it hears it);
+    /// * the receiver, if any, holds no remote update and owes no
+    ///   acknowledgement its origin keeps anything for (`Receiver::idle`).
+    ///
+    /// What flows while nobody writes does not count: promises, shipments
+    /// and value batches that only move a stream's time, their
+    /// acknowledgements (refusals aside), `SiteTime`. It goes on every
+    /// tick, and an idle node still ticks; were it to count, its flow
+    /// alone would keep every node busy. A write makes the node it reaches
+    /// busy at once (its chain, then this), and the nodes that get its id,
+    /// value or shipment as they step them.
+    pub fn idle(&self) -> bool {
+        self.tails.values().all(|o| o.ids.unacked() == 0 && o.values.unacked() == 0)
+            && self.fed.is_empty()
+            && !self.ids_acks.iter().any(|a| a.resend)
+            && self.asked.is_none()
+            && self.flush_at.is_none()
+            && self.sequencing.is_empty()
+            && self.stabilizer.as_ref().is_none_or(Stabilizer::idle)
+            && self.receiver.as_ref().is_none_or(Receiver::idle)
+    }
+
     /// The state of every reporter here, one line each (diagnostics).
     pub fn describe(&self) -> String {
         let mut lines = Vec::new();
@@ -802,7 +837,7 @@ fn group<K: Ord, T>(items: Vec<(K, T)>) -> BTreeMap<K, Vec<T>> {
 mod tests {
     use super::*;
     use crate::ring::{NodeInfo, Shape};
-    use stabilizer::IdVector;
+    use stabilizer::{IdVector, Position};
 
     fn ts(ms: u64) -> Timestamp {
         Timestamp::new(ms, 0)
@@ -869,6 +904,74 @@ mod tests {
         assert_eq!(shipped, 2);
         geo.tick(&topology, 1_000 + 3 * ASK_MS, &mut out);
         assert!(asks(&mut out).is_empty(), "nothing waits any more");
+    }
+
+    /// A tail's update keeps its node busy until every stabilizer replica
+    /// said every other site applied its id, and every other site
+    /// acknowledged its value as applied.
+    #[test]
+    fn a_tail_is_idle_once_every_destination_applied_what_it_reported() {
+        let (topology, mut geo) = site(2, 0);
+        let mut out = Outbox::new();
+        assert!(geo.idle());
+        let mut tail = Outbound::new(1, &[0, 1, 2], &[1], Some(0));
+        let u = Update {
+            seq: 1,
+            key: bytes::Bytes::from("k"),
+            version: crate::version::Version::local(0, ts(100)),
+            value: Some(bytes::Bytes::from("v")),
+            expires_at_ms: None,
+            ack: None,
+            local_dep: Timestamp::ZERO,
+            expired: false,
+        };
+        assert!(tail.record(0, &u));
+        geo.tails.insert(1, tail);
+        assert!(!geo.idle(), "its id and value are in flight");
+        let ids_ack = |replica, applied| IdsAck { replica, partition: 1, up_to: ts(100), applied, resend: false };
+        geo.step(GeoMsg::IdsAcks(vec![ids_ack(1, Timestamp::ZERO)]), false, &topology, 1_000, &mut out);
+        assert!(!geo.idle(), "received, not applied by site 1");
+        geo.step(GeoMsg::IdsAcks(vec![ids_ack(0, ts(100))]), false, &topology, 1_000, &mut out);
+        assert!(!geo.idle(), "the id is applied everywhere, the value not acknowledged");
+        let value_ack = ValuesAck { from: 1, origin: 0, partition: 1, received: ts(100), applied: ts(100), resend: false };
+        geo.step(GeoMsg::ValuesAcks(vec![value_ack]), false, &topology, 1_000, &mut out);
+        assert!(geo.idle());
+        // Promises reach it and go on to the stabilizer and site 1.
+        geo.promise(1, ts(200), None);
+        geo.tick(&topology, 1_300, &mut out);
+        assert!(!out.is_empty());
+        assert!(geo.idle());
+    }
+
+    /// The leader is busy from an id reported to its stabilizer until every
+    /// other site acknowledged it applied (asking for promises on the way),
+    /// and while another site's update is in its receiver.
+    #[test]
+    fn the_leader_is_idle_once_no_id_waits_to_be_shipped_or_applied() {
+        let (topology, mut geo) = site(2, 0);
+        let mut out = Outbox::new();
+        geo.step(ids(1, 0, &[], 50), false, &topology, 1_000, &mut out);
+        geo.tick(&topology, 1_005, &mut out);
+        assert!(geo.idle(), "promises alone");
+        geo.step(ids(0, 0, &[100], 100), false, &topology, 1_010, &mut out);
+        assert!(!geo.idle(), "an id waits for partition 1");
+        assert_eq!(geo.take_asked(1_010), Some(ts(100)), "heads here are asked to promise");
+        geo.step(ids(1, 50, &[], 120), false, &topology, 1_012, &mut out);
+        let shipped = drain(&mut out, |_, g| if let GeoMsg::Ship(s) = g { Some(s) } else { None });
+        assert_eq!(shipped.iter().map(|s| s.ids.len()).sum::<usize>(), 1);
+        geo.tick(&topology, 1_015, &mut out);
+        assert!(!geo.idle(), "shipped, not applied by site 1");
+        let through = Position::through(ts(100));
+        let ack = SiteAck { from: 1, origin: 0, received: through, applied: through, visible: through, resend: false };
+        geo.step(GeoMsg::SiteAck(ack), false, &topology, 1_100, &mut out);
+        geo.tick(&topology, 1_105, &mut out);
+        assert!(geo.idle());
+        // Site 1's update reaches the receiver here.
+        let id = UpdateId { partition: 0, ts: ts(90), local_dep: Timestamp::ZERO, vv: IdVector::from_elem(Timestamp::ZERO, 2) };
+        let ship =
+            Ship { origin: 1, to: 0, prev: Position::START, ids: vec![id], through: Position::through(ts(90)), applied: Position::START };
+        geo.step(GeoMsg::Ship(ship), false, &topology, 1_110, &mut out);
+        assert!(!geo.idle(), "site 1's update waits for its value");
     }
 
     /// A stabilizer replica acknowledges the batches of a tick in one

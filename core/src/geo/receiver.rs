@@ -156,6 +156,11 @@ struct ValueStream {
     /// `Receiver::eventual`: values handed out and not reported stable,
     /// with when they were last handed out.
     applying: BTreeMap<Timestamp, (RemoteWrite, Option<u64>)>,
+    /// `Receiver::eventual`: the latest value handed out, and what the last
+    /// acknowledgement said was applied: the origin keeps every value
+    /// until acknowledged (`Receiver::idle`).
+    handed: Timestamp,
+    acked: Timestamp,
 }
 
 impl ValueStream {
@@ -207,6 +212,9 @@ struct Origin {
     durable: Position,
     /// Everything up to here was handed out (values for it are stale).
     handed_out: Position,
+    /// `durable` as last acknowledged: the origin keeps every id (and its
+    /// value) after it (`Receiver::idle`).
+    acked_durable: Position,
     ack_due: bool,
     resend: bool,
     /// When it was last acknowledged.
@@ -317,6 +325,7 @@ impl Receiver {
                     applied: from,
                     durable: from,
                     handed_out: from,
+                    acked_durable: from,
                     ack_due: true,
                     resend: false,
                     acked_ms: 0,
@@ -429,6 +438,7 @@ impl Receiver {
                 };
                 let ack = ValuesAck { from: self.me, origin, partition, received: v.received, applied, resend: v.resend };
                 out.push(ReceiverOut::ValuesAck(ack));
+                v.acked = applied;
                 v.due = false;
                 v.resend = false;
             }
@@ -441,6 +451,7 @@ impl Receiver {
             }
             let ack = SiteAck { from: self.me, origin, received: o.received, applied: o.durable, visible: o.applied, resend: o.resend };
             out.push(ReceiverOut::Ack(ack));
+            o.acked_durable = o.durable;
             o.ack_due = false;
             o.resend = false;
             o.acked_ms = now_ms;
@@ -462,6 +473,26 @@ impl Receiver {
     /// Ids kept ahead of a gap.
     pub fn early(&self) -> usize {
         self.origins.values().flat_map(|o| o.early.values()).map(|run| run.ids.len()).sum()
+    }
+
+    /// Whether nothing here waits on time (`geo::Geo::idle`): every update
+    /// received is stable here and acknowledged to its origin as durable
+    /// (which keeps it until then), no value waits for its id, no shipment
+    /// for a gap to fill, no resend is to be asked for. What moves with
+    /// promises alone (an origin's stream past its last id, a value stream
+    /// past its last value) does not count: acknowledging it on the next
+    /// tick, however late, holds nothing back at the origin.
+    pub fn idle(&self) -> bool {
+        let stream_idle = |v: &ValueStream| v.applying.is_empty() && !v.resend && v.handed <= v.acked;
+        self.values.is_empty()
+            && self.origins.values().all(|o| {
+                o.pending.is_empty()
+                    && o.early.is_empty()
+                    && o.in_flight.is_empty()
+                    && !o.resend
+                    && o.handed_out <= o.acked_durable
+                    && o.streams.values().all(stream_idle)
+            })
     }
 
     /// Remote updates handed out and not reported stable yet.
@@ -558,6 +589,7 @@ impl Receiver {
                     };
                     out.push(ReceiverOut::Apply(write.clone()));
                     stream.applying.insert(value.ts, (write, None));
+                    stream.handed = value.ts;
                 } else if (Position { ts: value.ts, partition: value.partition }) > o.handed_out {
                     self.values.insert((value.origin, value.partition, value.ts), value);
                 }
@@ -917,6 +949,59 @@ mod tests {
         assert_eq!(r.early(), EARLY_RUNS);
         let ack = acks(&mut r);
         assert!(ack[0].resend, "a shipment was dropped");
+    }
+
+    /// Idle once every update received is stable here and acknowledged as
+    /// durable; a shipment or a value batch that only moves a stream's time
+    /// leaves it idle, its acknowledgement due on the next tick.
+    #[test]
+    fn idle_once_what_came_is_applied_and_acknowledged_durable() {
+        let mut r = Receiver::new(2, &[0, 1, 2], &VersionVector::default());
+        let mut out = Vec::new();
+        assert!(r.idle());
+        r.step(value(0, 1, 5), &mut out);
+        assert!(!r.idle(), "a value waits for its id");
+        r.step(ship(0, Position::START, vec![update(0, 1, 5, 0, &[]), update(0, 0, 10, 0, &[])], 10), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 5)]);
+        assert!(!r.idle(), "10 waits for its value, 5 to be stable here");
+        r.step(value(0, 0, 10), &mut out);
+        r.step(applied(0, 1, 5), &mut out);
+        r.step(applied(0, 0, 10), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 10)]);
+        assert_eq!(r.applied().get(0), ts(10));
+        acks_at(&mut r, 5);
+        assert!(!r.idle(), "applied, not durable: its origin keeps it");
+        r.mark(1);
+        r.synced(1);
+        assert!(!r.idle(), "durable, not acknowledged as such");
+        let ack = acks_at(&mut r, 10).into_iter().find(|a| a.origin == 0).unwrap();
+        assert_eq!(ack.applied, Position::through(ts(10)));
+        assert!(r.idle());
+        // Site 0's stream and partition 0's values move on, without updates.
+        r.step(ship(0, Position::through(ts(10)), vec![], 30), &mut out);
+        let promise = Batch { partition: 0, prev: ts(10), items: vec![], up_to: ts(30) };
+        r.step(ReceiverMsg::Values { origin: 0, batch: promise }, &mut out);
+        assert_eq!(r.applied().get(0), ts(30));
+        assert!(r.idle());
+        assert!(acks_at(&mut r, 20).iter().any(|a| a.origin == 0 && a.received == Position::through(ts(30))));
+        // A gap in the stream: not idle while it waits to be filled.
+        r.step(ship(0, Position::through(ts(40)), vec![update(0, 0, 50, 0, &[])], 50), &mut out);
+        assert!(!r.idle());
+    }
+
+    /// The eventual baseline: idle once every value handed out is stable
+    /// here and acknowledged.
+    #[test]
+    fn the_eventual_baseline_is_idle_once_values_are_applied_and_acknowledged() {
+        let mut r = Receiver::eventual(2, &[0, 1, 2], 1);
+        let mut out = Vec::new();
+        r.step(value(0, 0, 5), &mut out);
+        assert_eq!(applies(&mut out), vec![(0, 5)]);
+        assert!(!r.idle());
+        r.step(applied(0, 0, 5), &mut out);
+        assert!(!r.idle(), "stable, not acknowledged");
+        r.tick(10, &mut out);
+        assert!(r.idle());
     }
 
     #[test]

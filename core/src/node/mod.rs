@@ -527,11 +527,15 @@ impl Node {
     }
 
     /// Whether nothing here waits on time but the heartbeat: no replica
-    /// with anything to resend or ask for, no write or read parked, and
-    /// one site (geo-replication batches on the tick). The driver may then
-    /// tick only every `HEARTBEAT_MS`.
+    /// with anything to resend or ask for, no write or read parked, and,
+    /// with several sites, nothing of geo-replication in flight
+    /// (`Geo::idle`). The driver may then tick only every `HEARTBEAT_MS`,
+    /// as long as a step does not make it busy again.
     pub fn idle(&self) -> bool {
-        self.geo.is_none() && self.parked.is_empty() && self.waiting.is_empty() && self.parts.iter().flatten().all(ChainReplica::idle)
+        self.geo.as_ref().is_none_or(Geo::idle)
+            && self.parked.is_empty()
+            && self.waiting.is_empty()
+            && self.parts.iter().flatten().all(ChainReplica::idle)
     }
 
     /// Whether this node holds the coordinator's lease for the epoch it

@@ -261,6 +261,15 @@ impl Stabilizer {
         self.ops.len() + self.log.len()
     }
 
+    /// Whether nothing here waits on time (`geo::Geo::idle`): no id waits
+    /// to become stable, and every site acknowledged every stable id as
+    /// applied (so no shipment is left to repeat). A stable time that moved
+    /// since it was last shipped does not count: it goes with the next
+    /// tick, however late.
+    pub fn idle(&self) -> bool {
+        self.ops.is_empty() && self.log.is_empty()
+    }
+
     /// What site `site` acknowledged: (received, applied durably).
     pub fn acked(&self, site: SiteId) -> Option<(Position, Position)> {
         self.dests.get(&site).map(|d| (d.received, d.applied))

@@ -657,3 +657,43 @@ fn stabilizer_against_sequencer() {
         println!("| {partitions} | {:.2} M | {:.2} M | {:.2} | {:.2} M |", stab / 1e6, seq / 1e6, stab / seq, bare / 1e6);
     }
 }
+
+/// A replica is idle (nothing for it to do on a tick but ship promises)
+/// once every id it got is stable and every site acknowledged it as
+/// applied; promises alone, and what they ship, leave it idle.
+#[test]
+fn idle_once_every_site_applied_every_id() {
+    let mut s = Stabilizer::new(0, 7, 2, &[0, 1, 2]);
+    let mut out = Vec::new();
+    s.step(leader(7, 1), 0, &mut out);
+    s.step(batch(0, 0, &[], 10), 0, &mut out);
+    s.step(batch(1, 0, &[], 10), 0, &mut out);
+    s.tick(1, &mut out);
+    assert!(s.idle(), "promises alone");
+    s.step(batch(0, 10, &[20], 20), 2, &mut out);
+    assert!(!s.idle(), "an id waits to become stable");
+    s.step(batch(1, 10, &[], 30), 3, &mut out);
+    s.tick(4, &mut out);
+    let (mut site1, mut site2) = (Stream::default(), Stream::default());
+    for ship in ships(&mut out, 1) {
+        assert!(site1.take(&ship));
+    }
+    for ship in ships(&mut out, 2) {
+        assert!(site2.take(&ship));
+    }
+    assert_eq!(site1.got, vec![(20, 0)]);
+    assert!(!s.idle(), "shipped, not applied anywhere yet");
+    s.step(site1.ack(1), 5, &mut out);
+    s.tick(6, &mut out);
+    assert!(!s.idle(), "site 2 has not applied it");
+    s.step(site2.ack(2), 7, &mut out);
+    assert!(!s.idle(), "forgotten on the tick");
+    s.tick(8, &mut out);
+    assert!(s.idle());
+    // Promises go on, and so do shipments without ids: still idle.
+    s.step(batch(0, 20, &[], 40), 9, &mut out);
+    s.step(batch(1, 30, &[], 40), 9, &mut out);
+    s.tick(10, &mut out);
+    assert_eq!(ships(&mut out, 1).len(), 1);
+    assert!(s.idle());
+}

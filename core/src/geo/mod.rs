@@ -836,6 +836,7 @@ fn group<K: Ord, T>(items: Vec<(K, T)>) -> BTreeMap<K, Vec<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::geo::{Ship, SiteAck, ValuesAck};
     use crate::ring::{NodeInfo, Shape};
     use stabilizer::{IdVector, Position};
 

@@ -22,7 +22,7 @@ use crate::message::{send, Dest, Message, OpId, Outbox, Update};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::{SiteId, VersionVector};
 use receiver::{Receiver, ReceiverMsg, ReceiverOut, RemoteValue};
-use reporter::{Batch, Reporter};
+use reporter::{Batch, Reporter, Stamped};
 use sequencer::{SeqReply, SeqRequest, Sequencer};
 use serde::{Deserialize, Serialize};
 use stabilizer::{IdBatch, IdsAck, Stabilizer, StabilizerMsg, StabilizerOut, UpdateId};
@@ -90,6 +90,9 @@ struct Outbound {
     seqs: VecDeque<(Timestamp, u64)>,
     /// Ids go to the stabilizer (not with `Replication::Eventual`).
     report_ids: bool,
+    /// The latest item sent to any destination: one sent again up to
+    /// here is a resend (`Geo::send_batches`).
+    sent_through: Timestamp,
 }
 
 /// What stabilizer replicas that do not lead need only to take over goes
@@ -112,7 +115,7 @@ const IDLE_PROMISE_MS: u64 = 100;
 /// load, one round of promises per `ASK_MS` whatever the write rate.
 const ASK_MS: u64 = 5;
 /// Between ticks, a node's tails send new ids and values at once only if
-/// they sent none (promises alone do not count) for this long: the first
+/// they sent none (promises and resends do not count) for this long: the first
 /// write after a quiet spell does not wait for the tick, and a busy node
 /// sends on its ticks only (a batch per write would cost more than the
 /// wait saves).
@@ -131,6 +134,7 @@ impl Outbound {
             values: Reporter::new(partition, others),
             seqs: VecDeque::new(),
             report_ids: !replicas.is_empty(),
+            sent_through: Timestamp::ZERO,
         };
         for &site in others {
             o.values.set_idle_ms(site, VALUE_PROMISE_MS);
@@ -226,7 +230,8 @@ pub struct Geo {
     /// Promises past this answer the leader: tails here send theirs as
     /// soon as they all have one (`flush`).
     flush_at: Option<Timestamp>,
-    /// When tails here last sent ids or values (not promises alone).
+    /// When tails here last sent new ids or values (not promises alone,
+    /// nor resends).
     sent_ms: u64,
     /// The stabilizer replica's acknowledgements of ids, sent on the tick
     /// (one message per tail a tick, however many batches came: the
@@ -545,8 +550,19 @@ impl Geo {
     }
 
     fn send_batches(&mut self, ids: Vec<(NodeId, IdBatch)>, values: Vec<(SiteId, Batch<RemoteValue>)>, now_ms: u64, out: &mut Outbox) {
-        if ids.iter().any(|(_, b)| !b.items.is_empty()) || values.iter().any(|(_, b)| !b.items.is_empty()) {
-            self.sent_ms = now_ms;
+        // Only new items say the tails are busy (`EAGER_MS`). A resend
+        // (what a destination did not acknowledge in time, which a site
+        // 80 ms away never does within `REPORT_RESEND_MS`) counted too, and
+        // a write right after one waited for the tick.
+        let last_ids = ids.iter().map(|(_, b)| (b.partition, b.items.last().map(UpdateId::ts)));
+        let last_values = values.iter().map(|(_, b)| (b.partition, b.items.last().map(RemoteValue::ts)));
+        for (partition, last) in last_ids.chain(last_values) {
+            if let (Some(ts), Some(o)) = (last, self.tails.get_mut(&partition)) {
+                if ts > o.sent_through {
+                    o.sent_through = ts;
+                    self.sent_ms = now_ms;
+                }
+            }
         }
         for (replica, batches) in group(ids) {
             send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batches)));
@@ -907,6 +923,63 @@ mod tests {
         assert!(asks(&mut out).is_empty(), "nothing waits any more");
     }
 
+    /// A local update of site 0 the tail applied: `seq` at `ms`.
+    fn local_update(seq: u64, ms: u64) -> Update {
+        Update {
+            seq,
+            key: bytes::Bytes::from("k"),
+            version: crate::version::Version::local(0, ts(ms)),
+            value: Some(bytes::Bytes::from("v")),
+            expires_at_ms: None,
+            ack: None,
+            local_dep: Timestamp::ZERO,
+            expired: false,
+        }
+    }
+
+    /// The timestamps (ms) of the ids and values `out` carries, which it
+    /// empties.
+    fn items(out: &mut Outbox) -> (Vec<u64>, Vec<u64>) {
+        let (mut ids, mut values) = (Vec::new(), Vec::new());
+        for e in std::mem::take(out) {
+            match e.msg {
+                Message::Geo(GeoMsg::Ids(b)) => ids.extend(b.iter().flat_map(|b| b.items.iter().map(|i| i.ts.physical_ms()))),
+                Message::Geo(GeoMsg::Values { batches, .. }) => {
+                    values.extend(batches.iter().flat_map(|b| b.items.iter().map(|i| i.ts.physical_ms())))
+                }
+                _ => {}
+            }
+        }
+        (ids, values)
+    }
+
+    /// A write goes at once between ticks after a quiet spell, and after a
+    /// tick that only sent an unacknowledged one again: a resend does not
+    /// make the tails count as busy (`EAGER_MS`).
+    #[test]
+    fn a_resend_does_not_hold_the_next_write_back_for_the_tick() {
+        let (topology, mut geo) = site(2, 0);
+        let mut out = Outbox::new();
+        geo.tails.insert(1, Outbound::new(1, &[0, 1, 2], &[1], Some(0)));
+        let record = |geo: &mut Geo, seq, ms| {
+            assert!(geo.tails.get_mut(&1).unwrap().record(0, &local_update(seq, ms)));
+            geo.fed.insert(1);
+        };
+        record(&mut geo, 1, 100);
+        geo.flush(1_000, &mut out);
+        assert_eq!(items(&mut out), (vec![100; 3], vec![100]), "at once, to every replica and site");
+        let resent = 1_000 + reporter::REPORT_RESEND_MS;
+        geo.tick(&topology, resent, &mut out);
+        assert_eq!(items(&mut out), (vec![100; 3], vec![100]), "not acknowledged: sent again");
+        record(&mut geo, 2, 200);
+        geo.flush(resent + 1, &mut out);
+        assert_eq!(items(&mut out), (vec![200; 3], vec![200]));
+        // A new write right after it waits for the tick.
+        record(&mut geo, 3, 300);
+        geo.flush(resent + 2, &mut out);
+        assert_eq!(items(&mut out), (vec![], vec![]));
+    }
+
     /// A tail's update keeps its node busy until every stabilizer replica
     /// said every other site applied its id, and every other site
     /// acknowledged its value as applied.
@@ -916,17 +989,7 @@ mod tests {
         let mut out = Outbox::new();
         assert!(geo.idle());
         let mut tail = Outbound::new(1, &[0, 1, 2], &[1], Some(0));
-        let u = Update {
-            seq: 1,
-            key: bytes::Bytes::from("k"),
-            version: crate::version::Version::local(0, ts(100)),
-            value: Some(bytes::Bytes::from("v")),
-            expires_at_ms: None,
-            ack: None,
-            local_dep: Timestamp::ZERO,
-            expired: false,
-        };
-        assert!(tail.record(0, &u));
+        assert!(tail.record(0, &local_update(1, 100)));
         geo.tails.insert(1, tail);
         assert!(!geo.idle(), "its id and value are in flight");
         let ids_ack = |replica, applied| IdsAck { replica, partition: 1, up_to: ts(100), applied, resend: false };

@@ -37,8 +37,25 @@ fn over_the_wire(msg: Message) -> Message {
 #[test]
 #[ignore = "run under callgrind (module doc)"]
 fn sets() {
-    let writes = env("HOT_PATH_WRITES", 20_000);
-    let pipeline = env("HOT_PATH_PIPELINE", 1);
+    let (writes, pipeline) = (env("HOT_PATH_WRITES", 20_000), env("HOT_PATH_PIPELINE", 1));
+    let (parked, _) = run(writes, pipeline);
+    println!("{writes} writes, {pipeline} at a time per session; {parked} waited at their heads");
+}
+
+/// Deep pipelines from many sessions, each write waiting at its head for
+/// the previous one: every write finishes (a wakeup lost would stall the
+/// run), and nothing is left parked.
+#[test]
+fn deep_pipelines_all_finish() {
+    let (parked, waiting) = run(3_000, 16);
+    assert!(parked > 2_000, "most writes waited for the one before ({parked})");
+    assert_eq!(waiting, 0);
+}
+
+/// Runs `writes` writes, `pipeline` at a time per session, until every one
+/// is acknowledged: the writes that waited at their heads, and how many
+/// wait still.
+fn run(writes: usize, pipeline: usize) -> (u64, usize) {
     let infos: Vec<NodeInfo> = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
     let mut topology = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, infos).expect("valid");
     topology.admitted = (0..3).map(|id| (id, 1)).collect();
@@ -131,6 +148,7 @@ fn sets() {
             }
         }
     }
-    let parked: u64 = nodes.iter().map(|n| n.parked_writes().0).sum();
-    println!("{done} writes, {pipeline} at a time per session; {parked} waited at their heads");
+    assert_eq!(done, writes);
+    let parked = nodes.iter().map(|n| n.parked_writes().0).sum();
+    (parked, nodes.iter().map(|n| n.parked_writes().1).sum())
 }

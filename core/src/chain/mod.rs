@@ -358,6 +358,17 @@ impl ChainReplica {
         self.writes.get(client, write)
     }
 
+    /// Notes write `write` of `client` once applied here: a parked write
+    /// waits for it (`take_seen_writes`).
+    pub fn watch_write(&mut self, client: ClientId, write: u64, now_ms: u64) {
+        self.writes.watch(client, write, now_ms);
+    }
+
+    /// The watched writes applied since the last call.
+    pub fn take_seen_writes(&mut self) -> Vec<(ClientId, u64)> {
+        self.writes.take_seen()
+    }
+
     /// Whether session `client` has finished with its write `write`.
     pub fn finished(&self, client: ClientId, write: u64) -> bool {
         self.writes.finished(client, write)

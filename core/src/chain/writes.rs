@@ -32,6 +32,11 @@ pub struct Writes {
     sessions: AHashMap<ClientId, Session>,
     /// When sessions were last pruned by age.
     pruned_ms: u64,
+    /// Writes not applied yet that a write parked at this node waits for
+    /// (`watch`), with when the watch began.
+    watched: AHashMap<(ClientId, u64), u64>,
+    /// Watched writes applied since `take_seen`.
+    seen: Vec<(ClientId, u64)>,
 }
 
 impl Writes {
@@ -57,10 +62,23 @@ impl Writes {
         while s.writes.front().is_some_and(|f| f.write < s.done_below && f.seq <= stable) {
             s.writes.pop_front();
         }
+        if !self.watched.is_empty() && self.watched.remove(&(client, w.write)).is_some() {
+            self.seen.push((client, w.write));
+        }
         match s.writes.binary_search_by_key(&w.write, |x| x.write) {
             Ok(i) => s.writes[i] = w,
             Err(i) => s.writes.insert(i, w),
         }
+    }
+
+    /// Notes write `write` of `client` once it is applied here (`take_seen`).
+    pub fn watch(&mut self, client: ClientId, write: u64, now_ms: u64) {
+        self.watched.entry((client, write)).or_insert(now_ms);
+    }
+
+    /// The watched writes applied since the last call.
+    pub fn take_seen(&mut self) -> Vec<(ClientId, u64)> {
+        std::mem::take(&mut self.seen)
     }
 
     /// Forgets sessions that wrote nothing for `WRITE_MEMORY_MS` (checked
@@ -70,6 +88,8 @@ impl Writes {
             return;
         }
         self.pruned_ms = now_ms;
+        // A watch whose write never came (its waiter was dropped).
+        self.watched.retain(|_, since| now_ms.saturating_sub(*since) < WRITE_MEMORY_MS);
         self.sessions.retain(|_, s| s.writes.back().is_some_and(|w| now_ms.saturating_sub(w.at_ms) < WRITE_MEMORY_MS));
     }
 
@@ -121,6 +141,21 @@ mod tests {
         assert!(m.get(7, 3).is_none());
         assert_eq!(m.get(7, 4).map(|x| x.seq), Some(4));
         assert!(!m.finished(8, 1), "another session");
+    }
+
+    #[test]
+    fn a_watched_write_is_seen_once_applied() {
+        let mut m = Writes::default();
+        m.watch(7, 2, 0);
+        m.applied(7, w(1, 0), 0, 0);
+        assert!(m.take_seen().is_empty());
+        m.applied(7, w(2, 0), 0, 0);
+        assert_eq!(m.take_seen(), vec![(7, 2)]);
+        m.applied(7, w(2, 0), 0, 0);
+        assert!(m.take_seen().is_empty(), "seen once");
+        m.watch(8, 1, 0);
+        m.prune(WRITE_MEMORY_MS);
+        assert!(m.watched.is_empty(), "a watch whose write never came is forgotten");
     }
 
     #[test]

@@ -27,11 +27,16 @@
 use super::*;
 use crate::message::{ClientId, DepOn, WriteDep};
 use ahash::AHashMap;
+use std::cmp::Reverse;
+use std::collections::binary_heap::{BinaryHeap, PeekMut};
 
 /// A parked write is dropped after this long.
 const PARK_MS: u64 = 10_000;
 /// At most this many writes wait at once; past it they are refused.
 const MAX_PARKED: usize = 100_000;
+
+/// A write's session and id in it.
+type Id = (ClientId, u64);
 
 /// A write waiting for its dependencies.
 #[derive(Debug)]
@@ -40,17 +45,44 @@ struct Parked {
     req: PutRequest,
     deps: Vec<WriteDep>,
     since_ms: u64,
+    /// Which of the entries that name it in `Waiting::on` is current (a
+    /// resend replaces the write and indexes it again).
+    ticket: u64,
 }
 
-/// The writes parked at this node's heads.
+/// The writes parked at this node's heads, each listed once, under the
+/// first dependency it still waits for and what would let it go: a
+/// change looks only at the writes it may let go, so a deep pipeline
+/// costs nothing per message.
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
-    puts: AHashMap<(ClientId, u64), Parked>,
+    puts: AHashMap<Id, Parked>,
     /// Writes parked so far (INFO).
     pub(super) parked: u64,
-    /// For each partition, the writes waiting on it (entries of writes
-    /// ordered or dropped since are skipped when looked at).
-    on: AHashMap<PartitionId, Vec<(ClientId, u64)>>,
+    tickets: u64,
+    /// By the partition of the dependency they wait for.
+    on: AHashMap<PartitionId, Waiters>,
+}
+
+/// The parked writes waiting on one partition of this node, by what they
+/// need of its replica here (entries whose ticket is not their write's
+/// are stale: skipped).
+#[derive(Debug, Default)]
+struct Waiters {
+    /// Its `stable` watermark to reach a sequence number.
+    stable: BinaryHeap<Reverse<(u64, Id, u64)>>,
+    /// Its `applied` watermark to reach one (the same key).
+    applied: BinaryHeap<Reverse<(u64, Id, u64)>>,
+    /// A session's write to be applied (`ChainReplica::watch_write`).
+    written: AHashMap<Id, Vec<(Id, u64)>>,
+    /// The replica to finish joining.
+    joining: Vec<(Id, u64)>,
+}
+
+impl Waiters {
+    fn is_empty(&self) -> bool {
+        self.stable.is_empty() && self.applied.is_empty() && self.written.is_empty() && self.joining.is_empty()
+    }
 }
 
 impl Waiting {
@@ -64,11 +96,20 @@ impl Waiting {
     }
 }
 
-/// Where a dependency stands at this node.
+/// What a parked write needs of this node's replica of a partition.
+enum Need {
+    Stable(u64),
+    Applied(u64),
+    Written(ClientId, u64),
+    Joining,
+}
+
+/// Where a write's dependencies stand at this node.
 enum Dep {
-    /// In: the new write's timestamp must be above this one.
+    /// All in: the new write's timestamp must be above this one.
     Ready(Timestamp),
-    Wait,
+    /// The first one not in yet.
+    Wait(PartitionId, Need),
     /// This node holds no replica of its partition: the client's map is
     /// not this node's.
     Elsewhere,
@@ -95,48 +136,68 @@ impl Node {
             return self.order(partition, req, Timestamp::ZERO, now_ms, out);
         }
         match self.readiness(req.op.client, &deps) {
-            Some(Dep::Ready(floor)) => self.order(partition, req, floor, now_ms, out),
-            Some(Dep::Elsewhere) => self.not_responsible(req.op, out),
+            Dep::Ready(floor) => self.order(partition, req, floor, now_ms, out),
+            Dep::Elsewhere => self.not_responsible(req.op, out),
             _ if self.waiting.puts.len() >= MAX_PARKED => self.not_responsible(req.op, out),
-            _ => {
+            Dep::Wait(on, need) => {
                 let id = (req.op.client, req.write);
-                for dep in &deps {
-                    self.waiting.on.entry(dep.partition).or_default().push(id);
-                }
                 self.waiting.parked += 1;
-                self.waiting.puts.insert(id, Parked { partition, req, deps, since_ms: now_ms });
+                self.waiting.tickets += 1;
+                let ticket = self.waiting.tickets;
+                self.waiting.puts.insert(id, Parked { partition, req, deps, since_ms: now_ms, ticket });
+                self.index(id, ticket, on, need, now_ms);
+            }
+        }
+    }
+
+    /// Lists a parked write under what it waits for.
+    fn index(&mut self, id: Id, ticket: u64, partition: PartitionId, need: Need, now_ms: u64) {
+        let w = self.waiting.on.entry(partition).or_default();
+        match need {
+            Need::Stable(seq) => w.stable.push(Reverse((seq, id, ticket))),
+            Need::Applied(seq) => w.applied.push(Reverse((seq, id, ticket))),
+            Need::Joining => w.joining.push((id, ticket)),
+            Need::Written(client, write) => {
+                w.written.entry((client, write)).or_default().push((id, ticket));
+                if let Some(r) = self.parts.get_mut(partition as usize).and_then(Option::as_mut) {
+                    r.watch_write(client, write, now_ms);
+                }
             }
         }
     }
 
     /// Whether every dependency is in (`Ready` with the highest timestamp
-    /// to order after), one is not yet, or one is not this node's.
-    fn readiness(&self, client: ClientId, deps: &[WriteDep]) -> Option<Dep> {
+    /// to order after), which one is not yet, or whether one is not this
+    /// node's.
+    fn readiness(&self, client: ClientId, deps: &[WriteDep]) -> Dep {
         let mut floor = Timestamp::ZERO;
         for dep in deps {
             match self.dependency(client, dep) {
                 Dep::Ready(ts) => floor = floor.max(ts),
-                other => return Some(other),
+                other => return other,
             }
         }
-        Some(Dep::Ready(floor))
+        Dep::Ready(floor)
     }
 
     fn dependency(&self, client: ClientId, dep: &WriteDep) -> Dep {
         let Some(r) = self.parts.get(dep.partition as usize).and_then(Option::as_ref) else {
             return Dep::Elsewhere;
         };
+        let wait = |need| Dep::Wait(dep.partition, need);
         if r.is_joining() {
-            return Dep::Wait;
+            return wait(Need::Joining);
         }
         let done = |seq: u64| (dep.same_key && r.applied() >= seq) || r.stable() >= seq;
+        let need = |seq| wait(if dep.same_key { Need::Applied(seq) } else { Need::Stable(seq) });
         match dep.on {
             DepOn::Seq(seq) if done(seq) => Dep::Ready(Timestamp::ZERO),
+            DepOn::Seq(seq) => need(seq),
             DepOn::Write(w) => match r.written(client, w) {
                 Some(last) if done(last.seq) => Dep::Ready(last.version.ts),
-                _ => Dep::Wait,
+                Some(last) => need(last.seq),
+                None => wait(Need::Written(client, w)),
             },
-            DepOn::Seq(_) => Dep::Wait,
         }
     }
 
@@ -161,43 +222,80 @@ impl Node {
     /// Orders the parked writes that waited on `partitions` and are ready
     /// now.
     pub(super) fn wake_puts(&mut self, partitions: &[PartitionId], now_ms: u64, out: &mut Outbox) {
-        for p in partitions {
-            let Some(ids) = self.waiting.on.remove(p) else { continue };
-            let mut still = Vec::new();
-            for id in ids {
-                let Some(parked) = self.waiting.puts.get(&id) else { continue };
-                // A write waiting on several partitions is listed under each.
-                if !parked.deps.iter().any(|d| d.partition == *p) {
-                    continue;
+        for &p in partitions {
+            let Some(w) = self.waiting.on.get_mut(&p) else { continue };
+            let mut due = Vec::new();
+            match self.parts.get_mut(p as usize).and_then(Option::as_mut) {
+                Some(r) => {
+                    let (stable, applied) = (r.stable(), r.applied());
+                    while let Some(Reverse((_, id, ticket))) = w.stable.peek_mut().filter(|e| e.0 .0 <= stable).map(PeekMut::pop) {
+                        due.push((id, ticket));
+                    }
+                    while let Some(Reverse((_, id, ticket))) = w.applied.peek_mut().filter(|e| e.0 .0 <= applied).map(PeekMut::pop) {
+                        due.push((id, ticket));
+                    }
+                    for write in r.take_seen_writes() {
+                        due.extend(w.written.remove(&write).into_iter().flatten());
+                    }
+                    if !r.is_joining() {
+                        due.append(&mut w.joining);
+                    }
                 }
-                match self.readiness(id.0, &parked.deps) {
-                    Some(Dep::Ready(floor)) => {
-                        let parked = self.waiting.puts.remove(&id).expect("looked up above");
-                        self.order(parked.partition, parked.req, floor, now_ms, out);
-                    }
-                    Some(Dep::Elsewhere) => {
-                        let parked = self.waiting.puts.remove(&id).expect("looked up above");
-                        self.not_responsible(parked.req.op, out);
-                    }
-                    _ => still.push(id),
+                // The replica is gone: each finds out where it stands.
+                None => {
+                    let w = std::mem::take(w);
+                    due.extend(w.stable.into_iter().chain(w.applied).map(|Reverse((_, id, t))| (id, t)));
+                    due.extend(w.written.into_values().flatten().chain(w.joining));
                 }
             }
-            if !still.is_empty() {
-                self.waiting.on.entry(*p).or_default().extend(still);
+            if self.waiting.on.get(&p).is_some_and(Waiters::is_empty) {
+                self.waiting.on.remove(&p);
+            }
+            for (id, ticket) in due {
+                self.recheck(id, ticket, now_ms, out);
             }
         }
     }
 
-    /// Drops writes parked for longer than `PARK_MS`.
+    /// A parked write whose dependency came in: ordered, refused, or
+    /// listed under the next one it waits for.
+    fn recheck(&mut self, id: Id, ticket: u64, now_ms: u64, out: &mut Outbox) {
+        let Some(parked) = self.waiting.puts.get(&id).filter(|p| p.ticket == ticket) else { return };
+        match self.readiness(id.0, &parked.deps) {
+            Dep::Ready(floor) => {
+                let parked = self.waiting.puts.remove(&id).expect("looked up above");
+                self.order(parked.partition, parked.req, floor, now_ms, out);
+            }
+            Dep::Elsewhere => {
+                let parked = self.waiting.puts.remove(&id).expect("looked up above");
+                self.not_responsible(parked.req.op, out);
+            }
+            Dep::Wait(on, need) => self.index(id, ticket, on, need, now_ms),
+        }
+    }
+
+    /// Drops writes parked for longer than `PARK_MS` (and the entries
+    /// that name them).
     pub(super) fn expire_puts(&mut self, now_ms: u64) {
-        if self.waiting.puts.is_empty() {
+        let before = self.waiting.puts.len();
+        if before == 0 {
             return;
         }
         self.waiting.puts.retain(|_, p| now_ms.saturating_sub(p.since_ms) < PARK_MS);
+        if self.waiting.puts.len() == before {
+            return;
+        }
         let puts = &self.waiting.puts;
-        self.waiting.on.retain(|_, ids| {
-            ids.retain(|id| puts.contains_key(id));
-            !ids.is_empty()
+        let live = |id: &Id, ticket: &u64| puts.get(id).is_some_and(|p| p.ticket == *ticket);
+        self.waiting.on.retain(|_, w| {
+            w.stable.retain(|Reverse((_, id, t))| live(id, t));
+            w.applied.retain(|Reverse((_, id, t))| live(id, t));
+            w.written.retain(|_, ids| {
+                ids.retain(|(id, t)| live(id, t));
+                !ids.is_empty()
+            });
+            w.joining.retain(|(id, t)| live(id, t));
+            !w.is_empty()
         });
     }
 

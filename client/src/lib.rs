@@ -18,7 +18,7 @@
 
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
-use causeway_core::driver::{Consistency, Driver, Progress, Request, Response};
+use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Transport};
 use causeway_core::error::Error as CoreError;
 use causeway_core::message::{Change, ClientId, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
@@ -238,21 +238,24 @@ impl Client {
         }
     }
 
-    /// Does what the driver asked: sends its messages (a node that cannot
-    /// be reached is reported, once per call, and what that produces is
-    /// done too), asks a node for the current map on a recheck (its answer
+    /// Does what the driver asked (`Driver::pump`, through `Later`): sends
+    /// its messages, connecting first where needed (a node that cannot be
+    /// reached is reported, once per call, and what that produces is done
+    /// too), asks a node for the current map on a recheck (its answer
     /// reaches the driver as a reply), and keeps the responses in order.
     async fn apply(&mut self, progress: Progress) {
         let mut work = VecDeque::from([progress]);
-        let mut reported = Vec::new();
+        let mut failed: Vec<NodeId> = Vec::new();
         while let Some(p) = work.pop_front() {
-            self.responses.extend(p.done);
-            if p.recheck {
+            let mut later = Later { sends: Vec::new(), probe: false, failed: &failed };
+            self.driver.pump(p, now_ms(), &mut later, &mut self.responses);
+            let Later { sends, probe, .. } = later;
+            if probe {
                 self.probe().await;
             }
-            for (node, msg) in p.send {
-                if !self.deliver(node, &msg).await && !reported.contains(&node) {
-                    reported.push(node);
+            for (node, msg) in sends {
+                if !self.deliver(node, &msg).await && !failed.contains(&node) {
+                    failed.push(node);
                     work.push_back(self.driver.undeliverable(node, now_ms()));
                 }
             }
@@ -339,6 +342,34 @@ impl Client {
             Response::Topology(t) => Ok(t),
             other => Err(Error::Protocol(format!("topology answered {other:?}"))),
         }
+    }
+}
+
+/// The client's `Transport`: connecting and writing are asynchronous, so
+/// what the driver sends is kept for `Client::apply` to send once the
+/// driver is done (a node that fails then is reported to the driver
+/// afterwards); a node that already failed in this call is undeliverable
+/// at once.
+struct Later<'a> {
+    sends: Vec<(NodeId, Message)>,
+    probe: bool,
+    failed: &'a [NodeId],
+}
+
+impl Transport for Later<'_> {
+    fn send(&mut self, batch: Vec<(NodeId, Message)>, _replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+        for (node, msg) in batch {
+            if self.failed.contains(&node) {
+                undeliverable.push(node);
+            } else {
+                self.sends.push((node, msg));
+            }
+        }
+    }
+
+    fn recheck(&mut self) -> (Option<Arc<Topology>>, Vec<NodeId>) {
+        self.probe = true;
+        (None, Vec::new())
     }
 }
 

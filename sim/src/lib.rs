@@ -21,7 +21,7 @@ pub mod check;
 pub mod workload;
 pub mod world;
 
-use causeway_core::driver::{Driver, Request, Response};
+use causeway_core::driver::{Driver, Progress, Request, Response, Transport};
 use causeway_core::error::Error;
 use causeway_core::geo::{GeoMsg, Replication};
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
@@ -146,6 +146,33 @@ pub struct Completed {
     pub written: Option<causeway_core::version::Version>,
     /// For writes: the chain position that acknowledged it.
     pub acked_at: Option<u8>,
+}
+
+/// A simulated client's way to the site: messages go on the simulated
+/// network, except to a crashed node (its connections are refused: the
+/// driver hears it as undeliverable); a recheck sees the coordinator's
+/// configuration and the crashed nodes, as a proxy on a live node or a
+/// native client asking one would.
+struct Net<'a> {
+    sends: Vec<(NodeId, Message)>,
+    crashed: &'a [NodeId],
+    topology: Arc<Topology>,
+}
+
+impl Transport for Net<'_> {
+    fn send(&mut self, batch: Vec<(NodeId, Message)>, _replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+        for (node, msg) in batch {
+            if self.crashed.contains(&node) {
+                undeliverable.push(node);
+            } else {
+                self.sends.push((node, msg));
+            }
+        }
+    }
+
+    fn recheck(&mut self) -> (Option<Arc<Topology>>, Vec<NodeId>) {
+        (Some(self.topology.clone()), self.crashed.to_vec())
+    }
 }
 
 struct SimClient {
@@ -480,8 +507,23 @@ impl Sim {
         };
         c.pending.push_back(pending);
         let progress = c.driver.start(request, self.now_ms);
-        self.client_sends(client, progress.send);
-        progress.done.into_iter().map(|result| self.complete(client, result)).collect()
+        let mut done = Vec::new();
+        self.pump(client, progress, &mut done);
+        done
+    }
+
+    /// Does what client `client`'s driver asked, as every shell does
+    /// (`Driver::pump`, through `Net`), and completes its responses.
+    fn pump(&mut self, client: usize, progress: Progress, done: &mut Vec<Completed>) {
+        let crashed: Vec<NodeId> = (0..self.nodes.len() as NodeId).filter(|&n| self.nodes[n as usize].crashed).collect();
+        let mut net = Net { sends: Vec::new(), crashed: &crashed, topology: self.topology.clone() };
+        let mut results = Vec::new();
+        self.clients[client].driver.pump(progress, self.now_ms, &mut net, &mut results);
+        let sends = net.sends;
+        self.client_sends(client, sends);
+        for result in results {
+            done.push(self.complete(client, result));
+        }
     }
 
     fn client_sends(&mut self, client: usize, send: Vec<(NodeId, Message)>) {
@@ -606,10 +648,7 @@ impl Sim {
                     }
                 }
                 let progress = c.driver.on_message(env.msg, self.now_ms);
-                self.client_sends(i, progress.send);
-                for result in progress.done {
-                    done.push(self.complete(i, result));
-                }
+                self.pump(i, progress, done);
             }
             Dest::Site(_) => unreachable!("other sites' messages leave through `outgoing`"),
         }
@@ -658,10 +697,7 @@ impl Sim {
                     continue;
                 }
                 let progress = self.clients[i].driver.reconfigured(self.topology.clone(), now);
-                self.client_sends(i, progress.send);
-                for result in progress.done {
-                    done.push(self.complete(i, result));
-                }
+                self.pump(i, progress, done);
             }
         }
         if self.fsync == Fsync::EverySec && now.is_multiple_of(1_000) {
@@ -688,10 +724,7 @@ impl Sim {
                 continue;
             }
             let progress = self.clients[i].driver.tick(now);
-            self.client_sends(i, progress.send);
-            for result in progress.done {
-                done.push(self.complete(i, result));
-            }
+            self.pump(i, progress, done);
         }
     }
 

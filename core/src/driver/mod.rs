@@ -1,15 +1,17 @@
 //! The client side of ChainReaction: one session's requests, as a state
 //! machine without I/O. Every shell runs it the same way: the node's Redis
 //! front end one per connection (the node acting as the paper's client
-//! proxy, `node/src/conn.rs`), the native client library one per client
+//! proxy, `node/src/redis/conn.rs`), the native client library one per client
 //! (`client/src/lib.rs`), the simulator many. The shell `start`s requests,
 //! feeds in replies (`on_message`), what it learns about the site
 //! (`reconfigured`, `unreachable`, `undeliverable`) and the time (`tick`,
 //! when `next_wake` says); each call returns a `Progress`: messages to send
 //! and the responses now complete, always in the order the requests were
-//! made. Deadlines, retries, resends and when to look for a newer partition
-//! map are decided here, with one set of constants, so the shells only do
-//! I/O.
+//! made. Every shell hands it to the same loop, `Driver::pump`, with its
+//! `Transport` (`transport.rs`), which sends, reports what could not be
+//! reached and rechecks the site. Deadlines, retries, resends and when to
+//! look for a newer partition map are decided here, with one set of
+//! constants, so the shells only do I/O.
 //!
 //! # Pipelining: which requests of a session overlap
 //!
@@ -62,6 +64,7 @@
 //! between), and the shell flushes all the answers once.
 
 mod op;
+mod transport;
 
 use crate::error::Error;
 use crate::message::{Change, ClientId, Condition, Keyspace, Message, NewValue};
@@ -74,6 +77,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+pub use transport::Transport;
 
 /// How many times in a row one request is redirected (topology refreshes)
 /// at once; after that it waits `RETRY_MS` between refreshes (a node not

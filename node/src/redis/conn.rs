@@ -15,9 +15,10 @@ use super::stats::Call;
 use crate::runtime::Handle;
 use bytes::Bytes;
 use bytes::BytesMut;
-use causeway_core::driver::{Consistency, Driver, Progress, Request, Response};
+use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Transport};
 use causeway_core::error::Error;
 use causeway_core::message::{ClientId, Message};
+use causeway_core::ring::{NodeId, Topology};
 use causeway_resp::{Frame, Protocol, RequestDecoder};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -176,36 +177,12 @@ impl Conn {
         self.apply(progress, now);
     }
 
-    /// Does what the driver asked: sends its messages (those for this node
-    /// are handled here and now, and their answers fed back at once),
-    /// reports nodes that cannot be reached, looks at the site when asked
-    /// to, and keeps the responses, in the order the driver gave them.
-    /// Everything in place takes no time worth reading the clock for again.
-    fn apply(&mut self, mut p: Progress, now: u64) {
-        let id = self.id();
-        loop {
-            self.responses.extend(p.done.drain(..));
-            let mut next = Progress::default();
-            if p.recheck {
-                merge(&mut next, self.driver.reconfigured(self.node.topology(), now));
-                for peer in self.node.down_peers() {
-                    merge(&mut next, self.driver.unreachable(peer, now));
-                }
-            }
-            if !p.send.is_empty() {
-                let (mine, undelivered) = self.node.submit(std::mem::take(&mut p.send), id);
-                for n in undelivered {
-                    merge(&mut next, self.driver.undeliverable(n, now));
-                }
-                for msg in mine {
-                    merge(&mut next, self.driver.on_message(msg, now));
-                }
-            }
-            if next.send.is_empty() && next.done.is_empty() && !next.recheck {
-                return;
-            }
-            p = next;
-        }
+    /// Does what the driver asked, through this node (`Link`), and keeps
+    /// the responses in the order the driver gave them. Everything in place
+    /// takes no time worth reading the clock for again.
+    fn apply(&mut self, p: Progress, now: u64) {
+        let mut link = Link { node: &self.node, client: self.driver.id() };
+        self.driver.pump(p, now, &mut link, &mut self.responses);
     }
 
     /// Waits for a reply or for the driver's next wake-up, and hands either
@@ -235,20 +212,25 @@ impl Conn {
     }
 }
 
-/// Adds `p` to `into`, keeping the order of the responses (the driver's
-/// calls were made in that order).
-fn merge(into: &mut Progress, p: Progress) {
-    if into.send.is_empty() {
-        into.send = p.send;
-    } else {
-        into.send.extend(p.send);
+/// A connection's way to the site: this node. Messages for this node are
+/// handled here and now (their answers come back at once), those for peers
+/// go on its links; a recheck looks at the node's own configuration and
+/// the peers it cannot reach.
+struct Link<'a> {
+    node: &'a Handle,
+    client: ClientId,
+}
+
+impl Transport for Link<'_> {
+    fn send(&mut self, batch: Vec<(NodeId, Message)>, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+        let (mine, undelivered) = self.node.submit(batch, self.client);
+        replies.extend(mine);
+        undeliverable.extend(undelivered);
     }
-    if into.done.is_empty() {
-        into.done = p.done;
-    } else {
-        into.done.extend(p.done);
+
+    fn recheck(&mut self) -> (Option<Arc<Topology>>, Vec<NodeId>) {
+        (Some(self.node.topology()), self.node.down_peers())
     }
-    into.recheck |= p.recheck;
 }
 
 /// Serves one Redis client until it quits or disconnects.

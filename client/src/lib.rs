@@ -18,7 +18,7 @@
 
 use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
-use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Transport};
+use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Sends, Transport};
 use causeway_core::error::Error as CoreError;
 use causeway_core::message::{Change, ClientId, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
@@ -357,7 +357,7 @@ struct Later<'a> {
 }
 
 impl Transport for Later<'_> {
-    fn send(&mut self, batch: Vec<(NodeId, Message)>, _replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+    fn send(&mut self, batch: Sends, _replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
         for (node, msg) in batch {
             if self.failed.contains(&node) {
                 undeliverable.push(node);

@@ -21,7 +21,7 @@ pub mod check;
 pub mod workload;
 pub mod world;
 
-use causeway_core::driver::{Driver, Progress, Request, Response, Transport};
+use causeway_core::driver::{Driver, Progress, Request, Response, Sends, Transport};
 use causeway_core::error::Error;
 use causeway_core::geo::{GeoMsg, Replication};
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
@@ -160,7 +160,7 @@ struct Net<'a> {
 }
 
 impl Transport for Net<'_> {
-    fn send(&mut self, batch: Vec<(NodeId, Message)>, _replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+    fn send(&mut self, batch: Sends, _replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
         for (node, msg) in batch {
             if self.crashed.contains(&node) {
                 undeliverable.push(node);

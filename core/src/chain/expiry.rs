@@ -80,7 +80,6 @@ impl ChainReplica {
             return;
         }
         self.reclaim.expired += expired.len() as u64;
-        let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(expired.len());
         for (key, version) in expired {
             let update = Update {
@@ -93,10 +92,10 @@ impl ChainReplica {
                 local_dep: Timestamp::ZERO,
                 expired: true,
             };
-            self.apply(update, now_ms, &mut forward, &mut effects);
+            self.apply(update, now_ms, &mut forward, out);
         }
-        self.flush(forward, now_ms, &mut effects);
-        self.emit(effects, out);
+        self.flush(forward, now_ms, out);
+        self.log_applied();
     }
 
     /// Removes the tombstones nothing can need any more: stable here, and,

@@ -145,11 +145,10 @@ impl ChainReplica {
         let update =
             Update { seq: self.applied + 1, key, version, value, expires_at_ms, ack: None, local_dep: Timestamp::ZERO, expired: false };
         let seq = update.seq;
-        let mut effects = Outbox::new();
-        let mut forward = Vec::with_capacity(1);
-        self.apply(update, now_ms, &mut forward, &mut effects);
-        self.flush(forward, now_ms, &mut effects);
-        self.emit(effects, out);
+        let mut forward = Vec::new();
+        self.apply(update, now_ms, &mut forward, out);
+        self.flush(forward, now_ms, out);
+        self.log_applied();
         self.when_stable(seq, reply, out);
     }
 

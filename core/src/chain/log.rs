@@ -5,15 +5,14 @@
 use super::*;
 
 impl ChainReplica {
-    /// Puts a step's effects in `out` and the updates it applied in the log
-    /// records (`take_log`): the node makes those durable (per its fsync
-    /// policy) before anything of the step leaves it.
-    pub(super) fn emit(&mut self, effects: Outbox, out: &mut Outbox) {
+    /// Puts the updates a step applied in the log records (`take_log`):
+    /// the node makes those durable (per its fsync policy) before anything
+    /// the step put in its outbox leaves it.
+    pub(super) fn log_applied(&mut self) {
         if !self.to_log.is_empty() {
             let updates = std::mem::take(&mut self.to_log);
             self.log.push(LogRecord::Updates { partition: self.partition, updates });
         }
-        out.extend(effects);
     }
 
     /// The log records produced since the last call, in order.

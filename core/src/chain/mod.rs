@@ -431,11 +431,10 @@ impl ChainReplica {
             local_dep,
             expired: false,
         };
-        let mut effects = Outbox::new();
-        let mut forward = Vec::with_capacity(1);
-        self.apply(update, now_ms, &mut forward, &mut effects);
-        self.flush(forward, now_ms, &mut effects);
-        self.emit(effects, out);
+        let mut forward = Vec::new();
+        self.apply(update, now_ms, &mut forward, out);
+        self.flush(forward, now_ms, out);
+        self.log_applied();
     }
 
     /// Updates from the predecessor.
@@ -445,7 +444,6 @@ impl ChainReplica {
             self.early.extend(updates.into_iter().map(|u| (u.seq, u)));
             return;
         }
-        let mut effects = Outbox::new();
         let mut forward = Vec::with_capacity(updates.len());
         let mut duplicate = false;
         for u in updates {
@@ -454,11 +452,11 @@ impl ChainReplica {
                 // Already here, maybe inside the state transfer that
                 // installed this replica: its answer may never have been
                 // sent (answering twice is harmless).
-                self.answer(&u, &mut effects);
+                self.answer(&u, out);
             } else if u.seq == self.applied + 1 {
-                self.apply(u, now_ms, &mut forward, &mut effects);
+                self.apply(u, now_ms, &mut forward, out);
                 while let Some(next) = self.early.remove(&(self.applied + 1)) {
-                    self.apply(next, now_ms, &mut forward, &mut effects);
+                    self.apply(next, now_ms, &mut forward, out);
                 }
             } else {
                 self.early.insert(u.seq, u);
@@ -467,10 +465,10 @@ impl ChainReplica {
         if duplicate && self.stable > 0 {
             // The predecessor resent what we have: our acknowledgement may
             // have been lost.
-            self.ack_upwards(&mut effects);
+            self.ack_upwards(out);
         }
-        self.flush(forward, now_ms, &mut effects);
-        self.emit(effects, out);
+        self.flush(forward, now_ms, out);
+        self.log_applied();
     }
 
     fn apply(&mut self, u: Update, now_ms: u64, forward: &mut Vec<Update>, out: &mut Outbox) {

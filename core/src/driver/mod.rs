@@ -73,6 +73,7 @@ use crate::session::Session;
 use ahash::AHashMap;
 use bytes::Bytes;
 use op::{Ctx, Op, Step};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
@@ -189,13 +190,16 @@ pub enum Response {
     Resumed,
 }
 
+/// Messages to send, each to its node (inline: a step usually sends one).
+pub type Sends = SmallVec<[(NodeId, Message); 1]>;
+
 /// What the shell should do after a step.
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Messages to send.
-    pub send: Vec<(NodeId, Message)>,
+    pub send: Sends,
     /// Responses now complete, in the order their requests were started.
-    pub done: Vec<Result<Response, Error>>,
+    pub done: SmallVec<[Result<Response, Error>; 1]>,
     /// Look for a newer partition map (and feed it to `reconfigured`) and
     /// for unreachable nodes (`unreachable`): a request has waited
     /// `RECHECK_MS`.
@@ -281,6 +285,8 @@ pub struct Driver {
     queue: VecDeque<Slot>,
     /// When the last `Progress::recheck` was asked for.
     rechecked_ms: u64,
+    /// `pump`'s buffer for replies a transport has at once, kept empty.
+    replies: Vec<Message>,
 }
 
 impl Driver {
@@ -295,7 +301,7 @@ impl Driver {
             down: AHashMap::new(),
             writes: Default::default(),
         };
-        Driver { cx, consistency: Consistency::Causal, timeout_ms, queue: VecDeque::new(), rechecked_ms: 0 }
+        Driver { cx, consistency: Consistency::Causal, timeout_ms, queue: VecDeque::new(), rechecked_ms: 0, replies: Vec::new() }
     }
 
     pub fn id(&self) -> ClientId {
@@ -534,7 +540,7 @@ mod tests {
         let Message::Get { op, .. } = p.send[0].1.clone() else { panic!("expected a Get") };
         let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true, expires_at_ms: None };
         let done = d.on_message(Message::Value { op, item, chain_index: 2 }, 20).done;
-        assert_eq!(done, vec![Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2, expires_at_ms: None })]);
+        assert_eq!(done[..], [Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2, expires_at_ms: None })]);
     }
 
     #[test]
@@ -576,7 +582,7 @@ mod tests {
         assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
         let version = Version::local(0, Timestamp::new(1, 0));
         let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true, old: None };
-        assert_eq!(d.on_message(acked, 1).done, vec![Ok(Response::Written(true))]);
+        assert_eq!(d.on_message(acked, 1).done[..], [Ok(Response::Written(true))]);
         // The session's level is unchanged; a linearizable read goes to the tail.
         assert_eq!(d.consistency(), Consistency::Causal);
         let p = d.start_at(Request::Get(Bytes::from("k")), Consistency::Linearizable, 2);
@@ -633,7 +639,7 @@ mod tests {
         let v1 = Version::local(0, Timestamp::new(1, 0));
         let p =
             d.on_message(Message::PutDone { op: first, version: Some(v1.clone()), seq: 1, chain_index: 1, stable: false, old: None }, 1);
-        assert_eq!(p.done, vec![Ok(Response::Written(true))]);
+        assert_eq!(p.done[..], [Ok(Response::Written(true))]);
         let [(at, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the read, got {:?}", p.send) };
         assert!(chain.index_of(*at).unwrap() <= 1);
         assert_eq!(min.as_ref(), Some(&v1));
@@ -641,16 +647,16 @@ mod tests {
         // dependency its head waits for (every node holds every partition
         // here), instead of the session waiting for it to be stable.
         let p = d.on_message(value(*op, "v1", Some(v1.clone()), 1, 1), 2);
-        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1, expires_at_ms: None })]);
+        assert_eq!(p.done[..], [Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1, expires_at_ms: None })]);
         let [(_, Message::Put { op, deps, .. })] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
         assert_eq!(deps, &vec![WriteDep { partition: t.partition_of(b"k"), on: DepOn::Seq(1), same_key: false }]);
         let v2 = Version::local(0, Timestamp::new(4, 0));
         let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false, old: None }, 4);
-        assert_eq!(p.done, vec![Ok(Response::Written(true))]);
+        assert_eq!(p.done[..], [Ok(Response::Written(true))]);
         let [(_, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the last read, got {:?}", p.send) };
         assert_eq!(min.as_ref(), Some(&v2), "the last read must see the second write");
         let p = d.on_message(value(*op, "v2", Some(v2), 2, 1), 5);
-        assert_eq!(p.done, vec![Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1, expires_at_ms: None })]);
+        assert_eq!(p.done[..], [Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1, expires_at_ms: None })]);
         assert!(!d.is_busy());
     }
 
@@ -774,10 +780,10 @@ mod tests {
         // The first read times out; the second starts then, with its own
         // deadline.
         let p = d.tick(1_000);
-        assert_eq!(p.done, vec![Err(Error::Timeout)]);
+        assert_eq!(p.done[..], [Err(Error::Timeout)]);
         assert!(matches!(&p.send[..], [(_, Message::Get { .. })]));
         assert!(d.tick(1_999).done.is_empty());
-        assert_eq!(d.tick(2_000).done, vec![Err(Error::Timeout)]);
+        assert_eq!(d.tick(2_000).done[..], [Err(Error::Timeout)]);
     }
 
     #[test]

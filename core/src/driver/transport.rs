@@ -6,7 +6,7 @@
 //! the simulator each implement `Transport`, so the paths a failure takes
 //! (recheck, unreachable, undeliverable) are the same code everywhere.
 
-use super::{Driver, Progress, Response};
+use super::{Driver, Progress, Response, Sends};
 use crate::error::Error;
 use crate::message::Message;
 use crate::ring::{NodeId, Topology};
@@ -18,7 +18,7 @@ pub trait Transport {
     /// send to now (no connection) goes to `undeliverable`; a reply the
     /// shell has at once (a node serving its own connections in place)
     /// goes to `replies`.
-    fn send(&mut self, batch: Vec<(NodeId, Message)>, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>);
+    fn send(&mut self, batch: Sends, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>);
 
     /// A recheck (`Progress::recheck`): the freshest partition map the
     /// shell has at hand, if any (a shell that must ask a node asks here,
@@ -35,7 +35,8 @@ impl Driver {
     pub fn pump(&mut self, p: Progress, now_ms: u64, transport: &mut impl Transport, done: &mut impl Extend<Result<Response, Error>>) {
         let mut p = p;
         let mut reported: Vec<NodeId> = Vec::new();
-        let (mut replies, mut undeliverable) = (Vec::new(), Vec::new());
+        // Kept between calls: a reply in place is the common case.
+        let (mut replies, mut undeliverable) = (std::mem::take(&mut self.replies), Vec::new());
         loop {
             done.extend(p.done.drain(..));
             let mut next = Progress::default();
@@ -61,6 +62,7 @@ impl Driver {
                 }
             }
             if next.send.is_empty() && next.done.is_empty() && !next.recheck {
+                self.replies = replies;
                 return;
             }
             p = next;
@@ -104,7 +106,7 @@ mod tests {
     }
 
     impl Transport for Scripted {
-        fn send(&mut self, batch: Vec<(NodeId, Message)>, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+        fn send(&mut self, batch: Sends, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
             for (node, msg) in batch {
                 if Some(node) == self.refused {
                     undeliverable.push(node);

@@ -15,7 +15,7 @@ use super::stats::Call;
 use crate::runtime::Handle;
 use bytes::Bytes;
 use bytes::BytesMut;
-use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Transport};
+use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Sends, Transport};
 use causeway_core::error::Error;
 use causeway_core::message::{ClientId, Message};
 use causeway_core::ring::{NodeId, Topology};
@@ -222,10 +222,8 @@ struct Link<'a> {
 }
 
 impl Transport for Link<'_> {
-    fn send(&mut self, batch: Vec<(NodeId, Message)>, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
-        let (mine, undelivered) = self.node.submit(batch, self.client);
-        replies.extend(mine);
-        undeliverable.extend(undelivered);
+    fn send(&mut self, batch: Sends, replies: &mut Vec<Message>, undeliverable: &mut Vec<NodeId>) {
+        self.node.submit(batch, self.client, replies, undeliverable);
     }
 
     fn recheck(&mut self) -> (Option<Arc<Topology>>, Vec<NodeId>) {

@@ -169,13 +169,20 @@ impl Handle {
         self.node.unregister(client, tx)
     }
 
-    /// Sends a session's requests (a driver's sends): returns the replies
-    /// for `client` that were produced right here (messages for this node
+    /// Sends a session's requests (a driver's sends): the replies for
+    /// `client` produced right here go to `replies` (messages for this node
     /// are stepped in place, no hop), and the nodes that could not be sent
-    /// to (their connection is down, so those messages never left).
+    /// to (their connection is down, so those messages never left) to
+    /// `undelivered`.
     #[inline]
-    pub fn submit(&self, sends: Vec<(NodeId, Message)>, client: ClientId) -> (Vec<Message>, Vec<NodeId>) {
-        self.node.route_sends(sends, client)
+    pub fn submit(
+        &self,
+        sends: impl IntoIterator<Item = (NodeId, Message)>,
+        client: ClientId,
+        replies: &mut Vec<Message>,
+        undelivered: &mut Vec<NodeId>,
+    ) {
+        self.node.route_sends(sends, client, replies, undelivered)
     }
 
     /// Waits, up to a second, while a link to a live member is over its

@@ -248,10 +248,9 @@ impl Node {
     }
 
     /// Delivers what a state machine produced: messages for this node are
-    /// handled here and now (no hop), messages for `local` are returned to
-    /// the caller, everything else goes to its peer or client connection.
-    pub fn route(&self, out: Outbox, local: Option<ClientId>) -> Vec<Message> {
-        let mut mine = Vec::new();
+    /// handled here and now (no hop), messages for `local`'s client go to
+    /// its vector, everything else goes to its peer or client connection.
+    pub fn route(&self, out: Outbox, mut local: Option<(ClientId, &mut Vec<Message>)>) {
         let mut queue: VecDeque<Envelope> = out.into();
         while let Some(env) = queue.pop_front() {
             match env.to {
@@ -276,7 +275,11 @@ impl Node {
                         link.send(env.msg);
                     }
                 }
-                Dest::Client(c) if Some(c) == local => mine.push(env.msg),
+                Dest::Client(c) if local.as_ref().is_some_and(|(l, _)| *l == c) => {
+                    if let Some((_, mine)) = local.as_mut() {
+                        mine.push(env.msg);
+                    }
+                }
                 Dest::Client(c) => match home_node(c) {
                     Some(home) if home != self.me => self.send_to_peer(home, env.msg),
                     // A client that left gets nothing: its request was abandoned.
@@ -288,15 +291,20 @@ impl Node {
                 },
             }
         }
-        mine
     }
 
     /// A driver's sends, routed: the replies for `local` that were produced
     /// right here, and the nodes that could not be sent to (their
     /// connection is down, so those messages never left).
-    pub fn route_sends(&self, sends: Vec<(NodeId, Message)>, local: ClientId) -> (Vec<Message>, Vec<NodeId>) {
-        let mut undelivered = Vec::new();
-        let mut out = Vec::with_capacity(sends.len());
+    pub fn route_sends(
+        &self,
+        sends: impl IntoIterator<Item = (NodeId, Message)>,
+        local: ClientId,
+        replies: &mut Vec<Message>,
+        undelivered: &mut Vec<NodeId>,
+    ) {
+        let sends = sends.into_iter();
+        let mut out = Vec::with_capacity(sends.size_hint().0);
         for (n, msg) in sends {
             if n != self.me && self.peers.read().get(&n).is_none_or(|p| p.is_down()) {
                 undelivered.push(n);
@@ -304,7 +312,7 @@ impl Node {
                 out.push(Envelope { to: Dest::Node(n), msg });
             }
         }
-        (self.route(out, Some(local)), undelivered)
+        self.route(out, Some((local, replies)));
     }
 
     /// The write-ahead log, if the node keeps one.

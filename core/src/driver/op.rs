@@ -76,7 +76,7 @@ impl Ctx {
 
     /// The local node if it may serve, else a random legal one.
     pub fn pick(&mut self, legal: &[NodeId]) -> NodeId {
-        let up: Vec<NodeId> = legal.iter().copied().filter(|n| !self.down.contains_key(n)).collect();
+        let up: SmallVec<[NodeId; 8]> = legal.iter().copied().filter(|n| !self.down.contains_key(n)).collect();
         let legal = if up.is_empty() { legal } else { &up[..] };
         match self.local {
             Some(me) if legal.contains(&me) => me,

@@ -99,6 +99,10 @@ pub struct Recovery {
     pub behind: Vec<PartitionId>,
 }
 
+/// The (partition, seq) pairs a reply waits to be durable for (inline:
+/// a read has one).
+type Needs = smallvec::SmallVec<[(PartitionId, u64); 1]>;
+
 /// One data node.
 #[derive(Debug)]
 pub struct Node {
@@ -141,7 +145,7 @@ pub struct Node {
     geo: Option<Geo>,
     /// Read replies waiting for what they return to be durable
     /// (`ChainReplica::durable`): for each, the (partition, seq) pairs.
-    parked: Vec<(Vec<(PartitionId, u64)>, Envelope)>,
+    parked: Vec<(Needs, Envelope)>,
     /// Chain traffic of the steps since the last `flush`.
     chain_out: Outbox,
     /// Client writes parked at heads here until what they depend on is in
@@ -372,7 +376,7 @@ impl Node {
                         // A version the session already depends on needs
                         // no wait: it cannot be lost to this reader.
                         let vouched = min.is_some_and(|m| item.version.as_ref() == Some(&m));
-                        let needs = if vouched { Vec::new() } else { vec![(partition, item.seq)] };
+                        let needs = if vouched { Needs::new() } else { smallvec::smallvec![(partition, item.seq)] };
                         let reply = Envelope { to: Dest::Client(op.client), msg: Message::Value { op, item, chain_index } };
                         self.when_durable(needs, reply, out);
                     }
@@ -388,7 +392,7 @@ impl Node {
                     return self.not_responsible(op, out);
                 }
                 let mut items = Vec::with_capacity(keys.len());
-                let mut needs = Vec::with_capacity(keys.len());
+                let mut needs = Needs::with_capacity(keys.len());
                 for (partition, key) in keys {
                     match self.with(partition, |r| r.snapshot_read(&key, at, &remote, now_ms)) {
                         Some(Ok(item)) => {
@@ -764,7 +768,7 @@ impl Node {
 
     /// Sends `reply` once every (partition, seq) in `needs` is durable here
     /// (`ChainReplica::durable`): at once, nearly always.
-    fn when_durable(&mut self, needs: Vec<(PartitionId, u64)>, reply: Envelope, out: &mut Outbox) {
+    fn when_durable(&mut self, needs: Needs, reply: Envelope, out: &mut Outbox) {
         let durable =
             |&(p, seq): &(PartitionId, u64)| self.parts.get(p as usize).and_then(Option::as_ref).is_some_and(|r| r.durable() >= seq);
         match needs.iter().all(durable) {
@@ -778,7 +782,7 @@ impl Node {
     fn wake_parked(&mut self, out: &mut Outbox) {
         for (mut needs, reply) in std::mem::take(&mut self.parked) {
             let mut gone = false;
-            needs.retain(|&(p, seq)| match self.parts.get(p as usize).and_then(Option::as_ref) {
+            needs.retain(|&mut (p, seq)| match self.parts.get(p as usize).and_then(Option::as_ref) {
                 Some(r) => r.durable() < seq,
                 None => {
                     gone = true;

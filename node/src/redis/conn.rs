@@ -62,7 +62,8 @@ impl From<Frame> for Outcome {
 /// A data command's requests, in order, and how to answer from their
 /// responses.
 pub struct Batch {
-    pub requests: Vec<Request>,
+    /// Inline: most commands make one.
+    pub requests: smallvec::SmallVec<[Request; 1]>,
     /// The level of these requests alone (CW.WITH), else the session's.
     pub level: Option<Consistency>,
     pub answer: Answer,

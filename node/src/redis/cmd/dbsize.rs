@@ -12,7 +12,7 @@ use causeway_resp::Frame;
 
 /// One count over every partition.
 pub fn parse(_args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
-    Batch::new(vec![Request::Count], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Count], |_, responses| match only(responses) {
         Ok(Response::Count(k)) => Frame::Integer(k.keys as i64),
         Ok(other) => unreachable!("DBSIZE answered {other:?}"),
         Err(e) => client_error(e),

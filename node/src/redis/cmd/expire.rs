@@ -67,7 +67,7 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     };
     let expiry = Expiry::At(at.max(0) as u64);
     let change = Change { value: NewValue::Keep, expiry, condition, get: false };
-    Batch::new(vec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
         Ok(Response::Written(written)) => Frame::Integer(written as i64),
         Ok(other) => unreachable!("EXPIRE answered {other:?}"),
         Err(e) => client_error(e),
@@ -77,7 +77,7 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
 /// PERSIST key: the key's expiry removed, if it has one.
 pub fn persist(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     let change = Change { value: NewValue::Keep, expiry: Expiry::Never, condition: Condition::IfExpiry, get: false };
-    Batch::new(vec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
         Ok(Response::Written(written)) => Frame::Integer(written as i64),
         Ok(other) => unreachable!("PERSIST answered {other:?}"),
         Err(e) => client_error(e),

@@ -16,7 +16,7 @@ pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     if args.len() > 2 || args.get(1).is_some_and(|a| !matches!(upper(a).as_str(), "ASYNC" | "SYNC")) {
         return Err(syntax_error());
     }
-    Batch::new(vec![Request::Flush], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Flush], |_, responses| match only(responses) {
         Ok(_) => Frame::ok(),
         Err(e) => client_error(e),
     })

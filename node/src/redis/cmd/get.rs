@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 /// connection's read buffer (a read holds it only while it runs; the
 /// session copies what it keeps).
 pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
-    Batch::new(vec![Request::Get(args[1].clone())], |server, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Get(args[1].clone())], |server, responses| match only(responses) {
         Ok(Response::Read { value: Some(v), .. }) => {
             server.stats.keyspace_hits.fetch_add(1, Relaxed);
             Frame::Bulk(v)

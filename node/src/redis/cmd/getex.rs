@@ -44,14 +44,14 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
         Some((unit, Some(n))) => Some(expiry_in(&unit, n, "getex", clock)?),
     };
     let Some(expiry) = expiry else {
-        return Batch::new(vec![Request::Get(key)], |_, responses| match only(responses) {
+        return Batch::new(smallvec::smallvec![Request::Get(key)], |_, responses| match only(responses) {
             Ok(Response::Read { value: Some(v), .. }) => Frame::Bulk(v),
             Ok(_) => Frame::Null,
             Err(e) => client_error(e),
         });
     };
     let change = Change { value: NewValue::Keep, expiry, condition: Condition::IfPresent, get: true };
-    Batch::new(vec![Request::Put { key, change }], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Put { key, change }], |_, responses| match only(responses) {
         Ok(Response::Replaced { old: Some(v), .. }) => Frame::Bulk(v),
         Ok(_) => Frame::Null,
         Err(e) => client_error(e),

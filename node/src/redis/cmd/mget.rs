@@ -14,7 +14,7 @@ use causeway_resp::Frame;
 /// causally consistent snapshot (ChainReaction §3.5).
 pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
     let keys = args[1..].iter().map(own).collect();
-    Batch::new(vec![Request::MultiGet(keys)], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::MultiGet(keys)], |_, responses| match only(responses) {
         Ok(Response::Values(values)) => Frame::Array(values.into_iter().map(|v| v.map_or(Frame::Null, Frame::Bulk)).collect()),
         Ok(other) => unreachable!("MGET answered {other:?}"),
         Err(e) => client_error(e),

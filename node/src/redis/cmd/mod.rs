@@ -54,7 +54,7 @@ use std::pin::Pin;
 use std::time::Instant;
 
 impl Batch {
-    fn new(requests: Vec<Request>, answer: Answer) -> Result<Batch, Frame> {
+    fn new(requests: smallvec::SmallVec<[Request; 1]>, answer: Answer) -> Result<Batch, Frame> {
         Ok(Batch { requests, level: None, answer })
     }
 }
@@ -335,7 +335,7 @@ fn args(words: &[&str]) -> Vec<Bytes> {
 /// The requests of a data command's batch (see `queue`), for tests.
 #[cfg(test)]
 fn requests(words: &[&str]) -> Result<Vec<Request>, Frame> {
-    queue(words).map(|batch| batch.requests)
+    queue(words).map(|batch| batch.requests.into_vec())
 }
 
 /// A data command's parse step as `execute` runs it (arity first), without

@@ -53,7 +53,7 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     };
     debug_assert!(matches!(change.value, NewValue::Set(_)));
     let answer = if change.get { old } else { written };
-    Batch::new(vec![Request::Put { key: own(&args[1]), change }], answer)
+    Batch::new(smallvec::smallvec![Request::Put { key: own(&args[1]), change }], answer)
 }
 
 /// `+OK`, or a null when the condition kept it from being written.

@@ -18,7 +18,7 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let unit = if name == "setex" { "EX" } else { "PX" };
     let expiry = expiry_in(unit, &args[2], &name, clock)?;
     let change = Change { expiry, ..Change::set(own(&args[3])) };
-    Batch::new(vec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
+    Batch::new(smallvec::smallvec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
         Ok(_) => Frame::ok(),
         Err(e) => client_error(e),
     })

@@ -24,7 +24,7 @@ pub fn parse(args: &[Bytes], _: Clock) -> Result<Batch, Frame> {
         "expiretime" => expiretime,
         _ => pexpiretime,
     };
-    Batch::new(vec![Request::Get(own(&args[1]))], answer)
+    Batch::new(smallvec::smallvec![Request::Get(own(&args[1]))], answer)
 }
 
 fn ttl(server: &Server, r: Responses) -> Frame {

@@ -36,7 +36,7 @@ mod tests {
     fn runs_the_inner_command_at_the_level() {
         let batch = queue(&["CW.WITH", "Eventual", "GET", "k"]).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(batch.level, Some(Consistency::Eventual));
-        assert_eq!(batch.requests, vec![Request::Get(Bytes::from("k"))]);
+        assert_eq!(batch.requests[..], [Request::Get(Bytes::from("k"))]);
     }
 
     #[test]

@@ -657,6 +657,15 @@ impl Workload {
     /// the request timed out) leaves the key's value unknown: it is
     /// forgotten, and the writer reconnects.
     pub fn spread(c: &Cluster, nodes: &[usize], writers: usize, keys_each: u64) -> Workload {
+        Workload::pipelined(c, nodes, writers, keys_each, 1)
+    }
+
+    /// `spread`, each writer sending `depth` SETs of distinct keys at once
+    /// (one write of a pipeline, then all the answers): all are
+    /// acknowledged when the pipeline answers them all; if it fails, every
+    /// key in it is forgotten.
+    pub fn pipelined(c: &Cluster, nodes: &[usize], writers: usize, keys_each: u64, depth: u64) -> Workload {
+        assert!(depth <= keys_each, "a pipeline writes distinct keys");
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(HashMap::new()));
         let threads = (0..writers)
@@ -678,16 +687,28 @@ impl Workload {
                             con = connect();
                             continue;
                         };
-                        n += 1;
-                        let (key, value) = (format!("w{w}:k{}", n % keys_each), format!("w{w}:v{n}"));
-                        match c.set::<_, _, String>(&key, &value) {
+                        let batch: Vec<(String, String)> = (0..depth)
+                            .map(|_| {
+                                n += 1;
+                                (format!("w{w}:k{}", n % keys_each), format!("w{w}:v{n}"))
+                            })
+                            .collect();
+                        let mut pipe = redis::pipe();
+                        for (key, value) in &batch {
+                            pipe.set(key, value);
+                        }
+                        match pipe.query::<Vec<String>>(c) {
                             Ok(_) => {
                                 longest_gap = longest_gap.max(last_ok.elapsed());
                                 last_ok = Instant::now();
-                                acked.lock().unwrap().insert(key, value);
+                                acked.lock().unwrap().extend(batch);
                             }
                             Err(_) => {
-                                acked.lock().unwrap().remove(&key);
+                                let mut acked = acked.lock().unwrap();
+                                for (key, _) in &batch {
+                                    acked.remove(key);
+                                }
+                                drop(acked);
                                 con = connect();
                             }
                         }

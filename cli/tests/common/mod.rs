@@ -5,7 +5,6 @@
 
 use bytes::BytesMut;
 use causeway_resp::{encode_request, parse_frame, Frame, Limits};
-use redis::Commands;
 use std::collections::HashMap;
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};

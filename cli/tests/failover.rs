@@ -25,7 +25,7 @@ fn wait_healed(c: &Cluster, via: usize, gone: usize) -> u64 {
 }
 
 fn kill_during_writes(victim: usize) {
-    kill_during(victim, |c, survivors| Workload::start(c, survivors));
+    kill_during(victim, Workload::start);
 }
 
 fn kill_during(victim: usize, start: impl Fn(&Cluster, &[usize]) -> Workload) {

@@ -308,6 +308,16 @@ fn own(b: &Bytes) -> Bytes {
     Bytes::copy_from_slice(b)
 }
 
+/// A key and its value, copied into one buffer of their own: one
+/// allocation, shared by the two (cloning either allocates nothing more).
+fn own_both(key: &Bytes, value: &Bytes) -> (Bytes, Bytes) {
+    let mut buf = bytes::BytesMut::with_capacity(key.len() + value.len());
+    buf.extend_from_slice(key);
+    buf.extend_from_slice(value);
+    let both = buf.freeze();
+    (both.slice(..key.len()), both.slice(key.len()..))
+}
+
 /// The one response of a single-request data command.
 fn only(mut responses: Responses) -> Result<Response, Error> {
     responses.next().expect("one request, one response")

@@ -12,7 +12,7 @@
 //! `ERR invalid expire time in 'set' command`. The number is checked after
 //! the options, as Redis checks it.
 
-use super::{expiry_in, only, own, syntax_error, upper, Batch, Responses};
+use super::{expiry_in, only, own_both, syntax_error, upper, Batch, Responses};
 use crate::redis::conn::client_error;
 use crate::redis::server::Server;
 use crate::runtime::Clock;
@@ -23,7 +23,8 @@ use causeway_resp::Frame;
 
 /// SET's arguments as one change on the session.
 pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
-    let mut change = Change::set(own(&args[2]));
+    let (key, value) = own_both(&args[1], &args[2]);
+    let mut change = Change::set(value);
     // Which expiry option was given, if any, with its number (none for
     // KEEPTTL): the same one may repeat (the last counts), two kinds may
     // not. The number is read once every option is, as Redis reads it: a
@@ -53,7 +54,7 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     };
     debug_assert!(matches!(change.value, NewValue::Set(_)));
     let answer = if change.get { old } else { written };
-    Batch::new(smallvec::smallvec![Request::Put { key: own(&args[1]), change }], answer)
+    Batch::new(smallvec::smallvec![Request::Put { key, change }], answer)
 }
 
 /// `+OK`, or a null when the condition kept it from being written.

@@ -5,7 +5,7 @@
 //! `'psetex'`); one that is not an integer, `ERR value is not an integer or
 //! out of range`, as in Redis.
 
-use super::{expiry_in, only, own, Batch};
+use super::{expiry_in, only, own_both, Batch};
 use crate::redis::conn::client_error;
 use crate::runtime::Clock;
 use bytes::Bytes;
@@ -17,8 +17,9 @@ pub fn parse(args: &[Bytes], clock: Clock) -> Result<Batch, Frame> {
     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
     let unit = if name == "setex" { "EX" } else { "PX" };
     let expiry = expiry_in(unit, &args[2], &name, clock)?;
-    let change = Change { expiry, ..Change::set(own(&args[3])) };
-    Batch::new(smallvec::smallvec![Request::Put { key: own(&args[1]), change }], |_, responses| match only(responses) {
+    let (key, value) = own_both(&args[1], &args[3]);
+    let change = Change { expiry, ..Change::set(value) };
+    Batch::new(smallvec::smallvec![Request::Put { key, change }], |_, responses| match only(responses) {
         Ok(_) => Frame::ok(),
         Err(e) => client_error(e),
     })

@@ -317,10 +317,10 @@ pub struct RequestDecoder {
     argc: usize,
     /// Arguments not yet validated.
     remaining: usize,
-    /// Offset of the first `$` header.
-    args_start: usize,
     /// Offset of the next `$` header to validate.
     pos: usize,
+    /// Where each validated argument's body starts, and its length.
+    spans: Vec<(usize, usize)>,
 }
 
 impl RequestDecoder {
@@ -331,7 +331,9 @@ impl RequestDecoder {
 
     /// Forget any partially parsed request (call after discarding the buffer).
     pub fn reset(&mut self) {
-        *self = Self::default();
+        let mut spans = std::mem::take(&mut self.spans);
+        spans.clear();
+        *self = Self { spans, ..Self::default() };
     }
 
     /// Same contract as [`parse_request`]: `*1\r\n$4\r\nPING\r\n` or `PING\r\n`
@@ -378,7 +380,6 @@ impl RequestDecoder {
                     self.active = true;
                     self.argc = argc;
                     self.remaining = argc;
-                    self.args_start = next;
                     self.pos = next;
                 }
             }
@@ -392,22 +393,14 @@ impl RequestDecoder {
             let Some(next) = bulk_end(buf, body, len)? else {
                 return Ok(None);
             };
+            self.spans.push((body, len));
             self.pos = next;
             self.remaining -= 1;
         }
 
         // Pass 2: split the request off and slice the (validated) arguments.
         let frozen = buf.split_to(self.pos).freeze();
-        let mut args = Vec::with_capacity(self.argc);
-        let mut p = self.args_start;
-        for _ in 0..self.argc {
-            let (len, body) = bulk_header(&frozen, p, limits.max_bulk_len)?
-                .filter(|&(len, body)| body + len + 2 <= frozen.len())
-                .ok_or_else(|| protocol("request changed while parsing"))?;
-            args.push(frozen.slice(body..body + len));
-            p = body + len + 2;
-        }
-        Ok(Some(args))
+        Ok(Some(self.spans.iter().map(|&(body, len)| frozen.slice(body..body + len)).collect()))
     }
 }
 

@@ -107,6 +107,11 @@ impl Node {
     /// log records durable in order, and returns what may be sent now (with
     /// fsync=always the rest is sent by the log writer once synced).
     fn step(&self, run: impl FnOnce(&mut core_node::Node, &mut Outbox)) -> Outbox {
+        self.step_at(now_ms(), run)
+    }
+
+    /// `step`, at `wall_ms` (a caller that read the clock already).
+    fn step_at(&self, wall_ms: u64, run: impl FnOnce(&mut core_node::Node, &mut Outbox)) -> Outbox {
         let mut out = Outbox::new();
         let mut core = self.core.lock();
         let before = core.topology().epoch;
@@ -122,7 +127,7 @@ impl Node {
             // No disk: nothing to wait for (`core::node::Node::without_log`).
             None => {
                 let logged = core.logged();
-                core.synced(logged, now_ms(), &mut out);
+                core.synced(logged, wall_ms, &mut out);
                 None
             }
         };
@@ -252,6 +257,9 @@ impl Node {
     /// its vector, everything else goes to its peer or client connection.
     pub fn route(&self, out: Outbox, mut local: Option<(ClientId, &mut Vec<Message>)>) {
         let mut queue: VecDeque<Envelope> = out.into();
+        // One clock reading for the messages stepped here (microseconds
+        // apart).
+        let mut at: Option<Now> = None;
         while let Some(env) = queue.pop_front() {
             match env.to {
                 Dest::Node(n) if n == self.me => match env.msg {
@@ -262,7 +270,8 @@ impl Node {
                         }
                     }
                     msg => {
-                        queue.extend(self.step(|core, out| core.step(msg, now(), out)));
+                        let at = *at.get_or_insert_with(now);
+                        queue.extend(self.step_at(at.wall_ms, |core, out| core.step(msg, at, out)));
                         // What the step holds back for its chains leaves
                         // with the rest of the burst (`flush_loop`).
                         self.flush_wake.notify_one();

@@ -504,7 +504,11 @@ impl Driver {
 /// (a finished write leaves the session's writes in flight).
 fn settle(cx: &mut Ctx, slot: &mut Slot, step: Step, p: &mut Progress) {
     let Step { send, done } = step;
-    p.send.extend(send);
+    if p.send.is_empty() {
+        p.send = send;
+    } else {
+        p.send.extend(send);
+    }
     if let Some(result) = done {
         if let Slot::Running(op) = slot {
             if let Some(write) = op.write_id() {

@@ -54,6 +54,11 @@ pub const HEARTBEAT_MS: u64 = 200;
 /// their reports (CW.CLUSTER STATUS) and for one taking over, which first
 /// waits a failure timeout of fresh heartbeats anyway (`supervisor`).
 pub const FOLLOWER_HEARTBEAT_MS: u64 = 1_000;
+/// How early by the clock a tick may come for what is due every so often:
+/// an idle node's ticks sit on a grid of `HEARTBEAT_MS` (the runtime puts
+/// the timers that fire at rest on one grid, to share wakeups), and a
+/// timer fires up to a millisecond either side of its instant.
+const EARLY_MS: u64 = 5;
 
 /// The time, as the node's driver reads it: the wall clock for hybrid
 /// timestamps and expiries, the monotonic clock (which a wall-clock step
@@ -516,11 +521,12 @@ impl Node {
         }
         self.defer_chain_traffic(out, at);
         self.flush(now_ms, out);
-        if self.last_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= HEARTBEAT_MS) {
+        let due = |last: Option<u64>, every: u64| last.is_none_or(|at| now.mono_ms.saturating_sub(at) + EARLY_MS >= every);
+        if due(self.last_beat_ms, HEARTBEAT_MS) {
             self.last_beat_ms = Some(now.mono_ms);
             let beat = self.beat(now.mono_ms);
             let leader = self.leader.filter(|&(_, at)| now.mono_ms.saturating_sub(at) < 2 * HEARTBEAT_MS).map(|(l, _)| l);
-            let everyone = leader.is_none() || self.all_beat_ms.is_none_or(|at| now.mono_ms.saturating_sub(at) >= FOLLOWER_HEARTBEAT_MS);
+            let everyone = leader.is_none() || due(self.all_beat_ms, FOLLOWER_HEARTBEAT_MS);
             if everyone {
                 self.all_beat_ms = Some(now.mono_ms);
             }
@@ -841,4 +847,40 @@ impl Node {
 /// records wait in `log`, else the last one handed out.
 fn ticket(logged: u64, log: &[LogRecord]) -> u64 {
     logged + u64::from(!log.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geo::Replication;
+    use crate::ring::{NodeInfo, Shape};
+
+    fn heartbeats(node: &mut Node, at_ms: u64) -> usize {
+        let mut out = Outbox::new();
+        node.tick(Now::at(at_ms), &mut out);
+        out.iter().filter(|e| matches!(e.msg, Message::Heartbeat(_))).count()
+    }
+
+    /// An idle node ticks on a grid of `HEARTBEAT_MS`, and a timer may fire
+    /// a little early by the clock: the heartbeat still goes at every tick.
+    #[test]
+    fn a_tick_a_little_early_still_heartbeats() {
+        let topology =
+            Topology::new(1, Shape { partitions: 4, replicas: 1, k: 1 }, vec![NodeInfo { id: 0, addr: "n0".into() }]).expect("valid");
+        let id = Identity {
+            me: 0,
+            site: 0,
+            addr: "n0".into(),
+            incarnation: 1,
+            coordinators: vec![0],
+            sites: vec![0],
+            replication: Replication::Causal,
+        };
+        let mut node = Node::new(id, topology);
+        node.without_log();
+        assert_eq!(heartbeats(&mut node, 1_000), 1);
+        assert_eq!(heartbeats(&mut node, 1_100), 0, "not due");
+        assert_eq!(heartbeats(&mut node, 1_199), 1, "a tick 1 ms early by the clock");
+        assert_eq!(heartbeats(&mut node, 1_398), 1);
+    }
 }

@@ -46,10 +46,10 @@ impl Frontend for Server {
 /// Samples the command counter once a second (INFO's
 /// instantaneous_ops_per_sec), while the front end lives.
 async fn sample_loop(server: Weak<Server>) {
-    let mut interval = tokio::time::interval(Duration::from_secs(1));
     let mut last = 0;
     loop {
-        interval.tick().await;
+        let Some(clock) = server.upgrade().map(|s| s.clock) else { return };
+        clock.next_on_grid(Duration::from_secs(1)).await;
         let Some(server) = server.upgrade() else { return };
         let now = server.stats.commands.load(Ordering::Relaxed);
         // CONFIG RESETSTAT may have set the counter back since.

@@ -63,4 +63,28 @@ impl Clock {
     pub fn unix_time(&self) -> Duration {
         SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
     }
+
+    /// Waits for the next instant of the runtime's grid of `period`
+    /// (`next_on_grid`): a front end's periodic work shares the runtime's
+    /// wakeups at rest.
+    pub async fn next_on_grid(&self, period: Duration) {
+        next_on_grid(period).await
+    }
+}
+
+/// The next instant of this process's grid of `period` (every multiple of
+/// `period` since the first call). The timers that fire at rest (the idle
+/// tick, the coordinator's supervision, the once-a-second chores) sit on
+/// one grid, so they share their wakeups: at rest a wakeup costs more than
+/// the work it does.
+pub fn on_grid(period: Duration) -> tokio::time::Instant {
+    static ORIGIN: OnceLock<tokio::time::Instant> = OnceLock::new();
+    let origin = *ORIGIN.get_or_init(tokio::time::Instant::now);
+    let (since, period) = (origin.elapsed().as_micros(), period.as_micros().max(1));
+    origin + Duration::from_micros(((since / period + 1) * period) as u64)
+}
+
+/// Waits for the next instant of the grid of `period` (`on_grid`).
+pub async fn next_on_grid(period: Duration) {
+    tokio::time::sleep_until(on_grid(period)).await;
 }

@@ -1,7 +1,7 @@
 //! The node process: shared state, the ticker, and routing of the
 //! messages the protocol state machines produce.
 
-use super::clock::{mono_ms, now_ms};
+use super::clock::{self, mono_ms, now_ms};
 use crate::config::NodeConfig;
 use crate::runtime::coordinator::Coordinator;
 use crate::runtime::peer::link::{Inbound, Link, Sent, SOFT_LIMIT};
@@ -467,7 +467,7 @@ async fn tick_loop(node: Arc<Node>) {
             tokio::time::sleep(busy).await;
             continue;
         }
-        let rest = tokio::time::Instant::now() + IDLE_TICK;
+        let rest = clock::on_grid(IDLE_TICK);
         let mut looked: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
@@ -510,10 +510,9 @@ async fn flush_loop(node: Arc<Node>) {
 
 /// Gives freed memory back once a second (`memory::release_freed`).
 async fn sample_loop() {
-    let mut interval = tokio::time::interval(Duration::from_secs(1));
     let mut peak = 0;
     loop {
-        interval.tick().await;
+        clock::next_on_grid(Duration::from_secs(1)).await;
         crate::runtime::memory::release_freed(&mut peak);
     }
 }
@@ -522,9 +521,8 @@ async fn sample_loop() {
 /// it and checkpoints every replica under the core lock (so no record falls
 /// between the two), and lets the writer swap the files (see `wal`).
 async fn compact_loop(node: Arc<Node>) {
-    let mut interval = tokio::time::interval(Duration::from_secs(1));
     loop {
-        interval.tick().await;
+        clock::next_on_grid(Duration::from_secs(1)).await;
         let Some(wal) = node.wal.get() else { continue };
         if wal.size() < node.config.wal_compact_bytes {
             continue;

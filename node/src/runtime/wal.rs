@@ -274,11 +274,14 @@ impl Writer {
         // The last ticket written, and the last reported synced.
         let (mut written, mut reported) = (0, 0);
         loop {
-            let wait = match soon && dirty {
-                true => SOON.saturating_sub(last_sync.elapsed()),
-                false => Duration::from_millis(200),
+            // Nothing written since the last sync: nothing to do until a
+            // job comes (an idle node's writer does not wake).
+            let wait = match (dirty, soon) {
+                (false, _) => None,
+                (true, true) => Some(SOON.saturating_sub(last_sync.elapsed())),
+                (true, false) => Some(Duration::from_millis(200)),
             };
-            let first = match rx.recv_timeout(wait) {
+            let first = match wait.map_or_else(|| rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected), |w| rx.recv_timeout(w)) {
                 Ok(job) => Some(job),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return,
@@ -306,7 +309,8 @@ impl Writer {
                     return;
                 }
                 self.size.fetch_add(buf.len() as u64, Ordering::Relaxed);
-                dirty = true;
+                // Without fsync nothing waits for a sync.
+                dirty = self.policy != Fsync::No;
             }
             let due = match self.policy {
                 Fsync::Always => dirty,

@@ -28,8 +28,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often the leader looks for repairs to make.
-const SUPERVISE: Duration = Duration::from_millis(100);
+/// How often the leader looks for repairs to make (and another member
+/// keeps its supervisor's clock). On the grid of the node's idle tick, so
+/// that at rest both share their wakeups.
+const SUPERVISE: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT_MS);
 
 /// Where the member's messages go: to the node it runs in, which steps
 /// those for itself and sends the others.
@@ -135,11 +137,10 @@ async fn follow(me: NodeId, c: Arc<Coordinator>, deliver: Deliver) {
 /// leadership starts a grace period). On the leader: commit repairs and
 /// push configurations.
 async fn supervise(me: NodeId, c: Arc<Coordinator>, deliver: Deliver) {
-    let mut interval = tokio::time::interval(SUPERVISE);
     let mut last_waiting = None;
     let mut led = false;
     loop {
-        interval.tick().await;
+        crate::runtime::clock::next_on_grid(SUPERVISE).await;
         let leader = c.raft.is_leader();
         if leader != led {
             match leader {

@@ -283,7 +283,7 @@ fn forged_peer_connections_are_refused() {
     let nodes = (0..3).map(|i| causeway_core::ring::NodeInfo { id: i as u16, addr: c.addr(i) }).collect();
     let forged =
         causeway_core::ring::Topology::new(before + 100, causeway_core::ring::Shape { partitions: 64, replicas: 1, k: 1 }, nodes).unwrap();
-    let reconfigure = Message::Reconfigure { topology: forged };
+    let reconfigure = Message::Reconfigure { topology: Box::new(forged) };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -131,7 +131,7 @@ impl Client {
         if let Some(seed_id) = seed_id {
             client.writers.insert(seed_id, seed);
         }
-        client.driver.set_topology(Arc::new(topology));
+        client.driver.set_topology(Arc::new(*topology));
         client.connect_all().await?;
         Ok(client)
     }

@@ -132,7 +132,7 @@ mod tests {
             })
             .collect();
         let ship = Ship { origin: 0, to: 1, prev: Position::START, ids, through: Position::through(t(250, 0)), applied: Position::START };
-        let msg = Message::Geo(GeoMsg::Ship(ship));
+        let msg = Message::geo(GeoMsg::Ship(ship));
         let mut wire = BytesMut::new();
         let mut decoded = 0;
         for _ in 0..2_000 {

@@ -87,7 +87,7 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
     let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(d)).pop() else {
         panic!()
     };
-    rd.transfer(epoch, state, updates, history_before, clock, 24, &mut out);
+    rd.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 24, &mut out);
     // Stability flows back up; run everything to quiescence, with ticks.
     for now in (25..2_000).step_by(10) {
         to_client.extend(take(&mut out, Dest::Client(9)));
@@ -204,7 +204,7 @@ fn a_head_that_joined_by_state_transfer_applies_a_resend_twice() {
     let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(d)).pop() else {
         panic!()
     };
-    rd.transfer(epoch, state, updates, history_before, clock, 21, &mut out);
+    rd.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 21, &mut out);
     // a fails: d heads the chain; the client (still waiting) resends.
     let t3 = topo(3, 2, 1, &[d, e]);
     rd.reconfigure(&t3, d, 30, &mut out);
@@ -225,14 +225,16 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
     let mut d = Driver::new(9, Arc::new(t1.clone()), None, 5_000);
     let req = Request::Put { key: Bytes::from("k"), change: Change { condition: Condition::IfAbsent, ..Change::set(Bytes::from("mine")) } };
     let p = d.start(req, 0);
-    let [(to, Message::Put { op: first, write: first_write, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
+    let [(to, Message::Put(put))] = &p.send[..] else { panic!("{:?}", p.send) };
+    let (first, first_write) = (&put.op, &put.write);
     assert_eq!(*to, a);
     // a evaluates the NX: the key is there -> "not written"; the reply is
     // slow. a leaves the chain (e.g. rebalanced away) and b heads it.
     let stale = Message::PutDone { op: *first, version: None, seq: 0, chain_index: 0, stable: false, old: None };
     let t2 = topo(2, 3, 2, &[b, c]);
     let p = d.reconfigured(Arc::new(t2.clone()), 100);
-    let [(to, Message::Put { op: second, write, key, change, past, ack_at, epoch, .. })] = &p.send[..] else { panic!("{:?}", p.send) };
+    let [(to, Message::Put(put))] = &p.send[..] else { panic!("{:?}", p.send) };
+    let causeway_core::message::Put { op: second, write, key, change, past, ack_at, epoch, .. } = &**put;
     assert_eq!(*to, b);
     assert_eq!(write, first_write, "a resend keeps the write's id");
     // Someone deleted k meanwhile; b evaluates the resend: absent -> writes it.

@@ -101,7 +101,7 @@ fn join(pred: &mut ChainReplica, pred_id: NodeId, kept: Option<ChainReplica>, me
         panic!("the predecessor answers")
     };
     let suffix = state.is_none();
-    assert!(r.transfer(epoch, state, updates, history_before, clock, 101, &mut out));
+    assert!(r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 101, &mut out));
     assert!(!r.is_joining());
     let (dp, dr) = (pred.digest(), r.digest());
     assert_eq!((dp.applied, dp.latest), (dr.applied, dr.latest), "the new member ends identical to its predecessor");
@@ -201,7 +201,7 @@ fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
         panic!("a answers")
     };
     assert!(state.is_none(), "a's recent updates reach back: a suffix");
-    assert!(b.transfer(epoch, state, updates, history_before, clock, 1_000, &mut out));
+    assert!(b.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 1_000, &mut out));
     let (da, db) = (a.digest(), b.digest());
     assert_eq!((da.applied, da.latest), (db.applied, db.latest));
 }

@@ -182,8 +182,8 @@ async fn serve_sequence(mut conn: TcpStream, sequencer: Rc<RefCell<Sequencer>>, 
         {
             let mut sequencer = sequencer.borrow_mut();
             while let Some(msg) = take_frame::<Message>(&mut inbuf).expect("well-formed frames") {
-                let Message::Geo(GeoMsg::Sequence { req, .. }) = msg else { panic!("a sequencer is only asked for numbers") };
-                put_frame(&Message::Geo(GeoMsg::Sequenced(sequencer.step(req))), &mut outbuf);
+                let Some(GeoMsg::Sequence { req, .. }) = msg.into_geo() else { panic!("a sequencer is only asked for numbers") };
+                put_frame(&Message::geo(GeoMsg::Sequenced(sequencer.step(req))), &mut outbuf);
                 n += 1;
             }
         }
@@ -197,7 +197,7 @@ async fn serve_sequence(mut conn: TcpStream, sequencer: Rc<RefCell<Sequencer>>, 
 fn ask(partition: PartitionId, tag: &mut u64, n: usize, out: &mut BytesMut) {
     for _ in 0..n {
         let req = SeqRequest { partition, tag: *tag };
-        put_frame(&Message::Geo(GeoMsg::Sequence { from: partition as NodeId, req }), out);
+        put_frame(&Message::geo(GeoMsg::Sequence { from: partition as NodeId, req }), out);
         *tag += 1;
     }
 }
@@ -212,7 +212,7 @@ async fn ask_for_numbers(addr: SocketAddr, partition: PartitionId, window: usize
     while conn.write_all_buf(&mut outbuf).await.is_ok() && read_more(&mut conn, &mut inbuf).await {
         let mut answered = 0;
         while let Ok(Some(msg)) = take_frame::<Message>(&mut inbuf) {
-            let Message::Geo(GeoMsg::Sequenced(reply)) = msg else { panic!("a sequencer answers with numbers") };
+            let Some(GeoMsg::Sequenced(reply)) = msg.into_geo() else { panic!("a sequencer answers with numbers") };
             std::hint::black_box(reply);
             answered += 1;
         }
@@ -266,7 +266,7 @@ async fn serve_ids(mut conn: TcpStream, stabilizer: Rc<RefCell<Stabilizer>>) {
             let now = now_ms();
             let mut stabilizer = stabilizer.borrow_mut();
             while let Some(msg) = take_frame::<Message>(&mut inbuf).expect("well-formed frames") {
-                let Message::Geo(GeoMsg::Ids(batches)) = msg else { panic!("partitions send ids") };
+                let Some(GeoMsg::Ids(batches)) = msg.into_geo() else { panic!("partitions send ids") };
                 for batch in batches {
                     stabilizer.step(StabilizerMsg::Ids(batch), now, &mut out);
                 }
@@ -277,7 +277,7 @@ async fn serve_ids(mut conn: TcpStream, stabilizer: Rc<RefCell<Stabilizer>>) {
                         StabilizerOut::Ship(_) => unreachable!("ships only on tick"),
                     })
                     .collect();
-                put_frame(&Message::Geo(GeoMsg::IdsAcks(acks)), &mut outbuf);
+                put_frame(&Message::geo(GeoMsg::IdsAcks(acks)), &mut outbuf);
             }
         }
         if conn.write_all_buf(&mut outbuf).await.is_err() {
@@ -312,7 +312,7 @@ async fn ship_every_ms(stabilizer: Rc<RefCell<Stabilizer>>, mut to_sites: Vec<Tc
                     ids += ship.ids.len() as u64;
                 }
                 through[site] = through[site].max(ship.through);
-                put_frame(&Message::Geo(GeoMsg::Ship(ship)), &mut bufs[site]);
+                put_frame(&Message::geo(GeoMsg::Ship(ship)), &mut bufs[site]);
             }
         }
         shipped.fetch_add(ids, Relaxed);
@@ -365,7 +365,7 @@ async fn report_ids(addr: SocketAddr, partition: PartitionId, per_ms: usize) {
                 UpdateId { partition, ts: last, local_dep: last.just_before(), vv }
             })
             .collect();
-        put_frame(&Message::Geo(GeoMsg::Ids(vec![IdBatch { partition, prev, items, up_to: last }])), &mut outbuf);
+        put_frame(&Message::geo(GeoMsg::Ids(vec![IdBatch { partition, prev, items, up_to: last }])), &mut outbuf);
         if tx.write_all_buf(&mut outbuf).await.is_err() {
             return;
         }

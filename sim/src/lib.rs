@@ -206,7 +206,7 @@ impl SimClient {
     /// (unique) value, a read by its key, a get-transaction by its keys.
     fn owner(&self, msg: &Message) -> Option<u64> {
         let found = self.pending.iter().find(|p| match (&p.request, msg) {
-            (Request::Put { change, .. }, Message::Put { change: c, .. }) => change.new_value() == c.new_value(),
+            (Request::Put { change, .. }, Message::Put(put)) => change.new_value() == put.change.new_value(),
             (Request::Get(k), Message::Get { key, .. }) => k == key,
             (Request::MultiGet(ks), Message::SnapshotRead { keys, .. }) => keys.iter().all(|(_, k)| ks.contains(k)),
             (Request::MultiGet(ks), Message::Get { key, .. }) => ks.contains(key),
@@ -419,13 +419,20 @@ impl Sim {
         if let Dest::Site(to) = env.to {
             return self.outgoing.push((to, env.msg));
         }
-        if let (Some(s), Message::Geo(GeoMsg::Ids(batches))) = (self.straggler, &mut env.msg) {
+        let ids = match &mut env.msg {
+            Message::Geo(g) => match &mut **g {
+                GeoMsg::Ids(batches) => Some(batches),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let (Some(s), Some(batches)) = (self.straggler, ids) {
             // The straggler's batch travels apart from the rest of its
             // node's tick (one batch per partition, Eunomia's per-partition
             // heartbeats).
             let (late, on_time): (Vec<_>, Vec<_>) = std::mem::take(batches).into_iter().partition(|b| b.partition == s.partition);
             if !late.is_empty() {
-                self.send_after(Envelope { to: env.to, msg: Message::Geo(GeoMsg::Ids(late)) }, s.delay_ms);
+                self.send_after(Envelope { to: env.to, msg: Message::geo(GeoMsg::Ids(late)) }, s.delay_ms);
             }
             if on_time.is_empty() {
                 return;
@@ -531,8 +538,8 @@ impl Sim {
             let c = &mut self.clients[client];
             if let (Some(op), Some(serial)) = (msg.op(), c.owner(&msg)) {
                 c.ops.insert(op.seq, serial);
-                if let Message::Put { write, .. } = &msg {
-                    c.ops.insert(*write, serial);
+                if let Message::Put(put) = &msg {
+                    c.ops.insert(put.write, serial);
                 }
                 if let (Message::SnapshotRead { op, keys, .. }, Some(p)) = (&msg, c.pending_mut(serial)) {
                     p.snapshot_keys.insert(op.seq, keys.iter().map(|(_, k)| k.clone()).collect());
@@ -584,7 +591,7 @@ impl Sim {
                     let from = beat.from;
                     let lease = match &mut self.supervisor {
                         Some(s) => {
-                            s.heartbeat(beat.clone(), now);
+                            s.heartbeat((*beat).clone(), now);
                             s.lease(&beat, &self.topology, COORDINATOR, now)
                         }
                         // Scripted configurations: every admitted node
@@ -624,7 +631,7 @@ impl Sim {
                 let serial = env.msg.op().and_then(|op| c.ops.get(&op.seq).copied());
                 if let Some(p) = serial.and_then(|s| c.pending_mut(s)) {
                     match (&env.msg, &p.request) {
-                        (Message::Value { item, .. }, Request::Get(key)) => p.items = vec![(key.clone(), item.clone(), 0)],
+                        (Message::Value { item, .. }, Request::Get(key)) => p.items = vec![(key.clone(), (**item).clone(), 0)],
                         (Message::Snapshot { op, items, .. }, _) => {
                             // A get-transaction that was refused somewhere
                             // starts over with a new snapshot: a key's item
@@ -758,7 +765,7 @@ impl Sim {
         for n in 0..self.nodes.len() {
             if !self.nodes[n].crashed && self.nodes[n].core.topology().epoch < self.topology.epoch {
                 let topology = (*self.topology).clone();
-                self.enqueue(Envelope { to: Dest::Node(n as NodeId), msg: Message::Reconfigure { topology } });
+                self.enqueue(Envelope { to: Dest::Node(n as NodeId), msg: Message::Reconfigure { topology: Box::new(topology) } });
             }
         }
     }
@@ -867,7 +874,7 @@ impl Sim {
     pub fn install(&mut self, topology: Topology) {
         self.topology = Arc::new(topology.clone());
         for n in 0..self.nodes.len() as NodeId {
-            self.enqueue(Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: topology.clone() } });
+            self.enqueue(Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: Box::new(topology.clone()) } });
         }
     }
 

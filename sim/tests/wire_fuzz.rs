@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use causeway_core::chain::PartitionState;
 use causeway_core::hlc::Timestamp;
-use causeway_core::message::{Ack, Change, Condition, DepOn, Expiry, Hello, Message, NewValue, OpId, Update, WriteDep};
+use causeway_core::message::{Ack, Change, Condition, DepOn, Expiry, Hello, Message, NewValue, OpId, Put, Update, WriteDep};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::version::{Version, VersionVector};
 use causeway_core::wire::{put_frame, take_frame};
@@ -29,7 +29,7 @@ fn corpus() -> Vec<Vec<u8>> {
         Topology::new(4, Shape { partitions: 4, replicas: 2, k: 1 }, (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect())
             .expect("valid");
     let messages = vec![
-        Message::Put {
+        Message::Put(Box::new(Put {
             op,
             epoch: 4,
             partition: 1,
@@ -52,27 +52,27 @@ fn corpus() -> Vec<Vec<u8>> {
                 WriteDep { partition: 1, on: DepOn::Seq(40), same_key: true },
             ],
             done_below: 6,
-        },
+        })),
         Message::Get { op, epoch: 4, partition: 1, key: Bytes::from("key"), min: None, leased: true },
         Message::Forward { epoch: 4, partition: 2, updates: vec![update.clone(), update.clone()], lazy: false },
         Message::Transfer {
             epoch: 4,
             partition: 2,
-            state: Some(PartitionState {
+            state: Some(Box::new(PartitionState {
                 applied: 3,
                 stable: 2,
                 entries: Vec::new(),
                 sessions: Vec::new(),
                 history: 17,
                 unreported: Vec::new(),
-            }),
+            })),
             updates: Vec::new(),
             history_before: 17,
             clock: Timestamp::new(9, 0),
         },
         Message::Transfer { epoch: 4, partition: 2, state: None, updates: vec![update], history_before: 17, clock: Timestamp::ZERO },
         Message::Fetch { epoch: 4, partition: 2, from: 1, have: Some((3, 17)) },
-        Message::Reconfigure { topology },
+        Message::Reconfigure { topology: Box::new(topology) },
         Message::StableUpTo { epoch: 4, partition: 0, seq: 9, reported: 3, durable: 9 },
     ];
     let mut out = Vec::new();

@@ -405,7 +405,7 @@ impl ChainReplica {
             // satisfies every level, instead of applying it twice.
             let chain_index = (self.chain.len() - 1) as u8;
             let (version, seq, old) = (Some(last.version.clone()), last.seq, last.old.clone());
-            let done = Message::PutDone { op: write, version, seq, chain_index, stable: true, old };
+            let done = Message::PutDone { op: write, version, seq, chain_index, stable: true, old: old.map(Box::new) };
             return self.when_stable(last.seq, Envelope { to: Dest::Client(write.client), msg: done }, out);
         }
         let current = match self.store.latest(&req.key) {
@@ -414,7 +414,7 @@ impl ChainReplica {
         };
         let decided = change::decide(&req.change, current, now_ms);
         let Some((value, expires_at_ms)) = decided.write else {
-            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false, old: decided.old };
+            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false, old: decided.old.map(Box::new) };
             return send(out, Dest::Client(req.op.client), msg);
         };
         let ts = self.clock.tick(now_ms, req.past.max());
@@ -553,7 +553,7 @@ impl ChainReplica {
                     seq: u.seq,
                     chain_index: self.index as u8,
                     stable: self.is_tail(),
-                    old: old.clone(),
+                    old: old.clone().map(Box::new),
                 };
                 send(out, Dest::Client(op.client), msg);
             }

@@ -60,8 +60,14 @@ impl ChainReplica {
             for u in std::mem::take(&mut self.unstable) {
                 if let Some(Ack { op, at, old, .. }) = u.ack {
                     if at as usize > was && at as usize >= index {
-                        let msg =
-                            Message::PutDone { op, version: Some(u.version), seq: u.seq, chain_index: index as u8, stable: true, old };
+                        let msg = Message::PutDone {
+                            op,
+                            version: Some(u.version),
+                            seq: u.seq,
+                            chain_index: index as u8,
+                            stable: true,
+                            old: old.map(Box::new),
+                        };
                         send(out, Dest::Client(op.client), msg);
                     }
                 }
@@ -124,7 +130,7 @@ impl ChainReplica {
             true => Message::Suffix { epoch, partition, updates, applied, state: None, clock },
             // Some of what it lacks was already stable here (declared by a
             // tail while it was away): the whole state instead.
-            false => Message::Suffix { epoch, partition, updates: Vec::new(), applied, state: Some(self.state()), clock },
+            false => Message::Suffix { epoch, partition, updates: Vec::new(), applied, state: Some(Box::new(self.state())), clock },
         };
         send(out, Dest::Node(from), msg);
     }

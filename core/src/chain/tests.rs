@@ -241,7 +241,7 @@ fn a_member_that_moved_up_asks_again_while_writes_flow_past_it() {
                     Message::StableUpTo { seq, reported, durable, .. } => r.stable_up_to(seq, reported, durable, ms, &mut out),
                     Message::CatchUp { epoch, from, after, .. } => r.catch_up(epoch, from, after, &mut out),
                     Message::Suffix { epoch, updates, applied, state, clock, .. } => {
-                        r.suffix(epoch, updates, applied, state, clock, ms, &mut out)
+                        r.suffix(epoch, updates, applied, state.map(|s| *s), clock, ms, &mut out)
                     }
                     _ => {}
                 }
@@ -284,7 +284,7 @@ fn a_recovered_replica_placed_ahead_of_a_longer_log_takes_its_successors_state()
     head.catch_up(epoch, from, after, &mut out);
     let Some(Message::Suffix { updates, applied, state, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("answered") };
     assert!(state.is_some(), "the second write is stable at a and no longer kept as an update: the whole state");
-    recovered.suffix(epoch, updates, applied, state, Timestamp::ZERO, 22, &mut out);
+    recovered.suffix(epoch, updates, applied, state.map(|s| *s), Timestamp::ZERO, 22, &mut out);
     recovered.put(put(3, 3), 23, &mut out);
     assert_eq!(recovered.digest().applied, 3, "orders after what the chain holds");
 }

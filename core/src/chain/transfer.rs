@@ -81,7 +81,7 @@ impl ChainReplica {
             None => {
                 let history_before = self.recent.front().map_or(self.history, |(_, h, _)| *h);
                 let updates = self.recent.iter().map(|(u, _, _)| u.clone()).collect();
-                Message::Transfer { epoch, partition, state: Some(self.state()), updates, history_before, clock }
+                Message::Transfer { epoch, partition, state: Some(Box::new(self.state())), updates, history_before, clock }
             }
         };
         send(out, Dest::Node(from), msg);

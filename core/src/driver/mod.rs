@@ -378,7 +378,7 @@ impl Driver {
         let Some(id) = msg.op().filter(|id| id.client == self.cx.id) else { return p };
         let Some(i) = self.queue.iter().position(|s| matches!(s, Slot::Running(op) if op.awaits(id.seq, &msg))) else {
             return match msg {
-                Message::TopologyIs { topology, .. } => self.reconfigured(Arc::new(topology), now_ms),
+                Message::TopologyIs { topology, .. } => self.reconfigured(Arc::new(*topology), now_ms),
                 _ => p,
             };
         };
@@ -543,7 +543,7 @@ mod tests {
         // The old reply is ignored; the new one completes the read.
         let Message::Get { op, .. } = p.send[0].1.clone() else { panic!("expected a Get") };
         let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true, expires_at_ms: None };
-        let done = d.on_message(Message::Value { op, item, chain_index: 2 }, 20).done;
+        let done = d.on_message(Message::Value { op, item: Box::new(item), chain_index: 2 }, 20).done;
         assert_eq!(done[..], [Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2, expires_at_ms: None })]);
     }
 
@@ -571,7 +571,7 @@ mod tests {
         let mut t = (**d.topology()).clone().without(head);
         t.epoch = 2;
         let new_head = t.chain(t.partition_of(b"k")).head();
-        let p = d.on_message(Message::TopologyIs { op: *op, topology: t }, 300);
+        let p = d.on_message(Message::TopologyIs { op: *op, topology: Box::new(t) }, 300);
         assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head));
     }
 
@@ -582,7 +582,8 @@ mod tests {
         let chain = t.chain(t.partition_of(b"k")).clone();
         let put = Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) };
         let p = d.start_at(put, Consistency::Linearizable, 0);
-        let [(_, Message::Put { op, ack_at, .. })] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
+        let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
+        let (op, ack_at) = (&put.op, &put.ack_at);
         assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
         let version = Version::local(0, Timestamp::new(1, 0));
         let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true, old: None };
@@ -603,7 +604,7 @@ mod tests {
         let version = Version::local(0, Timestamp::new(1, 0));
         let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false, expires_at_ms: None };
         let at = t.chain(t.partition_of(b"a")).index_of(*at).unwrap() as u8;
-        assert_eq!(d.on_message(Message::Value { op: *op, item, chain_index: at }, 1).done.len(), 1);
+        assert_eq!(d.on_message(Message::Value { op: *op, item: Box::new(item), chain_index: at }, 1).done.len(), 1);
         let put = Request::Put { key: Bytes::from("b"), change: Change::set(Bytes::from("v")) };
         let p = d.start_at(put, Consistency::Linearizable, 2);
         assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 4, .. })]), "got {:?}", p.send);
@@ -623,7 +624,7 @@ mod tests {
 
     fn value(op: OpId, v: &str, version: Option<Version>, seq: u64, chain_index: u8) -> Message {
         let item = Item { value: Some(Bytes::from(v.to_string())), version, seq, stable: false, expires_at_ms: None };
-        Message::Value { op, item, chain_index }
+        Message::Value { op, item: Box::new(item), chain_index }
     }
 
     #[test]
@@ -646,19 +647,20 @@ mod tests {
         assert_eq!(p.done[..], [Ok(Response::Written(true))]);
         let [(at, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the read, got {:?}", p.send) };
         assert!(chain.index_of(*at).unwrap() <= 1);
-        assert_eq!(min.as_ref(), Some(&v1));
+        assert_eq!(min.as_deref(), Some(&v1));
         // The read answers; the second write carries the first as a
         // dependency its head waits for (every node holds every partition
         // here), instead of the session waiting for it to be stable.
         let p = d.on_message(value(*op, "v1", Some(v1.clone()), 1, 1), 2);
         assert_eq!(p.done[..], [Ok(Response::Read { value: Some(Bytes::from("v1")), chain_index: 1, expires_at_ms: None })]);
-        let [(_, Message::Put { op, deps, .. })] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
+        let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected the second write, got {:?}", p.send) };
+        let (op, deps) = (&put.op, &put.deps);
         assert_eq!(deps, &vec![WriteDep { partition: t.partition_of(b"k"), on: DepOn::Seq(1), same_key: false }]);
         let v2 = Version::local(0, Timestamp::new(4, 0));
         let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false, old: None }, 4);
         assert_eq!(p.done[..], [Ok(Response::Written(true))]);
         let [(_, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the last read, got {:?}", p.send) };
-        assert_eq!(min.as_ref(), Some(&v2), "the last read must see the second write");
+        assert_eq!(min.as_deref(), Some(&v2), "the last read must see the second write");
         let p = d.on_message(value(*op, "v2", Some(v2), 2, 1), 5);
         assert_eq!(p.done[..], [Ok(Response::Read { value: Some(Bytes::from("v2")), chain_index: 1, expires_at_ms: None })]);
         assert!(!d.is_busy());
@@ -671,9 +673,8 @@ mod tests {
         let mut puts = Vec::new();
         for (k, v) in [("a", "1"), ("b", "2"), ("a", "3")] {
             let p = d.start(set(k, v), 0);
-            let [(_, Message::Put { write, deps, done_below, .. })] = &p.send[..] else {
-                panic!("each write leaves at once: {:?}", p.send)
-            };
+            let [(_, Message::Put(put))] = &p.send[..] else { panic!("each write leaves at once: {:?}", p.send) };
+            let (write, deps, done_below) = (&put.write, &put.deps, &put.done_below);
             puts.push((*write, deps.clone(), *done_below));
         }
         let (w1, w2) = (puts[0].0, puts[1].0);
@@ -720,7 +721,7 @@ mod tests {
             stable: false,
             expires_at_ms: None,
         };
-        d.on_message(Message::Value { op: *op, item, chain_index: 0 }, 1);
+        d.on_message(Message::Value { op: *op, item: Box::new(item), chain_index: 0 }, 1);
         let p = d.start(set(a, "v"), 2);
         assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 9, .. })]), "the session waits: {:?}", p.send);
         // And a write after one in flight whose partition its head does not
@@ -764,7 +765,8 @@ mod tests {
         assert!(d.start(set("b", "x"), 0).send.is_empty(), "the write waits for the read");
         assert!(d.start(get("c"), 0).send.is_empty(), "and the read after it for the write");
         let p = d.on_message(value(read, "a", None, 0, 0), 1);
-        let [(_, Message::Put { op, .. })] = &p.send[..] else { panic!("expected the write, got {:?}", p.send) };
+        let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected the write, got {:?}", p.send) };
+        let op = &put.op;
         let version = Version::local(0, Timestamp::new(2, 0));
         let p = d.on_message(Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 0, stable: false, old: None }, 2);
         assert!(matches!(&p.send[..], [(_, Message::Get { .. })]), "got {:?}", p.send);
@@ -799,7 +801,7 @@ mod tests {
         moved.epoch = 2;
         let new_head = moved.chain(moved.partition_of(b"k")).head();
         // The answer to a recheck the shell sent on its own.
-        let p = d.on_message(Message::TopologyIs { op: OpId { client: 7, seq: u64::MAX }, topology: moved }, 150);
+        let p = d.on_message(Message::TopologyIs { op: OpId { client: 7, seq: u64::MAX }, topology: Box::new(moved) }, 150);
         assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head), "resent to the new head, got {:?}", p.send);
         assert_eq!(d.topology().epoch, 2);
     }

@@ -400,7 +400,7 @@ impl Op {
         let deps = self.write_deps(cx, &key, write);
         let done_below = cx.writes.keys().next().copied().unwrap_or(write);
         let epoch = cx.topology.epoch;
-        let put = Message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below };
+        let put = Message::Put(Box::new(crate::message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below }));
         p.send.push((head, put));
         self.phase = Phase::Writing;
     }
@@ -452,7 +452,7 @@ impl Op {
                         Some(limit) => &chain.nodes[..=(limit as usize).min(chain.len() - 1)],
                         None => &chain.nodes[..],
                     };
-                    (cx.pick(legal), cx.session.min_version(key).cloned())
+                    (cx.pick(legal), cx.session.min_version(key).cloned().map(Box::new))
                 }
             }
         };
@@ -625,7 +625,7 @@ impl Op {
             Message::TopologyIs { topology, .. } => {
                 // Never back to an older map (a lagging node may answer).
                 if topology.epoch > cx.topology.epoch {
-                    cx.topology = Arc::new(topology);
+                    cx.topology = Arc::new(*topology);
                 }
                 if matches!(self.request, Request::Topology) {
                     p.done = Some(Ok(Response::Topology(cx.topology.clone())));
@@ -661,7 +661,7 @@ impl Op {
                 }
                 let written = version.is_some();
                 p.done = Some(Ok(match change.get {
-                    true => Response::Replaced { written, old },
+                    true => Response::Replaced { written, old: old.map(|o| *o) },
                     false => Response::Written(written),
                 }));
             }
@@ -670,7 +670,7 @@ impl Op {
                 let Some(pos) = parts.remove(&seq) else {
                     return p;
                 };
-                items[pos] = Some(item);
+                items[pos] = Some(*item);
                 if parts.is_empty() {
                     let items: Vec<Item> = std::mem::take(items).into_iter().map(|i| i.expect("every key answered")).collect();
                     let unchanged = previous.as_ref().is_some_and(|prev| prev.iter().zip(&items).all(|(a, b)| a.version == b.version));

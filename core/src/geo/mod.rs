@@ -401,7 +401,7 @@ impl Geo {
         self.asked_ms = now_ms;
         self.asked(at);
         for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
-            send(out, Dest::Node(n), Message::Geo(GeoMsg::Promise(at)));
+            send(out, Dest::Node(n), Message::geo(GeoMsg::Promise(at)));
         }
     }
 
@@ -450,7 +450,7 @@ impl Geo {
             }
             (Some(l), _) => {
                 self.sequencing.insert(ask.tag, (partition, req, now_ms));
-                send(out, Dest::Node(l), Message::Geo(GeoMsg::Sequence { from: self.me, req: ask }));
+                send(out, Dest::Node(l), Message::geo(GeoMsg::Sequence { from: self.me, req: ask }));
                 None
             }
             // No leader: the write is refused when the timeout passes.
@@ -516,7 +516,7 @@ impl Geo {
         }
         let acks = std::mem::take(&mut self.ids_acks).into_iter().filter_map(|a| Some((*topology.chain(a.partition).nodes.last()?, a)));
         for (tail, acks) in group(acks.collect()) {
-            send(out, Dest::Node(tail), Message::Geo(GeoMsg::IdsAcks(acks)));
+            send(out, Dest::Node(tail), Message::geo(GeoMsg::IdsAcks(acks)));
         }
         self.ask_promises(topology, now_ms, out);
         if let Some(r) = &mut self.receiver {
@@ -543,7 +543,7 @@ impl Geo {
                 for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
                     let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
                     let visible = self.visibility.summary().clone();
-                    send(out, Dest::Node(n), Message::Geo(GeoMsg::SiteTime { applied, seen_by, probe, visible }));
+                    send(out, Dest::Node(n), Message::geo(GeoMsg::SiteTime { applied, seen_by, probe, visible }));
                 }
             }
         }
@@ -565,10 +565,10 @@ impl Geo {
             }
         }
         for (replica, batches) in group(ids) {
-            send(out, Dest::Node(replica), Message::Geo(GeoMsg::Ids(batches)));
+            send(out, Dest::Node(replica), Message::geo(GeoMsg::Ids(batches)));
         }
         for (to, batches) in group(values) {
-            send(out, Dest::Site(to), Message::Geo(GeoMsg::Values { origin: self.site, batches }));
+            send(out, Dest::Site(to), Message::geo(GeoMsg::Values { origin: self.site, batches }));
         }
     }
 
@@ -634,7 +634,7 @@ impl Geo {
                         self.site_ack_relayed_ms = now_ms;
                     }
                     for &r in self.replicas.iter().filter(|&&r| r != self.me && (followers || Some(r) == self.leader)) {
-                        send(out, Dest::Node(r), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::SiteAck(ack)))));
+                        send(out, Dest::Node(r), Message::geo(GeoMsg::Relayed(Box::new(GeoMsg::SiteAck(ack)))));
                     }
                 }
             }
@@ -648,7 +648,7 @@ impl Geo {
                     }
                 }
                 for (tail, acks) in group(elsewhere) {
-                    send(out, Dest::Node(tail), Message::Geo(GeoMsg::Relayed(Box::new(GeoMsg::ValuesAcks(acks)))));
+                    send(out, Dest::Node(tail), Message::geo(GeoMsg::Relayed(Box::new(GeoMsg::ValuesAcks(acks)))));
                 }
             }
             GeoMsg::Ship(_) | GeoMsg::Values { .. } => self.for_receiver(msg, relayed, topology, out),
@@ -684,7 +684,7 @@ impl Geo {
             }
             GeoMsg::Sequence { from, req } => {
                 if let (Some(s), true) = (&mut self.sequencer, self.leader == Some(self.me)) {
-                    send(out, Dest::Node(from), Message::Geo(GeoMsg::Sequenced(s.step(req))));
+                    send(out, Dest::Node(from), Message::geo(GeoMsg::Sequenced(s.step(req))));
                 }
             }
             // The node's (chain) business.
@@ -718,7 +718,7 @@ impl Geo {
                 self.receiver_out(topology, rout, out);
             }
             (None, Some(leader)) if !relayed && leader != self.me => {
-                send(out, Dest::Node(leader), Message::Geo(GeoMsg::Relayed(Box::new(msg))));
+                send(out, Dest::Node(leader), Message::geo(GeoMsg::Relayed(Box::new(msg))));
             }
             _ => {}
         }
@@ -729,7 +729,7 @@ impl Geo {
         for o in sout {
             match o {
                 StabilizerOut::IdsAck(ack) => self.ids_acks.push(ack),
-                StabilizerOut::Ship(ship) => send(out, Dest::Site(ship.to), Message::Geo(GeoMsg::Ship(ship))),
+                StabilizerOut::Ship(ship) => send(out, Dest::Site(ship.to), Message::geo(GeoMsg::Ship(ship))),
             }
         }
     }
@@ -741,15 +741,15 @@ impl Geo {
                 ReceiverOut::Apply(write) => {
                     if let Some(&head) = topology.chain(write.partition).nodes.first() {
                         let msg = GeoMsg::Apply { epoch: topology.epoch, write, from: self.me };
-                        send(out, Dest::Node(head), Message::Geo(msg));
+                        send(out, Dest::Node(head), Message::geo(msg));
                     }
                 }
-                ReceiverOut::Ack(ack) => send(out, Dest::Site(ack.origin), Message::Geo(GeoMsg::SiteAck(ack))),
+                ReceiverOut::Ack(ack) => send(out, Dest::Site(ack.origin), Message::geo(GeoMsg::SiteAck(ack))),
                 ReceiverOut::ValuesAck(ack) => value_acks.push((ack.origin, ack)),
             }
         }
         for (origin, acks) in group(value_acks) {
-            send(out, Dest::Site(origin), Message::Geo(GeoMsg::ValuesAcks(acks)));
+            send(out, Dest::Site(origin), Message::geo(GeoMsg::ValuesAcks(acks)));
         }
     }
 
@@ -885,7 +885,7 @@ mod tests {
         std::mem::take(out)
             .into_iter()
             .filter_map(|e| match e.msg {
-                Message::Geo(g) => keep(e.to, g),
+                Message::Geo(g) => keep(e.to, *g),
                 _ => None,
             })
             .collect()
@@ -917,7 +917,7 @@ mod tests {
         assert_eq!(asks(&mut out), [(Dest::Node(1), ts(120)), (Dest::Node(2), ts(120))]);
         // Partition 1 promises past both: they ship, nothing waits.
         geo.step(ids(1, 50, &[], 130), false, &topology, 1_000 + 2 * ASK_MS, &mut out);
-        let shipped: usize = out.iter().map(|e| if let Message::Geo(GeoMsg::Ship(s)) = &e.msg { s.ids.len() } else { 0 }).sum();
+        let shipped: usize = out.iter().map(|e| if let Some(GeoMsg::Ship(s)) = e.msg.as_geo() { s.ids.len() } else { 0 }).sum();
         assert_eq!(shipped, 2);
         geo.tick(&topology, 1_000 + 3 * ASK_MS, &mut out);
         assert!(asks(&mut out).is_empty(), "nothing waits any more");
@@ -942,9 +942,9 @@ mod tests {
     fn items(out: &mut Outbox) -> (Vec<u64>, Vec<u64>) {
         let (mut ids, mut values) = (Vec::new(), Vec::new());
         for e in std::mem::take(out) {
-            match e.msg {
-                Message::Geo(GeoMsg::Ids(b)) => ids.extend(b.iter().flat_map(|b| b.items.iter().map(|i| i.ts.physical_ms()))),
-                Message::Geo(GeoMsg::Values { batches, .. }) => {
+            match e.msg.into_geo() {
+                Some(GeoMsg::Ids(b)) => ids.extend(b.iter().flat_map(|b| b.items.iter().map(|i| i.ts.physical_ms()))),
+                Some(GeoMsg::Values { batches, .. }) => {
                     values.extend(batches.iter().flat_map(|b| b.items.iter().map(|i| i.ts.physical_ms())))
                 }
                 _ => {}

@@ -2,7 +2,7 @@
 //! write makes, what a read returns, and why a node refused.
 
 use crate::ring::{NodeId, PartitionId};
-use crate::version::Version;
+use crate::version::{Version, VersionVector};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -186,3 +186,34 @@ pub enum Refusal {
 /// position past any chain's end, so that a chain that grows while the
 /// write is on its way still answers only at its end.
 pub const ACK_AT_TAIL: u8 = u8::MAX;
+
+/// Write `key` (sent to the head). `past` is the session's causal past
+/// (`Session::past`): the new version's timestamp will be greater than
+/// every entry, and its vector is `past` with its own timestamp. The node at chain
+/// position `ack_at` answers, or the tail if the chain is shorter
+/// (`ACK_AT_TAIL`: whichever node is the tail when the write gets there).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Put {
+    pub op: OpId,
+    pub epoch: u64,
+    pub partition: PartitionId,
+    pub key: Bytes,
+    pub change: Change,
+    pub past: VersionVector,
+    pub ack_at: u8,
+    /// The write's id within the client's session. A write resent after
+    /// a failure keeps it, so a head that already has the write answers
+    /// instead of applying it again; its acknowledgement names it.
+    pub write: u64,
+    /// What the head waits for before it orders the write: the
+    /// session's unstable past, when the head holds a replica of the
+    /// partition concerned (otherwise the session waited for it before
+    /// sending), and the session's previous write if it is still in
+    /// flight. A session's writes thus run together (pipelining)
+    /// without any reader seeing one before what it depends on.
+    pub deps: Vec<WriteDep>,
+    /// Every write of the session with a smaller id is finished (answered
+    /// or given up): a late copy of one is dropped, and replicas forget
+    /// them.
+    pub done_below: u64,
+}

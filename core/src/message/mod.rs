@@ -26,7 +26,7 @@ pub mod link;
 
 pub use chain::{Ack, LastWrite, PartitionState, Stored, Update};
 pub use client::{
-    home_node, session_id, Change, ClientId, Condition, DepOn, Expiry, Item, Keyspace, NewValue, OpId, Refusal, WriteDep, ACK_AT_TAIL,
+    home_node, session_id, Change, ClientId, Condition, DepOn, Expiry, Item, Keyspace, NewValue, OpId, Put, Refusal, WriteDep, ACK_AT_TAIL,
 };
 pub use coordinator::{Beat, Recovered};
 pub use geo::GeoMsg;
@@ -41,35 +41,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Message {
     // ---- client -> node -------------------------------------------------
-    /// Write `key` (sent to the head). `past` is the session's causal past
-    /// (`Session::past`): the new version's timestamp will be greater than
-    /// every entry, and its vector is `past` with its own timestamp. The node at chain
-    /// position `ack_at` answers, or the tail if the chain is shorter
-    /// (`ACK_AT_TAIL`: whichever node is the tail when the write gets there).
-    Put {
-        op: OpId,
-        epoch: u64,
-        partition: PartitionId,
-        key: Bytes,
-        change: Change,
-        past: VersionVector,
-        ack_at: u8,
-        /// The write's id within the client's session. A write resent after
-        /// a failure keeps it, so a head that already has the write answers
-        /// instead of applying it again; its acknowledgement names it.
-        write: u64,
-        /// What the head waits for before it orders the write: the
-        /// session's unstable past, when the head holds a replica of the
-        /// partition concerned (otherwise the session waited for it before
-        /// sending), and the session's previous write if it is still in
-        /// flight. A session's writes thus run together (pipelining)
-        /// without any reader seeing one before what it depends on.
-        deps: Vec<WriteDep>,
-        /// Every write of the session with a smaller id is finished (answered
-        /// or given up): a late copy of one is dropped, and replicas forget
-        /// them.
-        done_below: u64,
-    },
+    /// Write a key (sent to the head): `Put`, boxed (the largest message
+    /// by far, and messages are moved whole several times on their way).
+    Put(Box<Put>),
     /// Read the latest version of `key` at this replica; refused as `Behind`
     /// if older than `min` (the version the session already saw).
     Get {
@@ -77,7 +51,7 @@ pub enum Message {
         epoch: u64,
         partition: PartitionId,
         key: Bytes,
-        min: Option<Version>,
+        min: Option<Box<Version>>,
         /// A linearizable read (sent to the tail): served only while the
         /// node holds the coordinator's lease for its epoch.
         leased: bool,
@@ -140,11 +114,11 @@ pub enum Message {
         seq: u64,
         chain_index: u8,
         stable: bool,
-        old: Option<Bytes>,
+        old: Option<Box<Bytes>>,
     },
     Value {
         op: OpId,
-        item: Item,
+        item: Box<Item>,
         chain_index: u8,
     },
     Stable {
@@ -170,7 +144,7 @@ pub enum Message {
     },
     TopologyIs {
         op: OpId,
-        topology: Topology,
+        topology: Box<Topology>,
     },
     SiteTimeIs {
         op: OpId,
@@ -209,7 +183,7 @@ pub enum Message {
         partition: PartitionId,
         updates: Vec<Update>,
         applied: u64,
-        state: Option<PartitionState>,
+        state: Option<Box<PartitionState>>,
         /// The sender's clock: the receiver orders its writes after every
         /// timestamp and promise the sender saw.
         clock: Timestamp,
@@ -231,7 +205,7 @@ pub enum Message {
     Transfer {
         epoch: u64,
         partition: PartitionId,
-        state: Option<PartitionState>,
+        state: Option<Box<PartitionState>>,
         updates: Vec<Update>,
         history_before: u64,
         /// The sender's clock (as in `Suffix`).
@@ -241,13 +215,13 @@ pub enum Message {
     // ---- coordinator <-> node ---------------------------------------------
     /// A new configuration of the site (a higher epoch).
     Reconfigure {
-        topology: Topology,
+        topology: Box<Topology>,
     },
     /// "I am alive, serve `epoch`, and `joining` of my replicas are still
     /// fetching their state", sent by every node to every coordinator
     /// member: failure detection, rejoin after a restart, and the site's
     /// status.
-    Heartbeat(Beat),
+    Heartbeat(Box<Beat>),
     /// The coordinator leader's answer to a heartbeat sent at `sent_ms` (on
     /// the node's monotonic clock) at `epoch`: the node may serve
     /// linearizable reads until `sent_ms + grant_ms`. The coordinator waits
@@ -278,7 +252,7 @@ pub enum Message {
     },
 
     // ---- geo-replication (between sites, and inside one for geo) --------
-    Geo(GeoMsg),
+    Geo(Box<GeoMsg>),
 }
 
 impl Message {
@@ -286,8 +260,30 @@ impl Message {
     /// (`Ids`, `Promises`, ...): what INFO counts peer messages by.
     pub fn kind(&self) -> &'static str {
         match self {
-            Message::Geo(g) => g.into(),
+            Message::Geo(g) => g.as_ref().into(),
             m => m.into(),
+        }
+    }
+
+    /// A geo-replication message (`Message::Geo`, boxed: messages are
+    /// moved whole several times on their way, so the enum stays small).
+    pub fn geo(msg: GeoMsg) -> Message {
+        Message::Geo(Box::new(msg))
+    }
+
+    /// The geo-replication message this is, if it is one.
+    pub fn as_geo(&self) -> Option<&GeoMsg> {
+        match self {
+            Message::Geo(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// The geo-replication message this is, if it is one, unboxed.
+    pub fn into_geo(self) -> Option<GeoMsg> {
+        match self {
+            Message::Geo(g) => Some(*g),
+            _ => None,
         }
     }
 
@@ -295,8 +291,8 @@ impl Message {
     pub fn op(&self) -> Option<OpId> {
         use Message::*;
         match self {
-            Put { op, .. }
-            | Get { op, .. }
+            Put(put) => Some(put.op),
+            Get { op, .. }
             | WaitStable { op, .. }
             | SnapshotRead { op, .. }
             | Count { op, .. }

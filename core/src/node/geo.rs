@@ -127,7 +127,7 @@ impl Node {
         out: &mut Outbox,
     ) {
         for (next, items) in promises {
-            send(out, Dest::Node(next), Message::Geo(GeoMsg::Promises { epoch: self.topology.epoch, items, asked }));
+            send(out, Dest::Node(next), Message::geo(GeoMsg::Promises { epoch: self.topology.epoch, items, asked }));
         }
     }
 
@@ -164,7 +164,7 @@ impl Node {
                 }
                 let reply = crate::message::Envelope {
                     to: Dest::Node(from),
-                    msg: Message::Geo(GeoMsg::Applied { origin: write.version.site, partition: write.partition, ts: write.version.ts }),
+                    msg: Message::geo(GeoMsg::Applied { origin: write.version.site, partition: write.partition, ts: write.version.ts }),
                 };
                 self.with(write.partition, |r| r.apply_remote(write, reply, now_ms, out));
             }

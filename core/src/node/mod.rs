@@ -344,11 +344,11 @@ impl Node {
     fn handle(&mut self, msg: Message, now: Now, out: &mut Outbox) {
         let now_ms = now.wall_ms;
         if let Message::Reconfigure { topology } = msg {
-            return self.install(topology, now_ms, out);
+            return self.install(*topology, now_ms, out);
         }
         if let Message::GetTopology { op } = msg {
             let topology = (*self.topology).clone();
-            return send(out, Dest::Client(op.client), Message::TopologyIs { op, topology });
+            return send(out, Dest::Client(op.client), Message::TopologyIs { op, topology: Box::new(topology) });
         }
         if !self.admitted {
             // Not serving yet: requests go elsewhere (or wait), chain
@@ -360,7 +360,8 @@ impl Node {
         }
         let stale = |epoch: u64| epoch != self.topology.epoch;
         match msg {
-            Message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below } => {
+            Message::Put(put) => {
+                let crate::message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below } = *put;
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
@@ -374,7 +375,7 @@ impl Node {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
-                match self.with(partition, |r| r.get(&key, min.as_ref(), now_ms)) {
+                match self.with(partition, |r| r.get(&key, min.as_deref(), now_ms)) {
                     None => self.not_responsible(op, out),
                     Some(Err(reason)) => send(out, Dest::Client(op.client), Message::Refused { op, reason }),
                     Some(Ok((item, chain_index))) => {
@@ -382,7 +383,7 @@ impl Node {
                         // no wait: it cannot be lost to this reader.
                         let vouched = min.is_some_and(|m| item.version.as_ref() == Some(&m));
                         let needs = if vouched { Needs::new() } else { smallvec::smallvec![(partition, item.seq)] };
-                        let reply = Envelope { to: Dest::Client(op.client), msg: Message::Value { op, item, chain_index } };
+                        let reply = Envelope { to: Dest::Client(op.client), msg: Message::Value { op, item: Box::new(item), chain_index } };
                         self.when_durable(needs, reply, out);
                     }
                 }
@@ -449,14 +450,15 @@ impl Node {
                 self.with(partition, |r| r.catch_up(epoch, from, after, out));
             }
             Message::Suffix { epoch, partition, updates, applied, state, clock } => {
-                self.with(partition, |r| r.suffix(epoch, updates, applied, state, clock, now_ms, out));
+                self.with(partition, |r| r.suffix(epoch, updates, applied, state.map(|s| *s), clock, now_ms, out));
             }
             Message::Fetch { epoch, partition, from, have } => {
                 self.with(partition, |r| r.fetch(epoch, from, have, out));
             }
             Message::Transfer { epoch, partition, state, updates, history_before, clock } => {
                 let whole = state.is_some();
-                if self.with(partition, |r| r.transfer(epoch, state, updates, history_before, clock, now_ms, out)) == Some(true) {
+                if self.with(partition, |r| r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, now_ms, out)) == Some(true)
+                {
                     match whole {
                         true => self.transfers.1 += 1,
                         false => self.transfers.0 += 1,
@@ -469,7 +471,7 @@ impl Node {
                     self.wake_parked(out);
                 }
             }
-            Message::Geo(msg) => self.geo_step(msg, now_ms, out),
+            Message::Geo(msg) => self.geo_step(*msg, now_ms, out),
             Message::Lease { epoch, sent_ms, grant_ms, from } => {
                 self.leader = Some((from, now.mono_ms));
                 if epoch == self.topology.epoch {
@@ -531,7 +533,7 @@ impl Node {
                 self.all_beat_ms = Some(now.mono_ms);
             }
             for &c in self.id.coordinators.iter().filter(|&&c| everyone || Some(c) == leader) {
-                send(out, Dest::Node(c), Message::Heartbeat(beat.clone()));
+                send(out, Dest::Node(c), Message::Heartbeat(Box::new(beat.clone())));
             }
         }
     }
@@ -653,7 +655,7 @@ impl Node {
             let msg = GeoMsg::Synced { from: self.id.me, probe: (leader, probe) };
             match leader == self.id.me {
                 true => geo.step(msg, false, &topology, now_ms, out),
-                false => send(out, Dest::Node(leader), Message::Geo(msg)),
+                false => send(out, Dest::Node(leader), Message::geo(msg)),
             }
         }
     }

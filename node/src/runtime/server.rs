@@ -265,7 +265,7 @@ impl Node {
                 Dest::Node(n) if n == self.me => match env.msg {
                     Message::Heartbeat(beat) => {
                         let from = beat.from;
-                        if let Some(lease) = self.coordinator.get().and_then(|c| c.heartbeat(beat)) {
+                        if let Some(lease) = self.coordinator.get().and_then(|c| c.heartbeat(*beat)) {
                             queue.push_back(Envelope { to: Dest::Node(from), msg: lease });
                         }
                     }

@@ -448,7 +448,7 @@ fn wide_area_metadata_per_update_at_three_sites() {
         .collect();
     let (first, last) = (ids[0].position(), ids[999].position());
     let ship = Ship { origin: 0, to: 1, prev: first.before(), ids, through: last, applied: first.before() };
-    let per_id = crate::wire::encode(&crate::message::Message::Geo(crate::geo::GeoMsg::Ship(ship))).len() as f64 / 1_000.0;
+    let per_id = crate::wire::encode(&crate::message::Message::geo(crate::geo::GeoMsg::Ship(ship))).len() as f64 / 1_000.0;
     let value = crate::geo::receiver::RemoteValue {
         origin: 0,
         partition: 7,
@@ -588,8 +588,8 @@ fn stabilizer_against_sequencer() {
             ids += batches.iter().map(|b| b.items.len() as u64).sum::<u64>();
             let start = Instant::now();
             for batch in batches {
-                let msg = carry(Message::Geo(GeoMsg::Ids(vec![batch])), wire, &mut buf);
-                let Message::Geo(GeoMsg::Ids(batches)) = msg else { unreachable!("sent Ids") };
+                let msg = carry(Message::geo(GeoMsg::Ids(vec![batch])), wire, &mut buf);
+                let Some(GeoMsg::Ids(batches)) = msg.into_geo() else { unreachable!("sent Ids") };
                 for batch in batches {
                     s.step(StabilizerMsg::Ids(batch), ms, &mut out);
                 }
@@ -600,13 +600,13 @@ fn stabilizer_against_sequencer() {
                         StabilizerOut::Ship(_) => unreachable!("ships only on tick"),
                     })
                     .collect();
-                let acks = carry(Message::Geo(GeoMsg::IdsAcks(acks)), wire, &mut buf);
+                let acks = carry(Message::geo(GeoMsg::IdsAcks(acks)), wire, &mut buf);
                 std::hint::black_box(acks);
             }
             s.tick(ms, &mut out);
             for o in out.drain(..) {
                 let StabilizerOut::Ship(ship) = o else { unreachable!("acks only on Ids") };
-                let Message::Geo(GeoMsg::Ship(ship)) = carry(Message::Geo(GeoMsg::Ship(ship)), wire, &mut buf) else {
+                let Some(GeoMsg::Ship(ship)) = carry(Message::geo(GeoMsg::Ship(ship)), wire, &mut buf).into_geo() else {
                     unreachable!("sent a Ship")
                 };
                 let got = &mut received[ship.to as usize];
@@ -618,8 +618,8 @@ fn stabilizer_against_sequencer() {
                 for from in [1, 2] {
                     let r = received[from as usize];
                     let ack =
-                        Message::Geo(GeoMsg::SiteAck(SiteAck { from, origin: 0, received: r, applied: r, visible: r, resend: false }));
-                    let Message::Geo(GeoMsg::SiteAck(ack)) = carry(ack, wire, &mut buf) else { unreachable!("sent a SiteAck") };
+                        Message::geo(GeoMsg::SiteAck(SiteAck { from, origin: 0, received: r, applied: r, visible: r, resend: false }));
+                    let Some(GeoMsg::SiteAck(ack)) = carry(ack, wire, &mut buf).into_geo() else { unreachable!("sent a SiteAck") };
                     s.step(StabilizerMsg::SiteAck(ack), ms, &mut out);
                 }
             }

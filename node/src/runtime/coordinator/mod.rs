@@ -126,7 +126,7 @@ async fn follow(me: NodeId, c: Arc<Coordinator>, deliver: Deliver) {
     let mut watch = c.raft.watch();
     loop {
         let topology = (**watch.borrow_and_update()).clone();
-        deliver(vec![Envelope { to: Dest::Node(me), msg: Message::Reconfigure { topology } }]);
+        deliver(vec![Envelope { to: Dest::Node(me), msg: Message::Reconfigure { topology: Box::new(topology) } }]);
         if watch.changed().await.is_err() {
             return;
         }
@@ -194,6 +194,9 @@ async fn supervise(me: NodeId, c: Arc<Coordinator>, deliver: Deliver) {
 }
 
 fn push(deliver: &Deliver, topology: &Topology, to: Vec<NodeId>) {
-    let out = to.into_iter().map(|n| Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: topology.clone() } }).collect();
+    let out = to
+        .into_iter()
+        .map(|n| Envelope { to: Dest::Node(n), msg: Message::Reconfigure { topology: Box::new(topology.clone()) } })
+        .collect();
     deliver(out);
 }

@@ -497,20 +497,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_that_does_not_acknowledge_holds_clients_back_until_it_does() {
-        use causeway_core::message::Change;
+        use causeway_core::message::{Change, Put};
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let link = Link::spawn(7, listener.local_addr().unwrap().to_string(), None);
-        let big = |i| Message::Put {
-            op: OpId { client: 1, seq: i },
-            epoch: 1,
-            partition: 0,
-            key: Bytes::from_static(b"k"),
-            change: Change::set(Bytes::from(vec![0u8; 1 << 20])),
-            past: Default::default(),
-            ack_at: 1,
-            write: i,
-            deps: Vec::new(),
-            done_below: i,
+        let big = |i| {
+            Message::Put(Box::new(Put {
+                op: OpId { client: 1, seq: i },
+                epoch: 1,
+                partition: 0,
+                key: Bytes::from_static(b"k"),
+                change: Change::set(Bytes::from(vec![0u8; 1 << 20])),
+                past: Default::default(),
+                ack_at: 1,
+                write: i,
+                deps: Vec::new(),
+                done_below: i,
+            }))
         };
         let n = (SOFT_LIMIT >> 20) as u64 + 4;
         for i in 1..=n {

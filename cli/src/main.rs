@@ -19,7 +19,7 @@ use causeway_node::config::{parse_nodes, parse_remote_sites, NodeConfig};
 use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;
 
-/// The system allocator, counted: INFO `used_memory` (`causeway_node::runtime::memory`).
+/// mimalloc, counted: INFO `used_memory` (`causeway_node::runtime::memory`).
 #[global_allocator]
 static ALLOCATOR: causeway_node::runtime::memory::Counting = causeway_node::runtime::memory::Counting;
 

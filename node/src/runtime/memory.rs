@@ -1,24 +1,32 @@
-//! What the process has allocated, as INFO's `used_memory` reports it: the
-//! system allocator, counted. The `causeway` binary installs `Counting` as
-//! its global allocator; without it (a library user's own binary) the
-//! count stays at zero and INFO falls back to the resident set.
+//! The allocator the node runs on, and what the process has allocated, as
+//! INFO's `used_memory` reports it. The `causeway` binary installs
+//! `Counting` as its global allocator: mimalloc, counted. Without it (a
+//! library user's own binary) the count stays at zero and INFO falls back
+//! to the resident set.
+//!
+//! mimalloc rather than the system's (glibc) malloc: a request allocates
+//! and frees a few small blocks at every step (messages, envelopes,
+//! buffers), and glibc's malloc and free were a quarter of the replicated
+//! write path's instructions (BENCHMARKS.md, "CPU per request"). mimalloc
+//! keeps no header per block, so a key's one allocation also costs less.
 //!
 //! The count is one relaxed atomic add per allocation and free, on memory
 //! the allocating thread owns: no contention on the event loop's thread.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use mimalloc::MiMalloc;
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 static ALLOCATED: AtomicIsize = AtomicIsize::new(0);
 
-/// The system allocator, counting the bytes it hands out.
+/// mimalloc, counting the bytes it hands out.
 pub struct Counting;
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which
         // is passed on unchanged.
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { MiMalloc.alloc(layout) };
         if !p.is_null() {
             ALLOCATED.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
@@ -27,7 +35,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { MiMalloc.alloc_zeroed(layout) };
         if !p.is_null() {
             ALLOCATED.fetch_add(layout.size() as isize, Ordering::Relaxed);
         }
@@ -36,13 +44,13 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from this allocator with `layout`.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { MiMalloc.dealloc(ptr, layout) };
         ALLOCATED.fetch_sub(layout.size() as isize, Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: `ptr` came from this allocator with `layout`.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             ALLOCATED.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
         }
@@ -58,9 +66,10 @@ pub fn allocated() -> u64 {
 
 /// Gives memory the allocator holds free back to the system, once a good
 /// part of what was allocated is freed (expired or deleted keys, a state
-/// transfer's buffers): glibc keeps freed blocks for reuse, and the
-/// resident set would stay at its peak. Called about once a second; cheap
-/// when there is nothing to return. Returns whether it trimmed.
+/// transfer's buffers): mimalloc returns what it freed on its own after a
+/// short delay, but pages with a few live blocks stay with their thread's
+/// heap until it collects. Called about once a second; cheap when there is
+/// nothing to return. Returns whether it collected.
 pub fn release_freed(peak: &mut u64) -> bool {
     const AT_LEAST: u64 = 8 << 20;
     let now = allocated();
@@ -69,11 +78,10 @@ pub fn release_freed(peak: &mut u64) -> bool {
         return false;
     }
     *peak = now;
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free memory; it may be called at
-    // any time.
+    // SAFETY: mi_collect only frees what is unused; it may be called at
+    // any time, from any thread (it collects that thread's heap).
     unsafe {
-        libc::malloc_trim(0);
+        libmimalloc_sys::mi_collect(true);
     }
     true
 }

@@ -222,7 +222,7 @@ pub fn memory_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("used_memory_rss_human", human(rss)),
         ("used_memory_dataset", dataset.to_string()),
         ("mem_fragmentation_ratio", format!("{:.2}", rss as f64 / used.max(1) as f64)),
-        ("mem_allocator", "libc".into()),
+        ("mem_allocator", "mimalloc".into()),
         ("maxmemory", "0".into()),
         ("maxmemory_human", "0B".into()),
         ("maxmemory_policy", "noeviction".into()),

@@ -65,6 +65,10 @@ impl Writes {
         if !self.watched.is_empty() && self.watched.remove(&(client, w.write)).is_some() {
             self.seen.push((client, w.write));
         }
+        // Nearly always the session's newest write: it goes last.
+        if s.writes.back().is_none_or(|last| last.write < w.write) {
+            return s.writes.push_back(w);
+        }
         match s.writes.binary_search_by_key(&w.write, |x| x.write) {
             Ok(i) => s.writes[i] = w,
             Err(i) => s.writes.insert(i, w),

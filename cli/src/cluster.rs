@@ -130,7 +130,7 @@ async fn call(addr: &str, request: &[&[u8]]) -> Result<String, String> {
     let mut c = RespConn::connect(addr).await?;
     match c.call(request).await? {
         Frame::Bulk(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-        Frame::Simple(s) => Ok(s),
+        Frame::Simple(s) => Ok(s.into_owned()),
         other => Ok(format!("{other:?}")),
     }
 }

@@ -22,6 +22,7 @@
 //! came from alive. Copy values you retain long-term
 //! (`Bytes::copy_from_slice`) unless they are large.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -34,8 +35,9 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
     /// Simple string: `+OK\r\n`. Must not contain `\r` or `\n`
-    /// (the encoder replaces them with spaces).
-    Simple(String),
+    /// (the encoder replaces them with spaces). Borrowed when static (`OK`,
+    /// `PONG`: no allocation per reply).
+    Simple(Cow<'static, str>),
     /// Error: `-ERR unknown command 'FOO'\r\n`; holds the full text after `-`
     /// (`"ERR unknown command 'FOO'"`). `\r`/`\n` are replaced by spaces when encoding.
     Error(String),
@@ -743,7 +745,7 @@ fn build_frame(data: Bytes, limits: &Limits) -> Result<Frame, ParseError> {
         pos = next;
         let mut value = match item {
             Item::Scalar(s) => Some(match s {
-                Scalar::Simple(a, b) => Frame::Simple(lossy(&data[a..b])),
+                Scalar::Simple(a, b) => Frame::Simple(lossy(&data[a..b]).into()),
                 Scalar::Error(a, b) => Frame::Error(lossy(&data[a..b])),
                 Scalar::Integer(v) => Frame::Integer(v),
                 Scalar::Bulk(a, b) => Frame::Bulk(data.slice(a..b)),
@@ -948,7 +950,7 @@ impl Frame {
 
     /// `+OK\r\n`: `Frame::Simple("OK")`.
     pub fn ok() -> Frame {
-        Frame::Simple("OK".to_owned())
+        Frame::Simple(Cow::Borrowed("OK"))
     }
 
     /// An error reply; `msg` is the full text after `-`, including the code:

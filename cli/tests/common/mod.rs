@@ -563,7 +563,7 @@ pub fn bulk(b: &[u8]) -> Frame {
 
 /// Shorthand for a simple string reply.
 pub fn simple(s: &str) -> Frame {
-    Frame::Simple(s.to_string())
+    Frame::Simple(s.to_string().into())
 }
 
 /// Shorthand for an error reply.

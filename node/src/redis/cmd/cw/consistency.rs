@@ -13,7 +13,7 @@ use causeway_resp::Frame;
 
 pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     match args.len() {
-        1 => Frame::Simple(conn.driver.consistency().to_string()),
+        1 => Frame::Simple(conn.driver.consistency().to_string().into()),
         2 => match String::from_utf8_lossy(&args[1]).parse::<Consistency>() {
             Ok(c) => {
                 conn.driver.set_consistency(c);

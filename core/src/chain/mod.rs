@@ -170,6 +170,10 @@ pub struct ChainReplica {
     /// Highest seq known to be on k replicas (`durable`), as the
     /// successors said; kept by replicas before the k-th only.
     durable: u64,
+    /// The epoch and `durable()` this replica last told its predecessor
+    /// (`ack_upwards`), so a tick can tell it what a lagging tail holds
+    /// back.
+    told_durable: (u64, u64),
     /// Applied here, forwarded, not yet known stable: resent on silence.
     unstable: VecDeque<Update>,
     /// Arrived ahead of a gap.
@@ -275,6 +279,7 @@ impl ChainReplica {
             asked_ms: 0,
             gap_since_ms: None,
             durable: 0,
+            told_durable: (0, 0),
             reported: None,
             outgoing: VecDeque::new(),
             handed: 0,
@@ -572,9 +577,6 @@ impl ChainReplica {
         if forward.is_empty() {
             return;
         }
-        if self.predecessor_waits_durable() {
-            self.ack_upwards(out);
-        }
         if self.unstable.is_empty() {
             self.last_progress_ms = now_ms;
         }
@@ -589,10 +591,11 @@ impl ChainReplica {
         send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
     }
 
-    fn ack_upwards(&self, out: &mut Outbox) {
+    fn ack_upwards(&mut self, out: &mut Outbox) {
         if let Some(prev) = self.predecessor() {
             let (epoch, partition, seq, reported) = (self.epoch, self.partition, self.stable, self.reported.unwrap_or(0));
             let durable = self.durable();
+            self.told_durable = (epoch, durable);
             send(out, Dest::Node(prev), Message::StableUpTo { epoch, partition, seq, reported, durable });
         }
     }
@@ -678,6 +681,13 @@ impl ChainReplica {
         if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
+        }
+        // Durability reaches the replicas before the k-th with the tail's
+        // acknowledgements, one hop behind; when those lag a tick, it goes
+        // up on its own (reads at the head of versions not yet stable wait
+        // for it: `Node::when_durable`).
+        if self.predecessor_waits_durable() && self.told_durable < (self.epoch, self.durable()) {
+            self.ack_upwards(out);
         }
     }
 

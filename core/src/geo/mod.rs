@@ -105,12 +105,21 @@ const FOLLOWER_MS: u64 = 500;
 const VALUE_PROMISE_MS: u64 = 250;
 /// How often the leader tells its site's nodes what the site has applied.
 const SITE_TIME_MS: u64 = 50;
-/// Heads promise this often unasked: promises only move the stable time,
+/// Busy heads promise this often unasked: promises only move the stable time,
 /// which matters once ids wait for it (then the leader asks,
 /// `GeoMsg::Promise`). Each promise costs a message down every chain, to
 /// the stabilizer and on to every site: at every 5 ms tick, nine idle geo
 /// nodes used more than a core of two.
 const IDLE_PROMISE_MS: u64 = 100;
+/// At rest (`idle`: nothing of geo-replication in flight here) heads
+/// promise unasked, and the leader tells its site what it applied, only
+/// this often (stabilizer followers hear other sites' acknowledgements
+/// this often too). Nothing waits on either then: a write makes the nodes
+/// on its way busy and has the promises it needs asked for; what moves at
+/// rest is CW.SITES `applied_ms` (its `lag_ms` grows to about this much)
+/// and the stable time tombstones are collected behind
+/// (`store::RETAIN_MS` is longer).
+const REST_MS: u64 = 1_000;
 /// The leader asks its site's heads for promises at most this often: under
 /// load, one round of promises per `ASK_MS` whatever the write rate.
 const ASK_MS: u64 = 5;
@@ -368,9 +377,15 @@ impl Geo {
     }
 
     /// Whether heads here promise at this tick unasked: every
-    /// `IDLE_PROMISE_MS`.
+    /// `IDLE_PROMISE_MS`, or `REST_MS` at rest.
     pub fn promises_due(&mut self, now_ms: u64) -> bool {
-        let due = now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS;
+        // At rest on whole seconds of the wall clock, so the site's heads
+        // promise together and its stable time moves (and is shipped)
+        // once per round rather than once per node.
+        let due = match self.idle() {
+            true => now_ms / REST_MS > self.promised_ms / REST_MS,
+            false => now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS,
+        };
         if due {
             self.promised_ms = now_ms;
         }
@@ -533,7 +548,9 @@ impl Geo {
             }
             self.receiver_out(topology, rout, out);
             self.visibility.summarize(now_ms);
-            if now_ms.saturating_sub(self.site_time_sent_ms) >= SITE_TIME_MS {
+            // At rest only promises move it, and nothing waits on that.
+            let every = if self.receiver.as_ref().is_some_and(Receiver::idle) { REST_MS } else { SITE_TIME_MS };
+            if now_ms.saturating_sub(self.site_time_sent_ms) >= every {
                 self.site_time_sent_ms = now_ms;
                 let probe = (self.me, now_ms);
                 if let Some(r) = &mut self.receiver {
@@ -629,7 +646,8 @@ impl Geo {
                 if !relayed {
                     // To the leader always; to the others now and then (a
                     // later acknowledgement covers an earlier one).
-                    let followers = now_ms.saturating_sub(self.site_ack_relayed_ms) >= FOLLOWER_MS;
+                    let every = if self.idle() { REST_MS } else { FOLLOWER_MS };
+                    let followers = now_ms.saturating_sub(self.site_ack_relayed_ms) >= every;
                     if followers {
                         self.site_ack_relayed_ms = now_ms;
                     }

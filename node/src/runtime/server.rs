@@ -25,14 +25,12 @@ use tokio::sync::mpsc;
 /// How often the node state machine gets a tick (retransmissions,
 /// heartbeats), and how often when it is idle (every heartbeat).
 ///
-/// An idle geo node ticks no faster. Its ticks carry the promises that
-/// move other sites' `applied` times while nobody writes, so at rest
-/// CW.SITES `lag_ms` is 0.4-0.8 s (0.06-0.2 s when it ticked every 5 ms);
-/// but nothing waits on that: a write makes the nodes on its way busy and
-/// has the promises it needs asked for (`GeoMsg::Promise`), and
-/// tombstones are kept 5 s anyway (`store::RETAIN_MS`). Ticking every
-/// 100 ms at rest cost 0.9% of a core per node against 0.67%, for about
-/// half the lag (nine nodes, three sites).
+/// An idle geo node ticks no faster, and promises only on whole seconds
+/// (`geo::REST_MS`): those promises move other sites' `applied` times
+/// while nobody writes, so at rest CW.SITES `lag_ms` is 0.6-1.4 s; but
+/// nothing waits on that: a write makes the nodes on its way busy and has
+/// the promises it needs asked for (`GeoMsg::Promise`), and tombstones
+/// are kept 5 s anyway (`store::RETAIN_MS`).
 const TICK: Duration = Duration::from_millis(20);
 const IDLE_TICK: Duration = Duration::from_millis(causeway_core::node::HEARTBEAT_MS);
 /// With several sites the tick also drives geo-replication (promises,

@@ -49,6 +49,10 @@ impl ChainReplica {
     /// The local updates not handed to the reporter yet that this
     /// replica's disk holds (all of them not reported, after `rewind`).
     pub fn take_reportable(&mut self) -> Vec<Update> {
+        if self.on_disk <= self.scanned.max(self.handed) {
+            return Vec::new(); // nothing new on disk: no search (cold memory at every tick)
+        }
+        self.scanned = self.on_disk;
         let from = self.outgoing.partition_point(|u| u.seq <= self.handed);
         let to = self.outgoing.partition_point(|u| u.seq <= self.on_disk);
         let updates: Vec<Update> = self.outgoing.range(from..to.max(from)).cloned().collect();
@@ -61,6 +65,7 @@ impl ChainReplica {
     /// A new reporter starts here: it is handed everything not reported.
     pub fn rewind(&mut self) {
         self.handed = 0;
+        self.scanned = 0;
     }
 
     /// How far the reporter may count this replica's updates reported: the

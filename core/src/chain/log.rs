@@ -84,6 +84,7 @@ impl ChainReplica {
         let PartitionState { applied, stable, entries, sessions, history, unreported } = state;
         if self.reported.is_some() {
             self.outgoing = unreported.into();
+            self.scanned = 0;
         }
         for (_, s) in &entries {
             self.clock.observe(s.version.ts);

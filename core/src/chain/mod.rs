@@ -94,6 +94,8 @@ pub struct PutRequest {
 /// rest the window is empty and costs nothing per key.
 pub const RECENT_BYTES: usize = 256 * 1024;
 pub const RECENT_MS: u64 = 2_000;
+/// How often a replica drops recent updates past `RECENT_MS`.
+const FORGET_EVERY_MS: u64 = 100;
 
 /// The history after `u`, given the history before it: a hash chain over
 /// each update's position, key and version (a version names one write, so
@@ -165,6 +167,8 @@ pub struct ChainReplica {
     /// A node of the site is out and may return (`Topology::returning`):
     /// recent updates are kept whatever their age.
     keep_recent: bool,
+    /// When `forget_recent` last looked.
+    forgot_ms: u64,
     /// Highest seq known to have reached the tail.
     stable: u64,
     /// Highest seq known to be on k replicas (`durable`), as the
@@ -198,6 +202,9 @@ pub struct ChainReplica {
     /// The highest seq of `outgoing` handed to the node's reporter (the
     /// tail's, several sites only).
     handed: u64,
+    /// `take_reportable` handed everything of `outgoing` up to here
+    /// (`on_disk` when it last looked).
+    scanned: u64,
     /// How far this replica's log is on disk (`Node::synced`): a tail hands
     /// its reporter, and so other sites, only updates and promises its disk
     /// holds. A site whose machines all crash loses what its disks had not
@@ -267,6 +274,7 @@ impl ChainReplica {
             recent: VecDeque::new(),
             recent_bytes: 0,
             keep_recent: false,
+            forgot_ms: 0,
             stable: 0,
             unstable: VecDeque::new(),
             early: BTreeMap::new(),
@@ -283,6 +291,7 @@ impl ChainReplica {
             reported: None,
             outgoing: VecDeque::new(),
             handed: 0,
+            scanned: 0,
             on_disk: 0,
             marks: VecDeque::new(),
             logs: true,
@@ -536,6 +545,12 @@ impl ChainReplica {
     /// returning replica at this position needs none of them), unless a
     /// node is out and may return.
     fn forget_recent(&mut self, now_ms: u64) {
+        // Every `FORGET_EVERY_MS`, not every tick: the oldest recent update
+        // is cold memory, a cache miss per partition per tick.
+        if now_ms.saturating_sub(self.forgot_ms) < FORGET_EVERY_MS {
+            return;
+        }
+        self.forgot_ms = now_ms;
         while !self.keep_recent && self.recent.len() > 1 && self.recent.front().is_some_and(|(_, _, at)| at + RECENT_MS <= now_ms) {
             let (old, _, _) = self.recent.pop_front().expect("not empty");
             self.recent_bytes -= update_bytes(&old);

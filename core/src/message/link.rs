@@ -43,4 +43,9 @@ pub enum LinkReply {
     Resume { incarnation: u64, last: u64 },
     /// Every frame up to this sequence number has been taken.
     Ack(u64),
+    /// To another site's link: dial this node of the site instead (one of
+    /// the addresses the link was given), where what the link carries is
+    /// taken without a relay: the site's geo leader, which runs its
+    /// receiver and leads its stabilizer.
+    Redirect(String),
 }

@@ -69,6 +69,13 @@ async fn serve_peer(node: Arc<Node>, id: Peer, stream: u64, mut rd: OwnedReadHal
     let inbound = node.inbound(id);
     let mut out = BytesMut::new();
     put_frame(&LinkReply::Resume { incarnation: node.incarnation(), last: inbound.open(stream) }, &mut out);
+    // Another site's link goes to this site's geo leader (`site_home`):
+    // told at once, and with later acknowledgements whenever the leader is
+    // elsewhere than last told.
+    let mut told: Option<String> = None;
+    if matches!(id, Peer::Site(..)) {
+        redirect(&node, &mut told, &mut out);
+    }
     if wr.write_all(&out).await.is_err() {
         return;
     }
@@ -103,6 +110,9 @@ async fn serve_peer(node: Arc<Node>, id: Peer, stream: u64, mut rd: OwnedReadHal
         }
         if unacked >= ACK_BYTES || ack_due.is_some_and(|t| t <= tokio::time::Instant::now()) {
             out.clear();
+            if matches!(id, Peer::Site(..)) {
+                redirect(&node, &mut told, &mut out);
+            }
             put_frame(&LinkReply::Ack(inbound.last()), &mut out);
             if wr.write_all(&out).await.is_err() {
                 return;
@@ -208,6 +218,25 @@ fn accepted_from(node: &Node, id: Peer, msg: &Message, known: &mut bool) -> bool
             *known
         }
     }
+}
+
+/// Adds to `out` a `LinkReply::Redirect` to `site_home`, unless that is
+/// where `told` says the link was sent already.
+fn redirect(node: &Node, told: &mut Option<String>, out: &mut BytesMut) {
+    if let Some(home) = site_home(node).filter(|h| told.as_ref() != Some(h)) {
+        put_frame(&LinkReply::Redirect(home.clone()), out);
+        *told = Some(home);
+    }
+}
+
+/// Where another site's link should land when this node is not that
+/// place: the site's geo leader (another site's shipments and values go to
+/// its receiver there, acknowledgements of this site's shipments to its
+/// stabilizer), whose address the link was given (it ignores others).
+fn site_home(node: &Node) -> Option<String> {
+    let topology = node.topology();
+    let leader = node.with_core(|core| core.geo().and_then(|g| g.leader_of(&topology)))?;
+    (leader != node.me).then(|| topology.node(leader).map(|n| n.addr.clone())).flatten()
 }
 
 /// Replies arriving from peers are for our sessions; everything else is

@@ -16,7 +16,10 @@
 //! resends it after a reconnect, and the peer drops frames it already has.
 //! Only when the peer is a new process (another incarnation) are the
 //! unacknowledged frames dropped: they were for a process that is gone, and
-//! the protocols above treat that as the crash it is.
+//! the protocols above treat that as the crash it is. A link to another
+//! site keeps them for whichever node of the site it reaches next, and goes
+//! where that site says what it carries is taken (`LinkReply::Redirect`:
+//! its geo leader), so nothing is relayed inside the site.
 //!
 //! Bounds: what is queued plus what is unacknowledged is the link's
 //! *backlog*. Past `SOFT_LIMIT` the node stops reading new client requests
@@ -131,7 +134,8 @@ impl Link {
         });
         let stream = rand::random();
         let hello = hello(stream);
-        let writer = Writer { hello, addrs, at: 0, secret, shared: shared.clone(), next: 1, unacked: VecDeque::new(), peer: None };
+        let writer =
+            Writer { hello, addrs, at: 0, secret, shared: shared.clone(), next: 1, unacked: VecDeque::new(), peer: None, redirect: None };
         tokio::spawn(writer.run());
         Link { shared }
     }
@@ -210,12 +214,14 @@ struct Writer {
     unacked: VecDeque<Batch>,
     /// The incarnation of the peer process the unacknowledged frames went to.
     peer: Option<u64>,
+    /// Which of `addrs` the peer said to dial instead (`LinkReply::Redirect`).
+    redirect: Option<usize>,
 }
 
 impl Writer {
     async fn run(mut self) {
         loop {
-            let stream = match self.connect().await {
+            let (stream, replies) = match self.connect().await {
                 Ok(s) => s,
                 Err(e) => {
                     if !self.shared.down.swap(true, Ordering::Relaxed) {
@@ -227,10 +233,10 @@ impl Writer {
                 }
             };
             self.shared.down.store(false, Ordering::Relaxed);
-            if let Err(e) = self.serve(stream).await {
+            if let Err(e) = self.serve(stream, replies).await {
                 self.shared.down.store(true, Ordering::Relaxed);
                 tracing::debug!("lost connection to peer {}: {e}", self.addrs[self.at]);
-                self.at = (self.at + 1) % self.addrs.len();
+                self.at = self.redirect.take().unwrap_or((self.at + 1) % self.addrs.len());
             }
             if Arc::strong_count(&self.shared) == 1 {
                 return; // The link was dropped.
@@ -240,7 +246,8 @@ impl Writer {
 
     /// Dials the peer, introduces this node, and learns where the peer
     /// stands; the unacknowledged frames it lacks are then written first.
-    async fn connect(&mut self) -> std::io::Result<TcpStream> {
+    /// Also returns what the peer sent after its `Resume`.
+    async fn connect(&mut self) -> std::io::Result<(TcpStream, BytesMut)> {
         let mut stream = TcpStream::connect(&self.addrs[self.at]).await?;
         stream.set_nodelay(true)?;
         let hello = self.hello.clone();
@@ -258,7 +265,11 @@ impl Writer {
         let LinkReply::Resume { incarnation, last } = resume else {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "expected Resume"));
         };
-        if self.peer.is_some_and(|p| p != incarnation) {
+        // Another site's link is to the site, not to one process: any of
+        // its nodes takes what another did not (geo-replication is resent
+        // and deduplicated by stream positions above this).
+        let to_site = matches!(self.hello, Hello::Site { .. });
+        if self.peer.is_some_and(|p| p != incarnation) && !to_site {
             // A new process: what the old one did not take is moot.
             let lost: usize = self.unacked.drain(..).map(|b| b.bytes.len()).sum();
             self.shared.queue.lock().unacked -= lost;
@@ -268,14 +279,14 @@ impl Writer {
         for batch in &self.unacked {
             stream.write_all(&batch.bytes).await?;
         }
-        Ok(stream)
+        Ok((stream, buf))
     }
 
     /// Sends what is queued and takes acknowledgements until the
     /// connection breaks.
-    async fn serve(&mut self, stream: TcpStream) -> std::io::Result<()> {
+    async fn serve(&mut self, stream: TcpStream, mut replies: BytesMut) -> std::io::Result<()> {
+        self.take_replies(&mut replies)?;
         let (mut rd, mut wr) = stream.into_split();
-        let mut replies = BytesMut::new();
         let mut batch = BytesMut::with_capacity(64 * 1024);
         loop {
             let first = self.next;
@@ -292,16 +303,32 @@ impl Writer {
                     if n? == 0 {
                         return Err(std::io::ErrorKind::UnexpectedEof.into());
                     }
-                    while let Some(reply) = take_frame::<LinkReply>(&mut replies).map_err(invalid)? {
-                        match reply {
-                            LinkReply::Ack(last) => self.acked(last),
-                            LinkReply::Resume { .. } => return Err(invalid("a second Resume")),
-                        }
-                    }
+                    self.take_replies(&mut replies)?;
                 }
                 _ = self.shared.wake.notified() => {}
             }
         }
+    }
+
+    /// Acts on the peer's replies in `replies`; an error ends the
+    /// connection.
+    fn take_replies(&mut self, replies: &mut BytesMut) -> std::io::Result<()> {
+        while let Some(reply) = take_frame::<LinkReply>(replies).map_err(invalid)? {
+            match reply {
+                LinkReply::Ack(last) => self.acked(last),
+                LinkReply::Resume { .. } => return Err(invalid("a second Resume")),
+                // Only to an address it was given: one the peer knows by
+                // another name may not be reachable from here.
+                LinkReply::Redirect(addr) => match self.addrs.iter().position(|a| *a == addr) {
+                    Some(i) if i != self.at => {
+                        self.redirect = Some(i);
+                        return Err(std::io::Error::other(format!("redirected to {addr}")));
+                    }
+                    _ => {}
+                },
+            }
+        }
+        Ok(())
     }
 
     /// Moves what is queued, eager first, into `batch` as sequenced frames
@@ -430,6 +457,17 @@ mod tests {
     /// Reads a hello, answers `Resume`, then returns the sequence numbers
     /// and messages that arrive, until `n` have arrived.
     async fn accept(listener: &TcpListener, incarnation: u64, last: u64, n: usize) -> (TcpStream, Vec<(u64, Message)>) {
+        accept_then(listener, incarnation, last, None, n).await
+    }
+
+    /// `accept`, with `then` in the same write as the `Resume`.
+    async fn accept_then(
+        listener: &TcpListener,
+        incarnation: u64,
+        last: u64,
+        then: Option<LinkReply>,
+        n: usize,
+    ) -> (TcpStream, Vec<(u64, Message)>) {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut buf = BytesMut::new();
         let mut magic = [0u8];
@@ -440,9 +478,12 @@ mod tests {
             }
             s.read_buf(&mut buf).await.unwrap();
         };
-        assert!(matches!(hello, Hello::Node { id: 7, .. }));
+        assert!(matches!(hello, Hello::Node { id: 7, .. } | Hello::Site { node: 7, .. }));
         let mut out = BytesMut::new();
         put_frame(&LinkReply::Resume { incarnation, last }, &mut out);
+        if let Some(then) = then {
+            put_frame(&then, &mut out);
+        }
         s.write_all(&out).await.unwrap();
         let mut got = Vec::new();
         while got.len() < n {
@@ -493,6 +534,55 @@ mod tests {
         let (_second, got) = accept(&listener, 43, 0, 1).await;
         assert_eq!(got, vec![(2, msg(2))]);
         assert_eq!(link.backlog(), link.shared.queue.lock().unacked, "nothing queued");
+    }
+
+    /// The next frame on `s`.
+    async fn next_frame(s: &mut TcpStream) -> (u64, Message) {
+        let mut buf = BytesMut::new();
+        loop {
+            if let Some(f) = take_frame::<(u64, Message)>(&mut buf).unwrap() {
+                return f;
+            }
+            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "still connected");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_site_link_goes_where_the_site_redirects_it_and_keeps_what_was_not_taken() {
+        let (a, b) = (TcpListener::bind("127.0.0.1:0").await.unwrap(), TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let addr = |l: &TcpListener| l.local_addr().unwrap().to_string();
+        let (addr_a, addr_b) = (addr(&a), addr(&b));
+        let link = Link::to_site(1, 7, vec![addr_a.clone(), addr_b.clone()], None);
+        let redirect = |to: &str| {
+            let mut out = BytesMut::new();
+            put_frame(&LinkReply::Redirect(to.to_string()), &mut out);
+            out
+        };
+        for i in 1..=3 {
+            link.send(&msg(i));
+        }
+        // The first node of the site takes the frames, acknowledges none,
+        // and says where the site takes them.
+        let (mut at_a, got) = accept(&a, 42, 0, 3).await;
+        assert_eq!(got.len(), 3);
+        at_a.write_all(&redirect(&addr_b)).await.unwrap();
+        // Another process of the site gets what the first did not take.
+        let (mut at_b, got) = tokio::time::timeout(Duration::from_secs(5), accept(&b, 43, 0, 3)).await.expect("redirected");
+        assert_eq!(got, vec![(1, msg(1)), (2, msg(2)), (3, msg(3))]);
+        // An address the link was not given is not dialed.
+        at_b.write_all(&redirect("192.0.2.1:7000")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        link.send(&msg(4));
+        assert_eq!(next_frame(&mut at_b).await, (4, msg(4)));
+        // Sent back to the first node, which redirects in the same write as
+        // its Resume: nothing is sent there, and the link returns.
+        at_b.write_all(&redirect(&addr_a)).await.unwrap();
+        let (_a, got) = accept_then(&a, 42, 0, Some(LinkReply::Redirect(addr_b.clone())), 0).await;
+        assert!(got.is_empty());
+        let (mut at_b, got) = tokio::time::timeout(Duration::from_secs(5), accept(&b, 43, 4, 0)).await.expect("back");
+        assert!(got.is_empty(), "everything was taken there");
+        link.send(&msg(5));
+        assert_eq!(next_frame(&mut at_b).await, (5, msg(5)));
     }
 
     #[tokio::test]

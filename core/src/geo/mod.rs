@@ -382,10 +382,8 @@ impl Geo {
         // At rest on whole seconds of the wall clock, so the site's heads
         // promise together and its stable time moves (and is shipped)
         // once per round rather than once per node.
-        let due = match self.idle() {
-            true => now_ms / REST_MS > self.promised_ms / REST_MS,
-            false => now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS,
-        };
+        let due = now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS
+            && (now_ms / REST_MS > self.promised_ms / REST_MS || !self.idle());
         if due {
             self.promised_ms = now_ms;
         }
@@ -646,8 +644,8 @@ impl Geo {
                 if !relayed {
                     // To the leader always; to the others now and then (a
                     // later acknowledgement covers an earlier one).
-                    let every = if self.idle() { REST_MS } else { FOLLOWER_MS };
-                    let followers = now_ms.saturating_sub(self.site_ack_relayed_ms) >= every;
+                    let since = now_ms.saturating_sub(self.site_ack_relayed_ms);
+                    let followers = since >= REST_MS || (since >= FOLLOWER_MS && !self.idle());
                     if followers {
                         self.site_ack_relayed_ms = now_ms;
                     }

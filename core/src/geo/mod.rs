@@ -382,8 +382,8 @@ impl Geo {
         // At rest on whole seconds of the wall clock, so the site's heads
         // promise together and its stable time moves (and is shipped)
         // once per round rather than once per node.
-        let due = now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS
-            && (now_ms / REST_MS > self.promised_ms / REST_MS || !self.idle());
+        let due =
+            now_ms.saturating_sub(self.promised_ms) >= IDLE_PROMISE_MS && (now_ms / REST_MS > self.promised_ms / REST_MS || !self.idle());
         if due {
             self.promised_ms = now_ms;
         }

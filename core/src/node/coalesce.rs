@@ -17,7 +17,8 @@ pub(super) fn coalesce(pending: Outbox, out: &mut Outbox) {
         out.extend(pending);
         return;
     }
-    let mut at: ahash::AHashMap<(Dest, PartitionId, u64, bool), usize> = ahash::AHashMap::new();
+    out.reserve(pending.len());
+    let mut at: ahash::AHashMap<(Dest, PartitionId, u64, bool), usize> = ahash::AHashMap::with_capacity(pending.len());
     for env in pending {
         let key = match &env.msg {
             Message::Forward { epoch, partition, .. } => (env.to, *partition, *epoch, true),

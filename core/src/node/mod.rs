@@ -325,6 +325,10 @@ impl Node {
             touched.dedup();
             // Ordering a write touches its partition in turn.
             self.wake_puts(&touched, now_ms, out);
+            if self.touched.is_empty() {
+                touched.clear();
+                self.touched = touched; // its capacity, for the next step
+            }
         }
     }
 

@@ -60,7 +60,9 @@ pub(super) struct Waiting {
     /// Writes parked so far (INFO).
     pub(super) parked: u64,
     tickets: u64,
-    /// By the partition of the dependency they wait for.
+    /// By the partition of the dependency they wait for. An entry stays
+    /// when it empties (at most one per partition), its heaps ready for
+    /// the next write that waits there.
     on: AHashMap<PartitionId, Waiters>,
 }
 
@@ -92,7 +94,7 @@ impl Waiting {
 
     /// Whether writes wait on `partition`.
     pub(super) fn on(&self, partition: PartitionId) -> bool {
-        !self.on.is_empty() && self.on.contains_key(&partition)
+        !self.on.is_empty() && self.on.get(&partition).is_some_and(|w| !w.is_empty())
     }
 }
 
@@ -247,9 +249,6 @@ impl Node {
                     due.extend(w.stable.into_iter().chain(w.applied).map(|Reverse((_, id, t))| (id, t)));
                     due.extend(w.written.into_values().flatten().chain(w.joining));
                 }
-            }
-            if self.waiting.on.get(&p).is_some_and(Waiters::is_empty) {
-                self.waiting.on.remove(&p);
             }
             for (id, ticket) in due {
                 self.recheck(id, ticket, now_ms, out);

@@ -76,7 +76,7 @@ struct Waiters {
     /// Its `applied` watermark to reach one (the same key).
     applied: BinaryHeap<Reverse<(u64, Id, u64)>>,
     /// A session's write to be applied (`ChainReplica::watch_write`).
-    written: AHashMap<Id, Vec<(Id, u64)>>,
+    written: AHashMap<Id, smallvec::SmallVec<[(Id, u64); 1]>>,
     /// The replica to finish joining.
     joining: Vec<(Id, u64)>,
 }

@@ -4,11 +4,12 @@
 //!
 //! * A write is ordered at the head, forwarded *eagerly* down to position
 //!   k-1 (0-based), which answers the client, and then *lazily* to the tail.
-//!   When it reaches the tail it is *stable* and a `StableUpTo` flows back to
-//!   the head. Any prefix of the chain holds every write that any later
-//!   position holds ("the update invariant"), so a client that saw a version
-//!   at position i may read from any position <= i, and from anywhere once
-//!   that version is stable.
+//!   When it reaches the tail it is *stable*, and the tail says so
+//!   (`StableUpTo`) to every replica before it, the head included. Any
+//!   prefix of the chain holds every write that any later position holds
+//!   ("the update invariant"), so a client that saw a version at position i
+//!   may read from any position <= i, and from anywhere once that version
+//!   is stable.
 //! * Reads are served by every replica, each returning its own latest
 //!   version, its chain position and whether that version is stable; the
 //!   client library (`session`) turns that into the metadata that keeps its
@@ -606,12 +607,21 @@ impl ChainReplica {
         send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
     }
 
+    /// Tells the predecessor how far this replica is stable and durable;
+    /// the tail tells every replica before it (stability is news to each
+    /// of them, and a relay through each position would add a hop per
+    /// position to the time a head waits for a write's dependencies).
     fn ack_upwards(&mut self, out: &mut Outbox) {
-        if let Some(prev) = self.predecessor() {
-            let (epoch, partition, seq, reported) = (self.epoch, self.partition, self.stable, self.reported.unwrap_or(0));
-            let durable = self.durable();
-            self.told_durable = (epoch, durable);
-            send(out, Dest::Node(prev), Message::StableUpTo { epoch, partition, seq, reported, durable });
+        let Some(prev) = self.predecessor() else { return };
+        let (epoch, partition, seq, reported) = (self.epoch, self.partition, self.stable, self.reported.unwrap_or(0));
+        let durable = self.durable();
+        self.told_durable = (epoch, durable);
+        let to = match self.is_tail() {
+            true => &self.chain[..self.index],
+            false => std::slice::from_ref(&prev),
+        };
+        for &node in to {
+            send(out, Dest::Node(node), Message::StableUpTo { epoch, partition, seq, reported, durable });
         }
     }
 
@@ -658,7 +668,9 @@ impl ChainReplica {
         }
         self.wake_waiters(out);
         self.last_progress_ms = now_ms;
-        self.ack_upwards(out);
+        // The tail told the replicas before this one too; what only this
+        // one knows (its own durability, when it is the k-th) goes up on
+        // its tick.
     }
 
     /// Periodic work: resend unacknowledged updates if the successor has made
@@ -697,10 +709,10 @@ impl ChainReplica {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
         }
-        // Durability reaches the replicas before the k-th with the tail's
-        // acknowledgements, one hop behind; when those lag a tick, it goes
-        // up on its own (reads at the head of versions not yet stable wait
-        // for it: `Node::when_durable`).
+        // The replicas before the k-th learn durability with stability,
+        // from the tail; what the k-th holds beyond that goes up on its
+        // tick (reads at the head of versions not yet stable wait for it:
+        // `Node::when_durable`).
         if self.predecessor_waits_durable() && self.told_durable < (self.epoch, self.durable()) {
             self.ack_upwards(out);
         }

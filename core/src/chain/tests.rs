@@ -361,3 +361,25 @@ fn replay_orders_the_log_and_reports_a_gap() {
     assert_eq!(gapped.replay(log, 100), Some(2), "the gap is reported");
     assert_eq!(gapped.digest().applied, 1, "nothing after the gap is guessed");
 }
+
+#[test]
+fn the_tail_tells_every_replica_before_it_that_a_write_is_stable() {
+    let (_, [a, b, c], [mut head, mut middle, mut tail]) = chain_of_three();
+    let mut out = Outbox::new();
+    head.put(put(1, 1), 10, &mut out);
+    let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(b)).pop() else { panic!("the head forwards") };
+    middle.forward(updates, 11, &mut out);
+    take(&mut out, Dest::Client(9));
+    let Some(Message::Forward { updates, .. }) = take(&mut out, Dest::Node(c)).pop() else { panic!("the middle forwards") };
+    tail.forward(updates, 12, &mut out);
+    let to_head = take(&mut out, Dest::Node(a));
+    let to_middle = take(&mut out, Dest::Node(b));
+    assert!(matches!(&to_head[..], [Message::StableUpTo { seq: 1, .. }]), "the head hears from the tail: {to_head:?}");
+    assert!(matches!(&to_middle[..], [Message::StableUpTo { seq: 1, .. }]), "and so does the middle: {to_middle:?}");
+    for (r, msg) in [(&mut middle, &to_middle[0]), (&mut head, &to_head[0])] {
+        let &Message::StableUpTo { seq, reported, durable, .. } = msg else { unreachable!() };
+        r.stable_up_to(seq, reported, durable, 13, &mut out);
+        assert_eq!(r.stable(), 1);
+    }
+    assert!(out.is_empty(), "nobody passes it on: {out:?}");
+}

@@ -29,9 +29,14 @@ fn env(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Through the wire and back, as a peer link carries it.
+/// Through the wire and back, framed as a peer link carries it (into and
+/// out of one buffer that keeps its capacity).
 fn over_the_wire(msg: Message) -> Message {
-    wire::decode(&wire::encode(&msg)).expect("decodes")
+    thread_local!(static BUF: std::cell::RefCell<bytes::BytesMut> = std::cell::RefCell::new(bytes::BytesMut::with_capacity(1 << 16)));
+    BUF.with_borrow_mut(|buf| {
+        wire::put_frame(&msg, buf);
+        wire::take_frame(buf).expect("decodes").expect("whole")
+    })
 }
 
 #[test]

@@ -369,6 +369,10 @@ fn info_status_and_command_table() {
     // head, down their chains (`Forward`).
     assert!(kinds.iter().any(|&(k, _)| k == "Put" || k == "Forward"), "{kinds:?}");
     assert!(kinds.iter().map(|&(_, n)| n).sum::<u64>() >= messages, "{kinds:?} against {messages}");
+    // Writes that waited at a head here for what they depend on: a count,
+    // and none waiting once every reply is in.
+    let _: u64 = field("parked_writes_total").parse().unwrap();
+    assert_eq!(field("parked_writes"), "0");
 
     // CW.STATUS on every node; roles add up to the partition count.
     let (mut heads, mut middles, mut tails) = (0, 0, 0);

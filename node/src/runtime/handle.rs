@@ -52,6 +52,9 @@ pub struct Status {
     pub joining_replicas: usize,
     /// Replicas here catching up after moving up a chain.
     pub catching_up_replicas: usize,
+    /// Client writes that waited at a head here for what they depend on
+    /// (a session's previous write to be stable), so far, and now.
+    pub parked_writes: (u64, usize),
     /// Bytes queued for peers or not yet acknowledged by them.
     pub peer_backlog: usize,
     /// Messages dropped because a peer's backlog was over its limit.
@@ -221,7 +224,7 @@ impl Handle {
         let node = &self.node;
         let topology = node.topology();
         let coordinator = node.coordinator.get().map(|c| CoordinatorStatus { leader: c.leader(), reports: c.reports(&topology) });
-        let (expired_keys, store_bytes, geo) = node.with_core(|core| {
+        let (expired_keys, store_bytes, geo, parked_writes) = node.with_core(|core| {
             let geo = core.geo().map(|geo| GeoStatus {
                 leader: geo.leader_of(&topology),
                 replication: geo.replication(),
@@ -249,7 +252,7 @@ impl Handle {
                     })
                     .collect(),
             });
-            (core.expired_keys(), core.store_memory(), geo)
+            (core.expired_keys(), core.store_memory(), geo, core.parked_writes())
         });
         let (suffix_transfers, whole_transfers) = node.transfers();
         Status {
@@ -266,6 +269,7 @@ impl Handle {
             whole_transfers,
             joining_replicas: node.joining_replicas(),
             catching_up_replicas: node.catching_up_replicas(),
+            parked_writes,
             peer_backlog: node.peer_backlog(),
             peer_dropped: node.dropped_peer_messages(),
             peer_sent: node.peer_sent(),

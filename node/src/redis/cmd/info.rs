@@ -192,6 +192,8 @@ async fn section_fields(conn: &mut Conn, status: &Status, section: &str) -> Vec<
                 ("peer_messages_by_kind", sent.kinds.iter().map(|(k, n)| format!("{k}={n}")).collect::<Vec<_>>().join(",")),
                 ("state_transfers_suffix", status.suffix_transfers.to_string()),
                 ("state_transfers_whole", status.whole_transfers.to_string()),
+                ("parked_writes_total", status.parked_writes.0.to_string()),
+                ("parked_writes", status.parked_writes.1.to_string()),
             ]
         }
         "keyspace" => match conn.run(Request::Count).await {

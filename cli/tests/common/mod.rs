@@ -258,8 +258,22 @@ impl Cluster {
             }
         }
         if !opts.extra.iter().any(|f| f == "--join") {
-            let all: Vec<usize> = (0..cluster.len()).collect();
-            cluster.wait_serving(&all);
+            // As `wait_serving`, but a node that exits meanwhile (another
+            // process answered on the port it could not bind) starts the
+            // site over.
+            for i in 0..cluster.len() {
+                while !cluster.is_serving(i) {
+                    if let Some(status) = cluster.nodes[i].child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                        let log = cluster.nodes[i].stderr();
+                        let retry = log.contains("cannot listen");
+                        return Err((format!("node {i} exited ({status}) before it was admitted; stderr:\n{log}"), retry));
+                    }
+                    if Instant::now() > deadline {
+                        return Err((format!("node {i} was not admitted in time\n{}", cluster.logs()), false));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
         }
         Ok(cluster)
     }

@@ -117,6 +117,14 @@ struct NodeArgs {
     /// sequencer in the write path). The same at every site.
     #[arg(long, default_value = "causal")]
     replication: Replication,
+    /// Like Redis's maxmemory: past this much memory (bytes, or 100mb,
+    /// 2gb, ...), refuse writes or evict by --maxmemory-policy (0: no limit).
+    #[arg(long, default_value = "0", value_parser = causeway_node::config::parse_memory)]
+    maxmemory: u64,
+    /// noeviction (writes that add data get -OOM), allkeys-random,
+    /// volatile-random or volatile-ttl.
+    #[arg(long, default_value = "noeviction")]
+    maxmemory_policy: String,
 }
 
 impl NodeArgs {
@@ -151,6 +159,8 @@ impl NodeArgs {
             fsync: self.fsync,
             join: self.join,
             wal_compact_bytes: self.wal_compact_bytes,
+            maxmemory: self.maxmemory,
+            maxmemory_policy: self.maxmemory_policy,
         })
     }
 }

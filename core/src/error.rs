@@ -25,6 +25,8 @@ pub enum Error {
     /// A session resumed in this site depends on writes of these sites
     /// that it has not applied yet (ChainReaction §3.4.2).
     Behind { sites: Vec<crate::version::SiteId> },
+    /// The write's head is over its memory budget (Redis's `-OOM`).
+    OutOfMemory,
 }
 
 impl fmt::Display for Error {
@@ -35,6 +37,7 @@ impl fmt::Display for Error {
                 write!(f, "only {alive} replicas of this key's partition are alive and writes need {needed}; retry after repair")
             }
             Error::InvalidInput(why) | Error::InvalidData(why) => f.write_str(why),
+            Error::OutOfMemory => f.write_str("command not allowed when used memory > 'maxmemory'."),
             Error::Behind { sites } => {
                 let sites: Vec<String> = sites.iter().map(|s| s.to_string()).collect();
                 write!(f, "the session depends on writes of site(s) {} this site has not applied yet; try again later", sites.join(","))

@@ -74,6 +74,38 @@ pub struct NodeConfig {
     /// A node silent for this long is removed from its chains.
     #[serde(default = "default_failure_timeout")]
     pub failure_timeout_ms: u64,
+    /// Like Redis's `maxmemory`: past this many bytes allocated, the node
+    /// refuses writes that add data or evicts keys, by
+    /// `maxmemory_policy`. 0: no limit.
+    #[serde(default)]
+    pub maxmemory: u64,
+    #[serde(default = "default_policy")]
+    pub maxmemory_policy: String,
+}
+
+fn default_policy() -> String {
+    "noeviction".into()
+}
+
+/// A memory size as Redis's configuration writes it: bytes, or a number
+/// with a unit (`k`, `m`, `g` are powers of 1000; `kb`, `mb`, `gb` of
+/// 1024), case-insensitive.
+pub fn parse_memory(s: &str) -> Result<u64, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    let digits = lower.find(|c: char| !c.is_ascii_digit()).unwrap_or(lower.len());
+    let (number, unit) = lower.split_at(digits);
+    let unit = match unit {
+        "" | "b" => 1,
+        "k" => 1_000,
+        "kb" => 1 << 10,
+        "m" => 1_000_000,
+        "mb" => 1 << 20,
+        "g" => 1_000_000_000,
+        "gb" => 1 << 30,
+        _ => return Err(format!("argument must be a memory value, got '{s}'")),
+    };
+    let n: u64 = number.parse().map_err(|_| format!("argument must be a memory value, got '{s}'"))?;
+    n.checked_mul(unit).ok_or_else(|| format!("memory value '{s}' is too large"))
 }
 
 /// Another site, as a node reaches it.

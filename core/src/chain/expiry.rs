@@ -35,7 +35,7 @@ const EXPIRE_PER_TICK: usize = 10_000;
 pub struct Reclaim {
     /// At the head: keys with an expiry, soonest first. Built from the
     /// store when the replica becomes head, dropped when it stops.
-    due: Option<BinaryHeap<Reverse<(u64, Bytes)>>>,
+    pub(super) due: Option<BinaryHeap<Reverse<(u64, Bytes)>>>,
     /// Tombstones applied here, in update order: (seq, version time, key).
     graves: VecDeque<(u64, Timestamp, Bytes)>,
     /// Keys this replica expired as head (INFO `expired_keys`).
@@ -54,18 +54,28 @@ impl ChainReplica {
         }
     }
 
+    /// Whether this replica orders writes now: a head serving, not joining
+    /// or catching up.
+    pub(super) fn heads_now(&self) -> bool {
+        self.index == 0 && !self.joining && !self.catching_up && self.epoch != 0
+    }
+
+    /// At the head, the keys with an expiry, soonest first (built from the
+    /// store on first use).
+    pub(super) fn due(&mut self) -> &mut BinaryHeap<Reverse<(u64, Bytes)>> {
+        let store = &self.store;
+        self.reclaim.due.get_or_insert_with(|| store.expiring().map(|(at, key)| Reverse((at, Bytes::copy_from_slice(key)))).collect())
+    }
+
     /// At the head: turns the versions whose expiry has passed into
     /// tombstones (see the module doc).
     pub(super) fn expire(&mut self, now_ms: u64, out: &mut Outbox) {
-        if self.index != 0 || self.joining || self.catching_up || self.epoch == 0 {
+        if !self.heads_now() {
             self.reclaim.due = None;
             return;
         }
-        if self.reclaim.due.is_none() {
-            let due = self.store.expiring().map(|(at, key)| Reverse((at, Bytes::copy_from_slice(key)))).collect();
-            self.reclaim.due = Some(due);
-        }
         let mut expired = Vec::new();
+        self.due();
         let due = self.reclaim.due.as_mut().expect("built above");
         while expired.len() < EXPIRE_PER_TICK && due.peek().is_some_and(|Reverse((at, _))| *at <= now_ms) {
             let Reverse((at, key)) = due.pop().expect("peeked");
@@ -76,12 +86,18 @@ impl ChainReplica {
             };
             expired.push((key, v.version()));
         }
-        if expired.is_empty() {
+        self.reclaim.expired += expired.len() as u64;
+        self.tombstone(expired, now_ms, out);
+    }
+
+    /// At the head: turns each of these versions into a tombstone of the
+    /// same version, down the chain (expiry, eviction).
+    pub(super) fn tombstone(&mut self, versions: Vec<(Bytes, Version)>, now_ms: u64, out: &mut Outbox) {
+        if versions.is_empty() {
             return;
         }
-        self.reclaim.expired += expired.len() as u64;
-        let mut forward = Vec::with_capacity(expired.len());
-        for (key, version) in expired {
+        let mut forward = Vec::with_capacity(versions.len());
+        for (key, version) in versions {
             let update = Update {
                 seq: self.applied + 1,
                 key,

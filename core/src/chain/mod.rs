@@ -28,6 +28,7 @@
 //! `snapshot_read`.
 
 mod change;
+mod evict;
 mod expiry;
 mod geo;
 mod log;
@@ -38,6 +39,7 @@ mod transfer;
 mod writes;
 
 pub use crate::message::{LastWrite, PartitionState};
+pub use evict::Policy;
 pub use geo::{Conflict, RECENT_CONFLICTS};
 use writes::Writes;
 pub use writes::WRITE_MEMORY_MS;

@@ -383,3 +383,65 @@ fn the_tail_tells_every_replica_before_it_that_a_write_is_stable() {
     }
     assert!(out.is_empty(), "nobody passes it on: {out:?}");
 }
+
+/// A write of `key` with an expiry `ttl_ms` after it is ordered, if any.
+fn put_key(write: u64, key: &str, ttl_ms: Option<u64>) -> PutRequest {
+    let mut change = Change::set(Bytes::from("value"));
+    if let Some(ttl) = ttl_ms {
+        change.expiry = crate::message::Expiry::After(ttl);
+    }
+    PutRequest { key: Bytes::from(key.to_string()), change, ..put(write, write) }
+}
+
+#[test]
+fn a_head_evicts_by_its_policy_with_tombstones_down_the_chain() {
+    let (_, [_, b, _], [mut head, _, _]) = chain_of_three();
+    let mut out = Outbox::new();
+    // Six keys: a, b and c forever, d, e and f expiring in 30, 10 and 20 s.
+    for (i, (key, ttl)) in
+        [("a", None), ("b", None), ("c", None), ("d", Some(30_000)), ("e", Some(10_000)), ("f", Some(20_000))].into_iter().enumerate()
+    {
+        head.put(put_key(i as u64 + 1, key, ttl), 10, &mut out);
+    }
+    out.clear();
+    let live = |r: &ChainReplica| {
+        ["a", "b", "c", "d", "e", "f"].into_iter().filter(|k| r.get(k.as_bytes(), None, 20).unwrap().0.value.is_some()).collect::<String>()
+    };
+    assert_eq!(head.evict(Policy::NoEviction, 1 << 20, 20, &mut out), (0, 0));
+    // Soonest to expire first, one key at a time (each is a few dozen bytes).
+    let (freed, n) = head.evict(Policy::VolatileTtl, 1, 20, &mut out);
+    assert!(n == 1 && freed > 0);
+    assert_eq!(live(&head), "abcdf");
+    head.evict(Policy::VolatileTtl, 1, 20, &mut out);
+    assert_eq!(live(&head), "abcd");
+    // Random among keys with an expiry: only d is left of those.
+    head.evict(Policy::VolatileRandom, 1 << 20, 20, &mut out);
+    assert_eq!(live(&head), "abc");
+    assert_eq!(head.evict(Policy::VolatileRandom, 1 << 20, 20, &mut out), (0, 0), "nothing volatile left");
+    // Any key: one of the three, then the others.
+    let (_, n) = head.evict(Policy::AllKeysRandom, 1, 20, &mut out);
+    assert_eq!((n, live(&head).len()), (1, 2));
+    head.evict(Policy::AllKeysRandom, 1 << 20, 20, &mut out);
+    assert_eq!(live(&head), "");
+    // Every eviction went down the chain as a tombstone of the version it
+    // deleted, which a later write beats.
+    let forwarded: Vec<Update> = take(&mut out, Dest::Node(b))
+        .into_iter()
+        .flat_map(|m| match m {
+            Message::Forward { updates, .. } => updates,
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(forwarded.len(), 6);
+    assert!(forwarded.iter().all(|u| u.value.is_none() && u.expired && u.ack.is_none()));
+    head.put(put_key(7, "a", None), 30, &mut out);
+    assert_eq!(live(&head), "a");
+}
+
+#[test]
+fn only_a_serving_head_evicts() {
+    let (_, _, [_, mut middle, _]) = chain_of_three();
+    let mut out = Outbox::new();
+    assert_eq!(middle.evict(Policy::AllKeysRandom, 1 << 20, 20, &mut out), (0, 0));
+    assert!(out.is_empty());
+}

@@ -591,6 +591,9 @@ impl Op {
             Message::Refused { reason: Refusal::Unavailable { alive, needed }, .. } => {
                 p.done = Some(Err(Error::Unavailable { alive, needed }));
             }
+            Message::Refused { reason: Refusal::OutOfMemory, .. } => {
+                p.done = Some(Err(Error::OutOfMemory));
+            }
             Message::Refused { reason: Refusal::Behind | Refusal::NoLease, .. } => {
                 if self.consistency == Consistency::Linearizable {
                     // The tail is still joining (fetching the partition's

@@ -180,6 +180,9 @@ pub enum Refusal {
     /// A linearizable read reached a node without a current lease from the
     /// coordinator (it may have been removed without knowing it yet).
     NoLease,
+    /// The head's node is over its memory budget and may not grow
+    /// (`--maxmemory`, with `noeviction` or nothing left to evict).
+    OutOfMemory,
 }
 
 /// `ack_at` for a write answered only by the tail (linearizable): a

@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 mod coalesce;
 mod geo;
+mod memory;
 mod put;
 
 use coalesce::{coalesce, is_chain_traffic};
@@ -157,6 +158,8 @@ pub struct Node {
     /// (`put`), and the partitions touched by the step under way that
     /// such writes wait on.
     waiting: put::Waiting,
+    /// The memory budget and eviction (`memory`).
+    memory: memory::Memory,
     touched: Vec<PartitionId>,
 }
 
@@ -189,6 +192,7 @@ impl Node {
             parked: Vec::new(),
             chain_out: Outbox::new(),
             waiting: put::Waiting::default(),
+            memory: memory::Memory::default(),
             touched: Vec::new(),
         };
         if node.id.sites.len() > 1 {
@@ -521,6 +525,7 @@ impl Node {
             for p in 0..self.parts.len() {
                 self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
+            self.evict(now_ms, out);
             self.wake_touched(now_ms, out);
             self.expire_puts(now_ms);
             self.geo_tick(now_ms, out);
@@ -549,6 +554,7 @@ impl Node {
     /// as long as a step does not make it busy again.
     pub fn idle(&self) -> bool {
         self.geo.as_ref().is_none_or(Geo::idle)
+            && !self.evicting()
             && self.parked.is_empty()
             && self.waiting.is_empty()
             && self.parts.iter().flatten().all(ChainReplica::idle)

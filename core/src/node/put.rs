@@ -131,6 +131,11 @@ impl Node {
             .get(partition as usize)
             .and_then(Option::as_ref)
             .is_some_and(|r| !r.is_head() || r.written(req.op.client, req.write).is_some() || r.finished(req.op.client, req.write));
+        if !known && req.change.new_value().is_some() && self.refuses_growth(now_ms) {
+            // Over the memory budget (`memory`): like Redis, writes that add
+            // data are refused, deletes go.
+            return send(out, Dest::Client(req.op.client), Message::Refused { op: req.op, reason: Refusal::OutOfMemory });
+        }
         if known || deps.is_empty() {
             // Not the head (the replica refuses), a resend or a late copy
             // of a write it has (the replica answers or drops it), or

@@ -314,6 +314,22 @@ impl PartitionStore {
         true
     }
 
+    /// Keys with a live value at `now_ms` (only those with an expiry, if
+    /// `volatile`), in the table's order, which its randomly seeded hasher
+    /// makes a random one, with the bytes each entry takes: what eviction
+    /// picks from (`chain::evict`).
+    pub fn evictable(&self, now_ms: u64, volatile: bool) -> impl Iterator<Item = (View<'_>, usize)> {
+        self.latest.iter().filter_map(move |e| {
+            let v = e.view();
+            (v.live_value(now_ms).is_some() && (!volatile || v.expires_at_ms().is_some())).then(|| (v, e.size()))
+        })
+    }
+
+    /// The bytes `key`'s entry takes (0 if absent).
+    pub fn key_size(&self, key: &[u8]) -> usize {
+        self.find(key).map_or(0, Entry::size)
+    }
+
     /// Every tombstone: (seq, version time, key).
     pub fn tombstones(&self) -> impl Iterator<Item = (u64, crate::hlc::Timestamp, &[u8])> {
         self.latest.iter().filter(|e| e.view().value().is_none()).map(|e| (e.view().seq(), e.view().ts(), e.view().key()))

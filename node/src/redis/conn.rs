@@ -315,5 +315,9 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
 
 /// The Redis error for a request the replicas did not complete.
 pub fn client_error(e: Error) -> Frame {
-    Frame::error(format!("ERR {e}"))
+    match e {
+        // Redis's own prefix: clients tell it from other errors.
+        Error::OutOfMemory => Frame::error(format!("OOM {e}")),
+        e => Frame::error(format!("ERR {e}")),
+    }
 }

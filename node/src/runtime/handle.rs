@@ -39,6 +39,10 @@ pub struct Status {
     pub topology: Arc<Topology>,
     /// Keys the replicas here expired.
     pub expired_keys: u64,
+    /// Keys the heads here evicted (`--maxmemory`).
+    pub evicted_keys: u64,
+    /// The memory budget in bytes (0: none) and its policy.
+    pub maxmemory: (u64, causeway_core::chain::Policy),
     /// Bytes the replicas' stores take.
     pub store_bytes: usize,
     /// Bytes the allocator holds for this process (0: the counting
@@ -147,6 +151,11 @@ impl Handle {
         &self.node.config
     }
 
+    /// The memory budget (`--maxmemory`), which CONFIG SET changes.
+    pub fn budget(&self) -> &super::memory::Budget {
+        &self.node.budget
+    }
+
     /// The node's wall clock.
     #[inline]
     pub fn clock(&self) -> Clock {
@@ -224,7 +233,7 @@ impl Handle {
         let node = &self.node;
         let topology = node.topology();
         let coordinator = node.coordinator.get().map(|c| CoordinatorStatus { leader: c.leader(), reports: c.reports(&topology) });
-        let (expired_keys, store_bytes, geo, parked_writes) = node.with_core(|core| {
+        let (expired_keys, evicted_keys, store_bytes, geo, parked_writes) = node.with_core(|core| {
             let geo = core.geo().map(|geo| GeoStatus {
                 leader: geo.leader_of(&topology),
                 replication: geo.replication(),
@@ -252,7 +261,7 @@ impl Handle {
                     })
                     .collect(),
             });
-            (core.expired_keys(), core.store_memory(), geo, core.parked_writes())
+            (core.expired_keys(), core.evicted_keys(), core.store_memory(), geo, core.parked_writes())
         });
         let (suffix_transfers, whole_transfers) = node.transfers();
         Status {
@@ -263,6 +272,8 @@ impl Handle {
             uptime: node.started.elapsed(),
             topology,
             expired_keys,
+            evicted_keys,
+            maxmemory: (node.budget.max(), node.budget.policy()),
             store_bytes,
             allocated: super::memory::allocated(),
             suffix_transfers,

@@ -16,10 +16,11 @@
 //! The count is one relaxed atomic add per allocation and free, on memory
 //! the allocating thread owns: no contention on the event loop's thread.
 
+use causeway_core::chain::Policy;
 use libmimalloc_sys as mi;
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 
 static ALLOCATED: AtomicIsize = AtomicIsize::new(0);
 
@@ -115,4 +116,37 @@ pub fn release_freed(peak: &mut u64) -> bool {
         mi::mi_collect(true);
     }
     true
+}
+
+/// The node's memory budget (`--maxmemory`, `CONFIG SET maxmemory`) and
+/// what to do past it, handed to the node state machine before every step
+/// (`causeway_core::node::Node::set_memory`, which measures its stores
+/// against it).
+#[derive(Debug, Default)]
+pub struct Budget {
+    /// Bytes; 0: no limit.
+    max: AtomicU64,
+    policy: parking_lot::Mutex<Policy>,
+}
+
+impl Budget {
+    pub fn new(max: u64, policy: Policy) -> Budget {
+        Budget { max: AtomicU64::new(max), policy: parking_lot::Mutex::new(policy) }
+    }
+
+    pub fn set(&self, max: u64) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.lock() = policy;
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    pub fn policy(&self) -> Policy {
+        *self.policy.lock()
+    }
 }

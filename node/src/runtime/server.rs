@@ -78,6 +78,8 @@ pub struct Node {
     /// Wakes an idle `tick_loop` once messages were stepped, to see whether
     /// they made the node busy.
     tick_wake: tokio::sync::Notify,
+    /// The memory budget, told to the core before each step.
+    pub budget: super::memory::Budget,
 }
 
 impl Node {
@@ -112,6 +114,7 @@ impl Node {
     fn step_at(&self, wall_ms: u64, run: impl FnOnce(&mut core_node::Node, &mut Outbox)) -> Outbox {
         let mut out = Outbox::new();
         let mut core = self.core.lock();
+        core.set_memory(self.budget.max(), self.budget.policy());
         let before = core.topology().epoch;
         run(&mut core, &mut out);
         let log = core.take_log();
@@ -416,7 +419,9 @@ pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio
     let peers = topology.nodes.iter().filter(|n| n.id != me).map(|n| (n.id, Link::spawn(me, n.addr.clone(), secret.clone()))).collect();
     let jitter = config.wan_jitter_ms;
     let sites = config.remote_sites.iter().map(|s| (s.id, SiteLink::spawn(config.site, me, s, secret.clone(), jitter))).collect();
+    let policy = config.maxmemory_policy.parse()?;
     let node = Arc::new(Node {
+        budget: super::memory::Budget::new(config.maxmemory, policy),
         me,
         topology: RwLock::new(Arc::new(topology.clone())),
         core: Mutex::new({

@@ -159,6 +159,7 @@ async fn section_fields(conn: &mut Conn, status: &Status, section: &str) -> Vec<
             ("keyspace_misses", stat(&server.stats.keyspace_misses)),
             ("total_error_replies", server.stats.errors().total.to_string()),
             ("expired_keys", status.expired_keys.to_string()),
+            ("evicted_keys", status.evicted_keys.to_string()),
         ],
         "persistence" => match &status.wal {
             Some(wal) => vec![
@@ -225,9 +226,9 @@ pub fn memory_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("used_memory_dataset", dataset.to_string()),
         ("mem_fragmentation_ratio", format!("{:.2}", rss as f64 / used.max(1) as f64)),
         ("mem_allocator", "mimalloc".into()),
-        ("maxmemory", "0".into()),
-        ("maxmemory_human", "0B".into()),
-        ("maxmemory_policy", "noeviction".into()),
+        ("maxmemory", status.maxmemory.0.to_string()),
+        ("maxmemory_human", human(status.maxmemory.0)),
+        ("maxmemory_policy", status.maxmemory.1.to_string()),
     ]
 }
 

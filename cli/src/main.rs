@@ -121,8 +121,9 @@ struct NodeArgs {
     /// 2gb, ...), refuse writes or evict by --maxmemory-policy (0: no limit).
     #[arg(long, default_value = "0", value_parser = causeway_node::config::parse_memory)]
     maxmemory: u64,
-    /// noeviction (writes that add data get -OOM), allkeys-random,
-    /// volatile-random or volatile-ttl.
+    /// noeviction (writes that add data get -OOM), or what to evict:
+    /// allkeys-lru, allkeys-lfu, allkeys-random, volatile-lru,
+    /// volatile-lfu, volatile-random, volatile-ttl (as Redis).
     #[arg(long, default_value = "noeviction")]
     maxmemory_policy: String,
 }

@@ -60,8 +60,35 @@ fn config_reads_and_sets_the_budget_as_redis_does() {
     let e = expect_err(&mut con, cmd("CONFIG").arg("SET").arg("maxmemory").arg("2gb").arg("maxmemory-policy").arg("sometimes"));
     assert!(e.starts_with("ERR CONFIG SET failed (possibly related to argument 'maxmemory-policy')"), "{e}");
     assert_eq!(info_field(&mut con, "memory", "maxmemory"), 1 << 30, "all or nothing");
-    let e = expect_err(&mut con, cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg("allkeys-lru"));
-    assert!(e.contains("not supported yet"), "{e}");
+    for policy in ["allkeys-lru", "volatile-lru", "allkeys-lfu", "volatile-lfu", "allkeys-random", "volatile-random", "noeviction"] {
+        let _: () = cmd("CONFIG").arg("SET").arg("maxmemory-policy").arg(policy.to_uppercase()).query(&mut con).unwrap();
+        let got: Vec<String> = cmd("CONFIG").arg("GET").arg("maxmemory-policy").query(&mut con).unwrap();
+        assert_eq!(got, ["maxmemory-policy", policy]);
+    }
+}
+
+#[test]
+fn allkeys_lru_keeps_the_keys_in_use() {
+    let c = Cluster::start_with(Opts::new(1, 1, 1));
+    let mut con = c.conn(0);
+    assert_eq!(fill(&mut con, "hot", 500, None), None);
+    budget_above_now(&mut con, 3 << 20, "allkeys-lru");
+    // Batches of cold keys a second apart (the clock counts seconds), the
+    // hot keys read before each: the cold keys of earlier batches are
+    // always the least recently used.
+    for batch in 0..4 {
+        std::thread::sleep(Duration::from_millis(1100));
+        for i in 0..500 {
+            let _: Option<Vec<u8>> = cmd("GET").arg(format!("hot:{i}")).query(&mut con).unwrap();
+        }
+        assert_eq!(fill(&mut con, &format!("cold{batch}"), 1_500, None), None);
+    }
+    assert!(info_field(&mut con, "stats", "evicted_keys") > 1_000);
+    let left = |con: &mut redis::Connection, prefix: &str, n: usize| {
+        (0..n).filter(|i| cmd("EXISTS").arg(format!("{prefix}:{i}")).query::<u64>(con).unwrap() == 1).count()
+    };
+    let (hot, oldest) = (left(&mut con, "hot", 500), left(&mut con, "cold0", 1_500));
+    assert!(hot >= 490 && oldest < 750, "hot keys left: {hot} of 500; the first cold batch: {oldest} of 1500");
 }
 
 #[test]

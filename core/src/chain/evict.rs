@@ -9,15 +9,21 @@
 //! get these.
 
 use super::*;
+use crate::store::View;
 use std::cmp::Reverse;
 
 /// At most this many keys evicted per partition per call: a large excess
 /// is worked off over a few ticks.
 const EVICT_PER_CALL: usize = 10_000;
+/// Keys sampled per key evicted by the LRU and LFU policies (Redis's
+/// `maxmemory-samples`).
+const SAMPLES: usize = 5;
 
 /// What a node does when it is over its memory budget, named as Redis's
-/// `maxmemory-policy`. The LRU and LFU policies need a per-key access
-/// clock, which the store does not keep yet: they are refused by name.
+/// `maxmemory-policy`. The heads decide by what they see: reads served by
+/// the other replicas of a chain count where they are served (as a Redis
+/// primary does not see its replicas' reads), which matters only once one
+/// of those replicas heads the chain.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Policy {
     /// Writes that would add data get `-OOM`; deletes still go.
@@ -29,6 +35,21 @@ pub enum Policy {
     VolatileRandom,
     /// The keys with an expiry that expire soonest.
     VolatileTtl,
+    /// The least recently used of a sample of keys.
+    AllKeysLru,
+    /// The least recently used of a sample of keys with an expiry.
+    VolatileLru,
+    /// The least frequently used of a sample of keys (`store::Access`).
+    AllKeysLfu,
+    /// The least frequently used of a sample of keys with an expiry.
+    VolatileLfu,
+}
+
+impl Policy {
+    /// Whether only keys with an expiry may go.
+    fn volatile(self) -> bool {
+        matches!(self, Policy::VolatileRandom | Policy::VolatileTtl | Policy::VolatileLru | Policy::VolatileLfu)
+    }
 }
 
 impl std::str::FromStr for Policy {
@@ -40,9 +61,10 @@ impl std::str::FromStr for Policy {
             "allkeys-random" => Ok(Policy::AllKeysRandom),
             "volatile-random" => Ok(Policy::VolatileRandom),
             "volatile-ttl" => Ok(Policy::VolatileTtl),
-            p @ ("allkeys-lru" | "allkeys-lfu" | "volatile-lru" | "volatile-lfu") => {
-                Err(format!("maxmemory-policy {p} is not supported yet (no per-key access clock): use noeviction, allkeys-random, volatile-random or volatile-ttl"))
-            }
+            "allkeys-lru" => Ok(Policy::AllKeysLru),
+            "volatile-lru" => Ok(Policy::VolatileLru),
+            "allkeys-lfu" => Ok(Policy::AllKeysLfu),
+            "volatile-lfu" => Ok(Policy::VolatileLfu),
             p => Err(format!("unknown maxmemory-policy '{p}'")),
         }
     }
@@ -55,6 +77,10 @@ impl std::fmt::Display for Policy {
             Policy::AllKeysRandom => "allkeys-random",
             Policy::VolatileRandom => "volatile-random",
             Policy::VolatileTtl => "volatile-ttl",
+            Policy::AllKeysLru => "allkeys-lru",
+            Policy::VolatileLru => "volatile-lru",
+            Policy::AllKeysLfu => "allkeys-lfu",
+            Policy::VolatileLfu => "volatile-lfu",
         })
     }
 }
@@ -62,8 +88,10 @@ impl std::fmt::Display for Policy {
 impl ChainReplica {
     /// At the head: evicts keys by `policy` until their entries add up to
     /// `bytes` or more. The random policies take live keys in the store
-    /// table's order (random: its hasher is seeded at random), the TTL
-    /// policy the soonest to expire. Returns the bytes and keys evicted.
+    /// table's order from a random place (random: its hasher is seeded at
+    /// random), the LRU and LFU policies the least used of `SAMPLES` times
+    /// as many keys taken so, the TTL policy the soonest to expire.
+    /// Returns the bytes and keys evicted.
     pub fn evict(&mut self, policy: Policy, bytes: usize, now_ms: u64, out: &mut Outbox) -> (usize, usize) {
         if !self.heads_now() || bytes == 0 {
             return (0, 0);
@@ -72,8 +100,38 @@ impl ChainReplica {
         let mut freed = 0;
         match policy {
             Policy::NoEviction => {}
-            Policy::AllKeysRandom | Policy::VolatileRandom => {
-                for (v, size) in self.store.evictable(now_ms, policy == Policy::VolatileRandom) {
+            Policy::AllKeysRandom
+            | Policy::VolatileRandom
+            | Policy::AllKeysLru
+            | Policy::VolatileLru
+            | Policy::AllKeysLfu
+            | Policy::VolatileLfu => {
+                let keys = self.store.len();
+                let wanted = (bytes / (self.store.memory() / keys.max(1)).max(1) + 1).min(EVICT_PER_CALL);
+                let random = matches!(policy, Policy::AllKeysRandom | Policy::VolatileRandom);
+                let sample = if random { keys } else { (wanted * SAMPLES).max(16) };
+                let start = self.store.chance() as usize;
+                // Worst first: the longest idle, or the least frequent and
+                // then the longest idle; in table order for the random ones.
+                let mut pool: Vec<(u64, View, usize)> = self
+                    .store
+                    .window(start, sample)
+                    .filter(|(v, _)| v.live_value(now_ms).is_some() && (!policy.volatile() || v.expires_at_ms().is_some()))
+                    .map(|(v, size)| {
+                        let a = v.access();
+                        let rank = match policy {
+                            Policy::AllKeysLru | Policy::VolatileLru => u32::MAX as u64 - a.idle_s(now_ms) as u64,
+                            Policy::AllKeysLfu | Policy::VolatileLfu => {
+                                ((a.frequency(now_ms) as u64) << 32) | (u32::MAX - a.idle_s(now_ms)) as u64
+                            }
+                            _ => 0,
+                        };
+                        (rank, v, size)
+                    })
+                    .take(if random { wanted.max(1) * 4 } else { usize::MAX })
+                    .collect();
+                pool.sort_by_key(|&(rank, _, _)| rank);
+                for (_, v, size) in pool {
                     if freed >= bytes || victims.len() >= EVICT_PER_CALL {
                         break;
                     }

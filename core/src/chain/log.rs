@@ -89,7 +89,7 @@ impl ChainReplica {
         for (_, s) in &entries {
             self.clock.observe(s.version.ts);
         }
-        self.store.install(entries);
+        self.store.install(entries, now_ms);
         self.reclaim_installed();
         self.writes.import(sessions, now_ms);
         self.applied = applied;

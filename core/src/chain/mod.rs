@@ -720,10 +720,10 @@ impl ChainReplica {
         }
     }
 
-    /// A client read of the latest version held here, and this replica's
-    /// position in the chain. The node answers once the version is
-    /// `durable`.
-    pub fn get(&self, key: &[u8], min: Option<&Version>, now_ms: u64) -> Result<(Item, u8), Refusal> {
+    /// A client read of the latest version held here (a use of the key, for
+    /// eviction: `store::Access`), and this replica's position in the
+    /// chain. The node answers once the version is `durable`.
+    pub fn get(&mut self, key: &[u8], min: Option<&Version>, now_ms: u64) -> Result<(Item, u8), Refusal> {
         if self.joining {
             return Err(Refusal::Behind);
         }
@@ -731,26 +731,14 @@ impl ChainReplica {
             // Below this position may be versions a session saw: not yet here.
             return Err(if self.index == 0 { Refusal::NotResponsible { epoch: self.epoch } } else { Refusal::Behind });
         }
-        let latest = self.store.latest(key);
+        let (stable, index) = (self.stable, self.index as u8);
+        let latest = self.store.latest_used(key, now_ms);
         if let Some(min) = min {
             if latest.is_none_or(|s| (s.ts(), s.site()) < (min.ts, min.site)) {
                 return Err(Refusal::Behind);
             }
         }
-        Ok((self.item(latest, now_ms), self.index as u8))
-    }
-
-    fn item(&self, latest: Option<View<'_>>, now_ms: u64) -> Item {
-        match latest {
-            None => Item { value: None, version: None, seq: 0, stable: true, expires_at_ms: None },
-            Some(v) => Item {
-                value: v.live_value(now_ms).map(Bytes::copy_from_slice),
-                version: Some(v.version()),
-                seq: v.seq(),
-                stable: v.seq() <= self.stable,
-                expires_at_ms: v.live_value(now_ms).and(v.expires_at_ms()),
-            },
-        }
+        Ok((item(latest, stable, now_ms), index))
     }
 
     fn item_of(&self, stored: Option<Stored>, now_ms: u64) -> Item {
@@ -855,5 +843,20 @@ impl ChainReplica {
         // history any more (a returning replica gets the whole state).
         self.history = xxhash_rust::xxh3::xxh3_64_with_seed(b"FLUSHALL", self.history);
         self.set_recent(VecDeque::new());
+    }
+}
+
+/// What a client read of `latest` answers, `stable` being the replica's
+/// stable watermark.
+fn item(latest: Option<View<'_>>, stable: u64, now_ms: u64) -> Item {
+    match latest {
+        None => Item { value: None, version: None, seq: 0, stable: true, expires_at_ms: None },
+        Some(v) => Item {
+            value: v.live_value(now_ms).map(Bytes::copy_from_slice),
+            version: Some(v.version()),
+            seq: v.seq(),
+            stable: v.seq() <= stable,
+            expires_at_ms: v.live_value(now_ms).and(v.expires_at_ms()),
+        },
     }
 }

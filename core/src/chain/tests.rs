@@ -405,7 +405,10 @@ fn a_head_evicts_by_its_policy_with_tombstones_down_the_chain() {
     }
     out.clear();
     let live = |r: &ChainReplica| {
-        ["a", "b", "c", "d", "e", "f"].into_iter().filter(|k| r.get(k.as_bytes(), None, 20).unwrap().0.value.is_some()).collect::<String>()
+        ["a", "b", "c", "d", "e", "f"]
+            .into_iter()
+            .filter(|k| r.store.latest(k.as_bytes()).is_some_and(|v| v.value().is_some()))
+            .collect::<String>()
     };
     assert_eq!(head.evict(Policy::NoEviction, 1 << 20, 20, &mut out), (0, 0));
     // Soonest to expire first, one key at a time (each is a few dozen bytes).
@@ -444,4 +447,35 @@ fn only_a_serving_head_evicts() {
     let mut out = Outbox::new();
     assert_eq!(middle.evict(Policy::AllKeysRandom, 1 << 20, 20, &mut out), (0, 0));
     assert!(out.is_empty());
+}
+
+#[test]
+fn lru_and_lfu_evict_the_keys_least_used_at_the_head() {
+    let (_, _, [mut head, _, _]) = chain_of_three();
+    let mut out = Outbox::new();
+    let keys = ["a", "b", "c", "d"];
+    for (i, key) in keys.into_iter().enumerate() {
+        head.put(put_key(i as u64 + 1, key, None), 1_000, &mut out);
+    }
+    // a read a minute later, b two, c three; d never again. c read often.
+    for (key, at) in [("a", 61_000), ("b", 121_000), ("c", 181_000)] {
+        head.get(key.as_bytes(), None, at).unwrap();
+    }
+    for _ in 0..50 {
+        head.get(b"c", None, 181_000).unwrap();
+    }
+    let live = |r: &ChainReplica| {
+        keys.into_iter().filter(|k| r.store.latest(k.as_bytes()).is_some_and(|v| v.value().is_some())).collect::<String>()
+    };
+    // LRU: the longest idle first (the sample is the whole partition here).
+    head.evict(Policy::AllKeysLru, 1, 200_000, &mut out);
+    assert_eq!(live(&head), "abc");
+    head.evict(Policy::AllKeysLru, 1, 200_000, &mut out);
+    assert_eq!(live(&head), "bc");
+    // LFU: b was used twice (written, read), c fifty times more.
+    head.evict(Policy::AllKeysLfu, 1, 200_000, &mut out);
+    assert_eq!(live(&head), "c");
+    // The volatile ones find nothing: no key has an expiry.
+    assert_eq!(head.evict(Policy::VolatileLru, 1 << 20, 200_000, &mut out), (0, 0));
+    assert_eq!(head.evict(Policy::VolatileLfu, 1 << 20, 200_000, &mut out), (0, 0));
 }

@@ -13,18 +13,23 @@
 //! n           1 byte: the version vector's length, or 0 when it holds
 //!             nothing but this version's own entry (one site, or a write
 //!             that saw nothing of the others)
+//! access      4 bytes: when and how often the key was used (`access`),
+//!             for LRU and LFU eviction; the only part that changes in
+//!             place
 //! [expiry]    8 bytes (ms), if EXPIRES
 //! [vector]    the other entries, each as its distance below this
 //!             version's timestamp (LEB128; 0 for an entry never set)
 //! value       to the end; nothing for a tombstone
 //! ```
 //!
-//! A YCSB key (24 bytes) with a 16-byte value takes 56 bytes here, a
+//! A YCSB key (24 bytes) with a 16-byte value takes 60 bytes here, a
 //! 64-byte block from the allocator, plus an 8-byte pointer in the table:
 //! the version, its place in the update order and, with several sites,
-//! what it depends on there cost about 16 bytes, less than Redis spends on
-//! its object header and LRU clock. Nothing points into other allocations.
+//! what it depends on there, and the access clock cost about 20 bytes,
+//! less than Redis spends on its object header (with its own LRU clock).
+//! Nothing points into other allocations.
 
+use super::access::Access;
 use super::Stored;
 use crate::hlc::Timestamp;
 use crate::version::{SiteId, Version, VersionVector};
@@ -48,7 +53,15 @@ unsafe impl Send for Entry {}
 unsafe impl Sync for Entry {}
 
 impl Entry {
-    pub fn new(key: &[u8], version: &Version, seq: u64, value: Option<&[u8]>, expires_at_ms: Option<u64>, replaced: bool) -> Entry {
+    pub fn new(
+        key: &[u8],
+        version: &Version,
+        seq: u64,
+        value: Option<&[u8]>,
+        expires_at_ms: Option<u64>,
+        replaced: bool,
+        access: Access,
+    ) -> Entry {
         let own = version.site as usize;
         assert!(own <= u8::MAX as usize, "at most 256 sites");
         let entries = &version.vv.0;
@@ -66,6 +79,7 @@ impl Entry {
         let n = if plain { 0 } else { entries.len() };
         assert!(n <= u8::MAX as usize, "at most 255 sites");
         tail.push(n as u8);
+        tail.extend_from_slice(&access.to_bytes());
         if let Some(at) = expires_at_ms {
             tail.extend_from_slice(&at.to_le_bytes());
         }
@@ -96,8 +110,8 @@ impl Entry {
         Entry(NonNull::new(raw).expect("a box is not null"))
     }
 
-    pub fn from_stored(key: &[u8], s: &Stored, replaced: bool) -> Entry {
-        Entry::new(key, &s.version, s.seq, s.value.as_deref(), s.expires_at_ms, replaced)
+    pub fn from_stored(key: &[u8], s: &Stored, replaced: bool, access: Access) -> Entry {
+        Entry::new(key, &s.version, s.seq, s.value.as_deref(), s.expires_at_ms, replaced, access)
     }
 
     fn bytes(&self) -> &[u8] {
@@ -123,6 +137,17 @@ impl Entry {
 
     pub fn view(&self) -> View<'_> {
         View::new(self.bytes())
+    }
+
+    /// Notes a use of the key (`access`).
+    pub fn set_access(&mut self, access: Access) {
+        let at = self.view().access_at as usize;
+        let len = self.size();
+        // SAFETY: the allocation is `len` bytes (`bytes`), owned by this
+        // entry alone, and borrowed mutably through `self`; the four bytes
+        // at `access_at` are inside it.
+        let b = unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), len) };
+        b[at..at + 4].copy_from_slice(&access.to_bytes());
     }
 
     /// The key alone, without reading the rest (a table probe).
@@ -174,6 +199,7 @@ pub struct View<'a> {
     site: u8,
     flags: u8,
     n: u8,
+    access_at: u32,
     /// Where the optional parts start, and the value.
     extra_at: u32,
     value_at: u32,
@@ -192,6 +218,8 @@ impl<'a> View<'a> {
         at += used;
         let (site, flags, n) = (b[at], b[at + 1], b[at + 2]);
         at += 3;
+        let access_at = at as u32;
+        at += 4;
         let extra_at = at as u32;
         if flags & EXPIRES != 0 {
             at += 8;
@@ -199,7 +227,7 @@ impl<'a> View<'a> {
         for _ in 1..n {
             at += read_leb128(&b[at..]).1;
         }
-        View { b, ts_at, seq, site, flags, n, extra_at, key_at: key_at as u32, key_len: key_len as u32, value_at: at as u32 }
+        View { b, ts_at, seq, site, flags, n, access_at, extra_at, key_at: key_at as u32, key_len: key_len as u32, value_at: at as u32 }
     }
 
     pub fn ts(&self) -> Timestamp {
@@ -217,6 +245,12 @@ impl<'a> View<'a> {
 
     pub fn replaced(&self) -> bool {
         self.flags & REPLACED != 0
+    }
+
+    /// When and how often the key was used.
+    pub fn access(&self) -> Access {
+        let at = self.access_at as usize;
+        Access::from_bytes(self.b[at..at + 4].try_into().expect("4 bytes"))
     }
 
     pub fn expires_at_ms(&self) -> Option<u64> {
@@ -264,7 +298,7 @@ impl<'a> View<'a> {
 
     /// The same entry, saying that the key had versions before this one.
     pub fn with_replaced(&self) -> Entry {
-        Entry::new(self.key(), &self.version(), self.seq(), self.value(), self.expires_at_ms(), true)
+        Entry::new(self.key(), &self.version(), self.seq(), self.value(), self.expires_at_ms(), true, self.access())
     }
 
     /// The version as the owned `Stored` that transfers and digests carry.
@@ -310,7 +344,11 @@ mod tests {
     use super::*;
 
     fn round_trip(key: &[u8], version: Version, value: Option<&[u8]>, expires: Option<u64>) -> Entry {
-        let e = Entry::new(key, &version, 42, value, expires, true);
+        let mut e = Entry::new(key, &version, 42, value, expires, true, Access::new(5_000));
+        assert_eq!(e.view().access(), Access::new(5_000));
+        let later = Access::new(9_000).used(9_000, 0);
+        e.set_access(later);
+        assert_eq!(e.view().access(), later);
         let v = e.view();
         assert_eq!(v.key(), key);
         assert_eq!(v.value(), value);
@@ -325,7 +363,7 @@ mod tests {
     fn every_shape_of_entry_reads_back() {
         let ts = Timestamp::new(1_700_000_000_000, 3);
         let e = round_trip(b"user1234567890123456789", Version::local(0, ts), Some(&[7u8; 16]), None);
-        assert!(e.size() <= 56, "one site, a YCSB key and 16 bytes fit a 64-byte block: {}", e.size());
+        assert!(e.size() <= 60, "one site, a YCSB key and 16 bytes fit a 64-byte block: {}", e.size());
         let big = round_trip(b"k", Version::local(0, ts), Some(&[1u8; 300]), None);
         assert_eq!(big.view().value().map(<[u8]>::len), Some(300), "a length of two bytes");
         assert!(big.clone() == big);
@@ -344,7 +382,7 @@ mod tests {
 
     #[test]
     fn expired_values_read_as_absent() {
-        let e = Entry::new(b"k", &Version::local(0, Timestamp::new(1, 0)), 1, Some(b"x"), Some(50), false);
+        let e = Entry::new(b"k", &Version::local(0, Timestamp::new(1, 0)), 1, Some(b"x"), Some(50), false, Access::new(0));
         assert_eq!(e.view().live_value(49), Some(&b"x"[..]));
         assert_eq!(e.view().live_value(50), None);
         assert!(!e.view().replaced());

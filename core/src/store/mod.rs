@@ -21,11 +21,13 @@
 //! version, replicated down the chain), and tombstones are collected once
 //! no write they must win against can still arrive.
 
+mod access;
 mod entry;
 mod history;
 
 pub use crate::message::Stored;
 use crate::version::Version;
+pub use access::Access;
 use bytes::Bytes;
 use entry::Entry;
 pub use entry::View;
@@ -66,6 +68,8 @@ pub struct PartitionStore {
     collected: Option<Version>,
     /// Whether replaced versions are kept for snapshots (`keep_history`).
     keeps_history: bool,
+    /// State of `chance` (never 0).
+    rng: u32,
     /// When a snapshot last read here (`snapshot_seen`): versions are
     /// kept only while snapshots come.
     snapshot_ms: Option<u64>,
@@ -80,6 +84,7 @@ impl Default for PartitionStore {
             bytes: 0,
             collected: None,
             keeps_history: true,
+            rng: 0x9e37_79b9,
             snapshot_ms: None,
         }
     }
@@ -111,7 +116,7 @@ impl PartitionStore {
         match self.latest.entry(hash, |e| e.key() == key, |e| hasher.hash_one(e.key())) {
             hashbrown::hash_table::Entry::Vacant(_) if w.expired => return,
             hashbrown::hash_table::Entry::Vacant(slot) => {
-                let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, false);
+                let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, false, Access::new(now_ms));
                 self.bytes += e.size();
                 slot.insert(e);
             }
@@ -122,7 +127,7 @@ impl PartitionStore {
                     // Only the version the head expired; a write after it
                     // (here first) stays.
                     if old_version == (w.version.ts, w.version.site) && old.value().is_some() {
-                        let e = Entry::new(key, w.version, w.seq, None, None, true);
+                        let e = Entry::new(key, w.version, w.seq, None, None, true, old.access());
                         let expired = std::mem::replace(slot.get_mut(), e);
                         self.bytes = self.bytes + slot.get().size() - expired.size();
                     }
@@ -159,7 +164,9 @@ impl PartitionStore {
                     self.history.keep(key, lost, after_another, now_ms);
                     return;
                 }
-                let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, true);
+                // A write is a use, as Redis counts one.
+                let access = old.access().used(now_ms, chance(&mut self.rng));
+                let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, true, access);
                 let replaced = std::mem::replace(slot.get_mut(), e);
                 self.bytes = self.bytes + slot.get().size() - replaced.size();
                 if wants_history {
@@ -230,6 +237,32 @@ impl PartitionStore {
     /// The latest version of `key`.
     pub fn latest(&self, key: &[u8]) -> Option<View<'_>> {
         self.find(key).map(Entry::view)
+    }
+
+    /// The latest version of `key`, read by a client at `now_ms`: a use
+    /// of the key (`access`), which LRU and LFU eviction go by.
+    pub fn latest_used(&mut self, key: &[u8], now_ms: u64) -> Option<View<'_>> {
+        let chance = chance(&mut self.rng);
+        let e = self.latest.find_mut(self.hasher.hash_one(key), |e| e.key() == key)?;
+        e.set_access(e.view().access().used(now_ms, chance));
+        Some(e.view())
+    }
+
+    /// `n` entries from position `start` of the table's order (wrapping
+    /// around, each once at most), with the bytes each takes: a random
+    /// sample for eviction (`chain::evict`), the hasher being randomly
+    /// seeded.
+    pub fn window(&self, start: usize, n: usize) -> impl Iterator<Item = (View<'_>, usize)> {
+        let len = self.latest.len();
+        let start = start.checked_rem(len).unwrap_or(0);
+        let first = n.min(len - start);
+        let rest = (n - first).min(start);
+        self.latest.iter().skip(start).take(first).chain(self.latest.iter().take(rest)).map(|e| (e.view(), e.size()))
+    }
+
+    /// A random number (xorshift), for sampling and LFU counters.
+    pub fn chance(&mut self) -> u32 {
+        chance(&mut self.rng)
     }
 
     /// The latest version `visible` accepts.
@@ -314,17 +347,6 @@ impl PartitionStore {
         true
     }
 
-    /// Keys with a live value at `now_ms` (only those with an expiry, if
-    /// `volatile`), in the table's order, which its randomly seeded hasher
-    /// makes a random one, with the bytes each entry takes: what eviction
-    /// picks from (`chain::evict`).
-    pub fn evictable(&self, now_ms: u64, volatile: bool) -> impl Iterator<Item = (View<'_>, usize)> {
-        self.latest.iter().filter_map(move |e| {
-            let v = e.view();
-            (v.live_value(now_ms).is_some() && (!volatile || v.expires_at_ms().is_some())).then(|| (v, e.size()))
-        })
-    }
-
     /// The bytes `key`'s entry takes (0 if absent).
     pub fn key_size(&self, key: &[u8]) -> usize {
         self.find(key).map_or(0, Entry::size)
@@ -344,13 +366,14 @@ impl PartitionStore {
         })
     }
 
-    /// Replaces everything with a state transfer's latest versions. Their
-    /// history is unknown, so snapshot reads before them are refused.
-    pub fn install(&mut self, entries: Vec<(Bytes, Stored)>) {
+    /// Replaces everything with a state transfer's latest versions, as if
+    /// written at `now_ms`. Their history is unknown, so snapshot reads
+    /// before them are refused.
+    pub fn install(&mut self, entries: Vec<(Bytes, Stored)>, now_ms: u64) {
         self.clear();
         self.latest.reserve(entries.len(), |e| self.hasher.hash_one(e.key()));
         for (key, s) in entries {
-            let e = Entry::from_stored(&key, &s, true);
+            let e = Entry::from_stored(&key, &s, true, Access::new(now_ms));
             self.bytes += e.size();
             let hash = self.hash(&key);
             let hasher = &self.hasher;
@@ -391,6 +414,17 @@ impl PartitionStore {
 #[cfg(test)]
 fn at(s: &PartitionStore, key: &[u8], at: crate::hlc::Timestamp) -> Result<Option<Stored>, TooOld> {
     s.latest_where(key, |v| v.ts <= at)
+}
+
+/// xorshift32: cheap, and the same sequence on every run (the simulator
+/// replays schedules exactly).
+fn chance(state: &mut u32) -> u32 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    *state = x;
+    x
 }
 
 #[cfg(test)]
@@ -500,7 +534,7 @@ mod tests {
         let v2 = Version::local(0, Timestamp::new(160, 0));
         let newer = Write { version: &v2, seq: 2, value: Some(b"y"), expires_at_ms: None, expired: false };
         let mut t = PartitionStore::default();
-        t.install(s.entries());
+        t.install(s.entries(), 0);
         // Here the expiry comes first; elsewhere a newer write did.
         s.apply(b"k", Write { version: &v1, seq: 2, value: None, expires_at_ms: None, expired: true }, 160);
         assert_eq!(s.latest(b"k").map(|v| (v.value().is_none(), v.seq(), v.ts())), Some((true, 2, v1.ts)));
@@ -531,7 +565,7 @@ mod tests {
         put(&mut s, "a", 100, 1, 100);
         put(&mut s, "b", 200, 2, 200);
         let mut t = PartitionStore::default();
-        t.install(s.entries());
+        t.install(s.entries(), 0);
         assert_eq!(t.digest(), s.digest());
         assert_eq!(t.memory() > 0, s.memory() > 0);
         assert_eq!(at(&t, b"a", Timestamp::new(50, 0)), Err(TooOld), "what came before is unknown");

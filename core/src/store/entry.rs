@@ -141,7 +141,12 @@ impl Entry {
 
     /// Notes a use of the key (`access`).
     pub fn set_access(&mut self, access: Access) {
-        let at = self.view().access_at as usize;
+        self.set_access_at(self.view().access_at as usize, access);
+    }
+
+    /// `set_access`, where a view of this entry said the access bytes are
+    /// (`View::access_at`).
+    pub fn set_access_at(&mut self, at: usize, access: Access) {
         let len = self.size();
         // SAFETY: the allocation is `len` bytes (`bytes`), owned by this
         // entry alone, and borrowed mutably through `self`; the four bytes
@@ -245,6 +250,11 @@ impl<'a> View<'a> {
 
     pub fn replaced(&self) -> bool {
         self.flags & REPLACED != 0
+    }
+
+    /// Where the access bytes are in the entry (`Entry::set_access_at`).
+    pub fn access_at(&self) -> usize {
+        self.access_at as usize
     }
 
     /// When and how often the key was used.

@@ -244,7 +244,14 @@ impl PartitionStore {
     pub fn latest_used(&mut self, key: &[u8], now_ms: u64) -> Option<View<'_>> {
         let chance = chance(&mut self.rng);
         let e = self.latest.find_mut(self.hasher.hash_one(key), |e| e.key() == key)?;
-        e.set_access(e.view().access().used(now_ms, chance));
+        let (at, access) = {
+            let v = e.view();
+            (v.access_at(), v.access())
+        };
+        let used = access.used(now_ms, chance);
+        if used != access {
+            e.set_access_at(at, used);
+        }
         Some(e.view())
     }
 

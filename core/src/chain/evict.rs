@@ -109,27 +109,34 @@ impl ChainReplica {
                 let keys = self.store.len();
                 let wanted = (bytes / (self.store.memory() / keys.max(1)).max(1) + 1).min(EVICT_PER_CALL);
                 let random = matches!(policy, Policy::AllKeysRandom | Policy::VolatileRandom);
-                let sample = if random { keys } else { (wanted * SAMPLES).max(16) };
                 let start = self.store.chance() as usize;
                 // Worst first: the longest idle, or the least frequent and
                 // then the longest idle; in table order for the random ones.
-                let mut pool: Vec<(u64, View, usize)> = self
-                    .store
-                    .window(start, sample)
-                    .filter(|(v, _)| v.live_value(now_ms).is_some() && (!policy.volatile() || v.expires_at_ms().is_some()))
-                    .map(|(v, size)| {
-                        let a = v.access();
-                        let rank = match policy {
-                            Policy::AllKeysLru | Policy::VolatileLru => u32::MAX as u64 - a.idle_s(now_ms) as u64,
-                            Policy::AllKeysLfu | Policy::VolatileLfu => {
-                                ((a.frequency(now_ms) as u64) << 32) | (u32::MAX - a.idle_s(now_ms)) as u64
-                            }
-                            _ => 0,
-                        };
-                        (rank, v, size)
-                    })
-                    .take(if random { wanted.max(1) * 4 } else { usize::MAX })
-                    .collect();
+                let pool_of = |sample: usize| -> Vec<(u64, View, usize)> {
+                    self.store
+                        .window(start, sample)
+                        .filter(|(v, _)| v.live_value(now_ms).is_some() && (!policy.volatile() || v.expires_at_ms().is_some()))
+                        .map(|(v, size)| {
+                            let a = v.access();
+                            let rank = match policy {
+                                Policy::AllKeysLru | Policy::VolatileLru => u32::MAX as u64 - a.idle_s(now_ms) as u64,
+                                Policy::AllKeysLfu | Policy::VolatileLfu => {
+                                    ((a.frequency(now_ms) as u64) << 32) | (u32::MAX - a.idle_s(now_ms)) as u64
+                                }
+                                _ => 0,
+                            };
+                            (rank, v, size)
+                        })
+                        .take(if random { wanted.max(1) * 4 } else { usize::MAX })
+                        .collect()
+                };
+                let mut pool = pool_of(if random { keys } else { (wanted * SAMPLES).max(16) });
+                if pool.is_empty() {
+                    // The sample held nothing the policy may evict (only
+                    // tombstones, say): nothing left is said only after a
+                    // look at every key.
+                    pool = pool_of(keys);
+                }
                 pool.sort_by_key(|&(rank, _, _)| rank);
                 for (_, v, size) in pool {
                     if freed >= bytes || victims.len() >= EVICT_PER_CALL {

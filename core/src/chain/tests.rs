@@ -479,3 +479,18 @@ fn lru_and_lfu_evict_the_keys_least_used_at_the_head() {
     assert_eq!(head.evict(Policy::VolatileLru, 1 << 20, 200_000, &mut out), (0, 0));
     assert_eq!(head.evict(Policy::VolatileLfu, 1 << 20, 200_000, &mut out), (0, 0));
 }
+
+#[test]
+fn a_sample_of_tombstones_is_not_taken_for_nothing_left_to_evict() {
+    let (_, _, [mut head, _, _]) = chain_of_three();
+    let mut out = Outbox::new();
+    for i in 0..200 {
+        head.put(put_key(i + 1, &format!("k{i}"), None), 1_000, &mut out);
+    }
+    // All but one deleted: tombstones, not collected (nothing is stable).
+    for i in 1..200 {
+        let delete = PutRequest { change: Change::delete(), ..put_key(300 + i, &format!("k{i}"), None) };
+        head.put(delete, 2_000, &mut out);
+    }
+    assert_eq!(head.evict(Policy::AllKeysLru, 1, 3_000, &mut out).1, 1, "k0 is found however the sample falls");
+}

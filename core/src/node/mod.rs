@@ -864,8 +864,11 @@ fn ticket(logged: u64, log: &[LogRecord]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chain::Policy;
     use crate::geo::Replication;
+    use crate::message::Change;
     use crate::ring::{NodeInfo, Shape};
+    use bytes::Bytes;
 
     fn heartbeats(node: &mut Node, at_ms: u64) -> usize {
         let mut out = Outbox::new();
@@ -894,5 +897,76 @@ mod tests {
         assert_eq!(heartbeats(&mut node, 1_100), 0, "not due");
         assert_eq!(heartbeats(&mut node, 1_199), 1, "a tick 1 ms early by the clock");
         assert_eq!(heartbeats(&mut node, 1_398), 1);
+    }
+
+    /// A one-node site (R=1) of 4 partitions, serving.
+    fn lone_node() -> Node {
+        let mut topology =
+            Topology::new(1, Shape { partitions: 4, replicas: 1, k: 1 }, vec![NodeInfo { id: 0, addr: "n0".into() }]).expect("valid");
+        topology.admitted.insert(0, 1);
+        let id = Identity {
+            me: 0,
+            site: 0,
+            addr: "n0".into(),
+            incarnation: 1,
+            coordinators: vec![0],
+            sites: vec![0],
+            replication: Replication::Causal,
+        };
+        let mut node = Node::new(id, topology);
+        node.without_log();
+        node
+    }
+
+    /// Client `seq`'s write of `key`: a 1 000-byte value, or a delete.
+    fn write(node: &mut Node, seq: u64, key: &str, value: bool, now_ms: u64) -> Message {
+        let key = Bytes::from(key.to_string());
+        let change = if value { Change::set(Bytes::from(vec![b'x'; 1000])) } else { Change::delete() };
+        let partition = node.topology().partition_of(&key);
+        let op = OpId { client: 7 << 48, seq };
+        let put = crate::message::Put {
+            op,
+            epoch: 1,
+            partition,
+            key,
+            change,
+            past: VersionVector::default(),
+            ack_at: 0,
+            write: seq,
+            deps: Vec::new(),
+            done_below: seq,
+        };
+        let mut out = Outbox::new();
+        node.step(Message::Put(Box::new(put)), Now::at(now_ms), &mut out);
+        node.flush(now_ms, &mut out);
+        out.into_iter().find(|e| e.to == Dest::Client(op.client)).map(|e| e.msg).expect("answered")
+    }
+
+    #[test]
+    fn over_its_budget_a_node_refuses_growth_or_evicts_by_its_policy() {
+        let mut node = lone_node();
+        for i in 0..100 {
+            let done = write(&mut node, i + 1, &format!("k{i}"), true, 1_000);
+            assert!(matches!(done, Message::PutDone { .. }), "{done:?}");
+        }
+        let stores = node.store_memory() as u64;
+        // Within the budget: writes go.
+        node.set_memory(stores + 10_000, Policy::NoEviction);
+        assert!(matches!(write(&mut node, 101, "k100", true, 1_001), Message::PutDone { .. }));
+        // Over it: a write that adds data is refused, a delete goes.
+        node.set_memory(stores / 2, Policy::NoEviction);
+        let refused = write(&mut node, 102, "k101", true, 1_002);
+        assert!(matches!(refused, Message::Refused { reason: Refusal::OutOfMemory, .. }), "{refused:?}");
+        assert!(matches!(write(&mut node, 103, "k0", false, 1_003), Message::PutDone { .. }));
+        // Evicting: the ticks bring the stores within the budget (the
+        // tombstones are collected at once: nothing to wait for at R=1).
+        node.set_memory(stores / 2, Policy::AllKeysRandom);
+        assert!(!node.idle(), "an evicting node ticks as a busy one");
+        for ms in (1_010..1_200).step_by(20) {
+            node.tick(Now::at(ms), &mut Outbox::new());
+        }
+        assert!(node.store_memory() as u64 <= stores / 2, "{} over {}", node.store_memory(), stores / 2);
+        assert!((40..60).contains(&node.evicted_keys()), "{} evicted: about half of the keys", node.evicted_keys());
+        assert!(matches!(write(&mut node, 104, "k102", true, 1_200), Message::PutDone { .. }));
     }
 }

@@ -145,14 +145,7 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         args.consistency,
         dir.display()
     );
-    let ports = (0..args.sites)
-        .map(|s| match args.port {
-            0 => free_ports(args.nodes),
-            p => Ok((0..args.nodes).map(|i| p + 10 * s + i).collect()),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let delays = causeway_core::geo::paper_delays(args.sites as usize);
-    let mut sites = start_sites(&shape, &ports, &delays, 2)?;
+    let mut sites = start(&shape, &args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
     let verdict = runtime.block_on(campaign(&mut sites, &args, seed, &dir));
     sites.iter_mut().for_each(Site::stop);
@@ -165,6 +158,40 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         Err(Failure::Failed(e)) => Err(format!("verdict: FAILED (seed {seed}): {e}; node logs in {}", dir.display())),
         Err(Failure::Unavailable(e)) => Err(format!("verdict: UNAVAILABLE (seed {seed}): {e}; node logs in {}", dir.display())),
     }
+}
+
+/// Starts the sites, on `--port` or on ports free a moment ago. Such a port
+/// may be taken by another process before its node binds it (and that
+/// process may answer for it): a node that exits at start sends the sites
+/// back to start on fresh ports.
+fn start(shape: &Shape, args: &TortureArgs) -> Result<Vec<Site>, String> {
+    let delays = causeway_core::geo::paper_delays(args.sites as usize);
+    let mut last = String::new();
+    for _ in 0..5 {
+        let ports = (0..args.sites)
+            .map(|s| match args.port {
+                0 => free_ports(args.nodes),
+                p => Ok((0..args.nodes).map(|i| p + 10 * s + i).collect()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut sites = match start_sites(shape, &ports, &delays, 2) {
+            Ok(sites) => sites,
+            Err(e) if args.port == 0 => {
+                last = e;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        match sites.iter_mut().find_map(Site::exited) {
+            Some((node, status)) if args.port == 0 => {
+                sites.iter_mut().for_each(Site::stop);
+                last = format!("node {node} exited at start ({status})");
+            }
+            _ => return Ok(sites),
+        }
+    }
+    Err(last)
 }
 
 async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::path::Path) -> Result<String, Failure> {

@@ -27,6 +27,8 @@ pub enum Error {
     Behind { sites: Vec<crate::version::SiteId> },
     /// The write's head is over its memory budget (Redis's `-OOM`).
     OutOfMemory,
+    /// A node's disk tier failed (why); nothing acknowledged is lost.
+    Disk(String),
 }
 
 impl fmt::Display for Error {
@@ -38,6 +40,7 @@ impl fmt::Display for Error {
             }
             Error::InvalidInput(why) | Error::InvalidData(why) => f.write_str(why),
             Error::OutOfMemory => f.write_str("command not allowed when used memory > 'maxmemory'."),
+            Error::Disk(why) => write!(f, "disk tier: {why}"),
             Error::Behind { sites } => {
                 let sites: Vec<String> = sites.iter().map(|s| s.to_string()).collect();
                 write!(f, "the session depends on writes of site(s) {} this site has not applied yet; try again later", sites.join(","))

@@ -15,6 +15,8 @@
 //! * `node`: one data node as a state machine (`step`, `tick`): its
 //!   replicas, its admission by the coordinator, its heartbeats.
 //! * `record`: the write-ahead log's records.
+//! * `tier`: the disk tier: values moved out of memory and back, by a
+//!   cache policy (FIFO, LRU, LFU), through jobs the shell runs.
 //! * `supervisor`: the coordinator's failure detection and repair plans.
 //! * `geo`: geo-replication (Eunomia): the site stabilizer orders a site's
 //!   updates and ships their ids to the other sites; the receiver applies
@@ -35,6 +37,7 @@ pub mod ring;
 pub mod session;
 pub mod store;
 pub mod supervisor;
+pub mod tier;
 pub mod version;
 pub mod wire;
 

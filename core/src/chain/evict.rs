@@ -115,7 +115,7 @@ impl ChainReplica {
                 let pool_of = |sample: usize| -> Vec<(u64, View, usize)> {
                     self.store
                         .window(start, sample)
-                        .filter(|(v, _)| v.live_value(now_ms).is_some() && (!policy.volatile() || v.expires_at_ms().is_some()))
+                        .filter(|(v, _)| v.is_live(now_ms) && (!policy.volatile() || v.expires_at_ms().is_some()))
                         .map(|(v, size)| {
                             let a = v.access();
                             let rank = match policy {
@@ -153,8 +153,7 @@ impl ChainReplica {
                     let Some(Reverse((at, key))) = due.pop() else { break };
                     // Still that version with a value (else rewritten or
                     // gone since: someone else's business).
-                    let Some(v) = self.store.latest(&key).filter(|v| v.expires_at_ms() == Some(at) && v.live_value(now_ms).is_some())
-                    else {
+                    let Some(v) = self.store.latest(&key).filter(|v| v.expires_at_ms() == Some(at) && v.is_live(now_ms)) else {
                         continue;
                     };
                     freed += self.store.key_size(&key);

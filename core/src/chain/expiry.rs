@@ -81,7 +81,7 @@ impl ChainReplica {
             let Reverse((at, key)) = due.pop().expect("peeked");
             // Still that version, and still with a value: rewritten or
             // deleted since, it is someone else's business.
-            let Some(v) = self.store.latest(&key).filter(|v| v.expires_at_ms() == Some(at) && v.value().is_some()) else {
+            let Some(v) = self.store.latest(&key).filter(|v| v.expires_at_ms() == Some(at) && !v.is_tombstone()) else {
                 continue;
             };
             expired.push((key, v.version()));

@@ -425,7 +425,19 @@ impl ChainReplica {
             let done = Message::PutDone { op: write, version, seq, chain_index, stable: true, old: old.map(Box::new) };
             return self.when_stable(last.seq, Envelope { to: Dest::Client(write.client), msg: done }, out);
         }
+        let read_back;
         let current = match self.store.latest(&req.key) {
+            Some(v) if v.on_disk() && v.is_live(now_ms) => match req.change.needs_value() {
+                // The node reads a value on disk back before a change that
+                // needs it (`Node::cold`); a caller that did not gets it
+                // read here.
+                true => {
+                    read_back = self.store.stored(v).value;
+                    change::Current { value: read_back.as_deref(), expires_at_ms: v.expires_at_ms() }
+                }
+                // Only whether the key exists matters: its bytes are not read.
+                false => change::Current { value: Some(&[]), expires_at_ms: v.expires_at_ms() },
+            },
             Some(v) => change::Current { value: v.live_value(now_ms), expires_at_ms: v.expires_at_ms() },
             None => change::Current::default(),
         };
@@ -738,6 +750,12 @@ impl ChainReplica {
                 return Err(Refusal::Behind);
             }
         }
+        if latest.is_some_and(|v| v.on_disk()) {
+            // The node reads a value on disk back before it asks
+            // (`Node::cold`); a caller that did not gets it read here.
+            let stored = self.store.latest(key).map(|v| self.store.stored(v));
+            return Ok((self.item_of(stored, now_ms), index));
+        }
         Ok((item(latest, stable, now_ms), index))
     }
 
@@ -820,13 +838,47 @@ impl ChainReplica {
         if self.joining {
             return None;
         }
-        self.store.latest(key)?.live_value(now_ms)?;
+        self.store.latest(key).filter(|v| v.is_live(now_ms))?;
         self.store.key_memory(key)
     }
 
     /// Bytes this replica's store takes.
     pub fn store_memory(&self) -> usize {
         self.store.memory()
+    }
+
+    /// The disk tier (`crate::tier`): this replica's values move out and
+    /// back in its store; these pass the node's asks through.
+    pub fn enable_tier(&mut self, partition: PartitionId, policy: crate::tier::CachePolicy, tier: std::sync::Arc<dyn crate::tier::Tier>) {
+        self.store.enable_tier(partition, policy, tier);
+    }
+
+    pub fn has_tier(&self) -> bool {
+        self.store.has_tier()
+    }
+
+    pub fn take_tier_jobs(&mut self, into: &mut Vec<crate::tier::Job>) {
+        self.store.take_jobs(into);
+    }
+
+    pub fn places(&self) -> crate::store::Places {
+        self.store.places()
+    }
+
+    pub fn move_out(&mut self, want: usize) -> usize {
+        self.store.move_out(want)
+    }
+
+    pub fn moved_out(&mut self, id: &crate::tier::ValueId, len: usize, ok: bool) {
+        self.store.moved_out(id, len, ok);
+    }
+
+    pub fn moved_back(&mut self, id: &crate::tier::ValueId, value: &[u8]) {
+        self.store.moved_back(id, value);
+    }
+
+    pub fn on_disk(&self, key: &[u8]) -> Option<crate::tier::ValueId> {
+        self.store.on_disk(key)
     }
 
     /// Live keys held here.

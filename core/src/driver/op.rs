@@ -594,6 +594,9 @@ impl Op {
             Message::Refused { reason: Refusal::OutOfMemory, .. } => {
                 p.done = Some(Err(Error::OutOfMemory));
             }
+            Message::Refused { reason: Refusal::Disk(why), .. } => {
+                p.done = Some(Err(Error::Disk(why)));
+            }
             Message::Refused { reason: Refusal::Behind | Refusal::NoLease, .. } => {
                 if self.consistency == Consistency::Linearizable {
                     // The tail is still joining (fetching the partition's

@@ -56,6 +56,13 @@ impl Change {
         Change { value: NewValue::Delete, expiry: Expiry::Never, condition: Condition::IfPresent, get: false }
     }
 
+    /// Whether deciding the change reads the key's value (not only
+    /// whether it exists and its expiry): GET, or an expiry change that
+    /// keeps it.
+    pub fn needs_value(&self) -> bool {
+        self.get || self.value == NewValue::Keep
+    }
+
     /// The new value, if the change sets one.
     pub fn new_value(&self) -> Option<&Bytes> {
         match &self.value {
@@ -183,6 +190,9 @@ pub enum Refusal {
     /// The head's node is over its memory budget and may not grow
     /// (`--maxmemory`, with `noeviction` or nothing left to evict).
     OutOfMemory,
+    /// The node's disk tier failed: a value could not be read back, or
+    /// values could not move out and the node is over its budget (why).
+    Disk(String),
 }
 
 /// `ack_at` for a write answered only by the tail (linearizable): a

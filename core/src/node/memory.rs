@@ -7,6 +7,9 @@
 //! for returning replicas and those in flight are left out: eviction
 //! cannot free them, and they are bounded on their own
 //! (`chain::RECENT_BYTES`). A budget is per node, as Redis's is per server.
+//! With a disk tier, values move to disk past the budget instead of keys
+//! being evicted (`tier`), and growth is refused only once no value is
+//! left in memory to move, or the tier fails.
 
 use super::*;
 use crate::chain::Policy;
@@ -62,14 +65,28 @@ impl Node {
             self.measure(now_ms);
         }
         let m = &self.memory;
-        m.over_by > 0 && (m.policy == Policy::NoEviction || m.exhausted)
+        m.over_by > 0 && (!self.reclaims() || m.exhausted || self.tier_failing().is_some())
     }
 
-    /// Whether the stores are over the budget with keys left to evict (the
-    /// node then ticks as a busy one, to evict them).
+    /// Why a write that adds data is refused (`refuses_growth`).
+    pub(super) fn refusal(&self) -> Refusal {
+        match self.tier_failing() {
+            Some(e) => Refusal::Disk(format!("{e}, and the node is over its memory budget: writes that add data are refused")),
+            None => Refusal::OutOfMemory,
+        }
+    }
+
+    /// Whether the node makes room past its budget: values move to its
+    /// disk tier, or keys are evicted by a policy.
+    fn reclaims(&self) -> bool {
+        self.has_tier() || self.memory.policy != Policy::NoEviction
+    }
+
+    /// Whether the stores are over the budget with keys left to evict or
+    /// values to move out (the node then ticks as a busy one, to do so).
     pub(super) fn evicting(&self) -> bool {
         let m = &self.memory;
-        m.max > 0 && m.over_by > 0 && m.policy != Policy::NoEviction && !m.exhausted
+        m.max > 0 && m.over_by > 0 && self.reclaims() && !m.exhausted
     }
 
     /// The stores' bytes, all and those of the partitions headed here;
@@ -102,6 +119,14 @@ impl Node {
             m.exhausted = false;
             return;
         }
+        let over_by = m.over_by;
+        if self.has_tier() {
+            // Values move to disk instead (`tier`); every replica here
+            // moves its own.
+            self.memory.exhausted = !self.move_out(over_by, total);
+            return;
+        }
+        let m = &mut self.memory;
         if m.policy == Policy::NoEviction {
             return;
         }

@@ -44,6 +44,9 @@ mod coalesce;
 mod geo;
 mod memory;
 mod put;
+mod tier;
+
+pub use tier::TierStats;
 
 use coalesce::{coalesce, is_chain_traffic};
 
@@ -160,6 +163,8 @@ pub struct Node {
     waiting: put::Waiting,
     /// The memory budget and eviction (`memory`).
     memory: memory::Memory,
+    /// The disk tier, if the node has one (`tier`).
+    tier: Option<Box<tier::NodeTier>>,
     touched: Vec<PartitionId>,
 }
 
@@ -193,6 +198,7 @@ impl Node {
             chain_out: Outbox::new(),
             waiting: put::Waiting::default(),
             memory: memory::Memory::default(),
+            tier: None,
             touched: Vec::new(),
         };
         if node.id.sites.len() > 1 {
@@ -366,6 +372,10 @@ impl Node {
             }
             return;
         }
+        if let Some(key) = self.cold(&msg) {
+            // A value on disk: read back first (`tier`).
+            return self.wait_for_disk(key, msg);
+        }
         let stale = |epoch: u64| epoch != self.topology.epoch;
         match msg {
             Message::Put(put) => {
@@ -525,6 +535,7 @@ impl Node {
             for p in 0..self.parts.len() {
                 self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
+            self.tier_replicas();
             self.evict(now_ms, out);
             self.wake_touched(now_ms, out);
             self.expire_puts(now_ms);
@@ -968,5 +979,113 @@ mod tests {
         assert!(node.store_memory() as u64 <= stores / 2, "{} over {}", node.store_memory(), stores / 2);
         assert!((40..60).contains(&node.evicted_keys()), "{} evicted: about half of the keys", node.evicted_keys());
         assert!(matches!(write(&mut node, 104, "k102", true, 1_200), Message::PutDone { .. }));
+    }
+
+    /// Runs what the node asks of its tier, and steps what came of it.
+    fn run_tier(node: &mut Node, tier: &crate::tier::MemTier, now_ms: u64) -> Outbox {
+        let mut out = Outbox::new();
+        let jobs = node.take_tier_jobs();
+        let (done, _) = crate::tier::run(tier, jobs);
+        node.tier_done(done, Now::at(now_ms), &mut out);
+        node.flush(now_ms, &mut out);
+        out
+    }
+
+    fn get(node: &mut Node, seq: u64, key: &str, now_ms: u64) -> Option<Message> {
+        let key = Bytes::from(key.to_string());
+        let partition = node.topology().partition_of(&key);
+        let op = OpId { client: 7 << 48, seq };
+        let mut out = Outbox::new();
+        node.step(Message::Get { op, epoch: 1, partition, key, min: None, leased: false }, Now::at(now_ms), &mut out);
+        out.into_iter().find(|e| e.to == Dest::Client(op.client)).map(|e| e.msg)
+    }
+
+    #[test]
+    fn over_its_budget_a_node_with_a_disk_tier_moves_values_out_and_reads_them_back() {
+        use crate::tier::{CachePolicy, Job, MemTier};
+        let tier = Arc::new(MemTier::default());
+        let mut node = lone_node();
+        node.enable_tier(CachePolicy::Lru, tier.clone());
+        for i in 0..100 {
+            assert!(matches!(write(&mut node, i + 1, &format!("k{i}"), true, 1_000), Message::PutDone { .. }));
+        }
+        let stores = node.store_memory() as u64;
+        let budget = stores / 2;
+        // Past the budget: values are written out, then freed.
+        node.set_memory(budget, Policy::NoEviction);
+        node.tick(Now::at(1_005), &mut Outbox::new());
+        assert!(!node.idle(), "a node moving values out ticks as a busy one");
+        for ms in (1_010..1_100).step_by(20) {
+            node.tick(Now::at(ms), &mut Outbox::new());
+            run_tier(&mut node, &tier, ms);
+        }
+        assert!(node.store_memory() as u64 <= budget, "{} over {budget}", node.store_memory());
+        let (_, stats) = node.tier_stats().expect("a tier");
+        assert!((45..60).contains(&stats.places.keys_on_disk), "{stats:?}");
+        assert_eq!(stats.places.keys_on_disk + stats.places.keys_in_memory, 100, "{stats:?}");
+        assert_eq!(stats.places.bytes_on_disk, 1000 * stats.places.keys_on_disk);
+        // The first keys written were used least recently: on disk. A read
+        // waits for its value, then gets it, in memory again.
+        assert_eq!(get(&mut node, 200, "k0", 1_100), None, "waits for the disk");
+        let jobs = node.take_tier_jobs();
+        assert!(matches!(&jobs[..], [Job::Read(id)] if id.key.as_ref() == b"k0"), "{jobs:?}");
+        let (done, _) = crate::tier::run(&*tier, jobs);
+        let mut out = Outbox::new();
+        node.tier_done(done, Now::at(1_101), &mut out);
+        let value = out.iter().find_map(|e| match &e.msg {
+            Message::Value { item, .. } => item.value.clone(),
+            _ => None,
+        });
+        assert_eq!(value, Some(Bytes::from(vec![b'x'; 1000])));
+        assert_eq!(get(&mut node, 201, "k0", 1_102).map(|m| matches!(m, Message::Value { .. })), Some(true), "in memory now");
+        let (_, stats) = node.tier_stats().expect("a tier");
+        assert_eq!((stats.misses, stats.hits, stats.read_back), (1, 1, 1), "{stats:?}");
+        // A plain write of a key on disk does not read it; a delete
+        // removes the copy on disk.
+        assert!(matches!(write(&mut node, 300, "k1", true, 1_103), Message::PutDone { .. }));
+        assert!(matches!(write(&mut node, 301, "k2", false, 1_103), Message::PutDone { .. }));
+        let jobs = node.take_tier_jobs();
+        assert_eq!(jobs.len(), 2, "{jobs:?}");
+        assert!(jobs.iter().all(|j| matches!(j, Job::Remove(_))), "{jobs:?}");
+        crate::tier::run(&*tier, jobs);
+        // A read the disk fails is refused, with why; nothing is lost.
+        tier.fail_next(1);
+        assert_eq!(get(&mut node, 400, "k3", 1_104), None);
+        let out = run_tier(&mut node, &tier, 1_104);
+        let refused = out.iter().find(|e| matches!(e.msg, Message::Refused { .. })).map(|e| e.msg.clone());
+        assert!(matches!(&refused, Some(Message::Refused { reason: Refusal::Disk(why), .. }) if why.contains("injected")), "{refused:?}");
+        assert_eq!(get(&mut node, 401, "k3", 1_105), None);
+        let out = run_tier(&mut node, &tier, 1_105);
+        assert!(out.iter().any(|e| matches!(&e.msg, Message::Value { item, .. } if item.value.is_some())), "read on the next try");
+        // The disk fails to take values: over the budget, writes that add
+        // data are refused with the reason, until the disk takes them.
+        for i in 0..50 {
+            write(&mut node, 500 + i, &format!("n{i}"), true, 1_200);
+        }
+        tier.fail_next(1);
+        node.tick(Now::at(1_210), &mut Outbox::new());
+        run_tier(&mut node, &tier, 1_210);
+        let refused = write(&mut node, 600, "more", true, 1_211);
+        assert!(
+            matches!(&refused, Message::Refused { reason: Refusal::Disk(why), .. } if why.contains("over its memory budget")),
+            "{refused:?}"
+        );
+        for ms in (1_220..1_300).step_by(20) {
+            node.tick(Now::at(ms), &mut Outbox::new());
+            run_tier(&mut node, &tier, ms);
+        }
+        assert!(matches!(write(&mut node, 601, "more", true, 1_300), Message::PutDone { .. }));
+        // Every value reads back as written.
+        for i in 3..100 {
+            let key = format!("k{i}");
+            let mut answer = get(&mut node, 700 + i, &key, 1_400);
+            if answer.is_none() {
+                answer = run_tier(&mut node, &tier, 1_400).into_iter().find(|e| matches!(e.msg, Message::Value { .. })).map(|e| e.msg);
+            }
+            assert!(
+                matches!(&answer, Some(Message::Value { item, .. }) if item.value.as_deref() == Some(&[b'x'; 1000][..])),
+                "{key}: {answer:?}"
+            );
+        }
     }
 }

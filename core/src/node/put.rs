@@ -134,7 +134,8 @@ impl Node {
         if !known && req.change.new_value().is_some() && self.refuses_growth(now_ms) {
             // Over the memory budget (`memory`): like Redis, writes that add
             // data are refused, deletes go.
-            return send(out, Dest::Client(req.op.client), Message::Refused { op: req.op, reason: Refusal::OutOfMemory });
+            let reason = self.refusal();
+            return send(out, Dest::Client(req.op.client), Message::Refused { op: req.op, reason });
         }
         if known || deps.is_empty() {
             // Not the head (the replica refuses), a resend or a late copy

@@ -9,7 +9,7 @@
 //! timestamp   8 bytes (`Timestamp::to_bits`)
 //! seq         LEB128
 //! site        1 byte
-//! flags       1 byte: TOMBSTONE, EXPIRES, REPLACED
+//! flags       1 byte: TOMBSTONE, EXPIRES, REPLACED, ON_DISK, CLEAN
 //! n           1 byte: the version vector's length, or 0 when it holds
 //!             nothing but this version's own entry (one site, or a write
 //!             that saw nothing of the others)
@@ -19,7 +19,8 @@
 //! [expiry]    8 bytes (ms), if EXPIRES
 //! [vector]    the other entries, each as its distance below this
 //!             version's timestamp (LEB128; 0 for an entry never set)
-//! value       to the end; nothing for a tombstone
+//! value       to the end; nothing for a tombstone, nor for a value
+//!             the disk tier holds instead (ON_DISK)
 //! ```
 //!
 //! A YCSB key (24 bytes) with a 16-byte value takes 60 bytes here, a
@@ -42,6 +43,11 @@ const EXPIRES: u8 = 2;
 /// The key had a version before this one (a snapshot that asks for
 /// something older must find it in the history, or be told it is gone).
 const REPLACED: u8 = 4;
+/// The value is in the disk tier, not here (`tier`).
+const ON_DISK: u8 = 8;
+/// The value is here and the disk tier holds it too (it was read back and
+/// not written since): it can leave memory without being written again.
+const CLEAN: u8 = 16;
 
 /// One key's latest version, packed, owned through a thin pointer.
 pub struct Entry(NonNull<u8>);
@@ -140,6 +146,7 @@ impl Entry {
     }
 
     /// Notes a use of the key (`access`).
+    #[cfg(test)]
     pub fn set_access(&mut self, access: Access) {
         self.set_access_at(self.view().access_at as usize, access);
     }
@@ -153,6 +160,51 @@ impl Entry {
         // at `access_at` are inside it.
         let b = unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), len) };
         b[at..at + 4].copy_from_slice(&access.to_bytes());
+    }
+
+    /// The same entry, saying that the key had versions before this one
+    /// (what else it says is kept).
+    pub fn with_replaced(&self) -> Entry {
+        let mut e = self.clone();
+        e.set_flags(REPLACED, 0);
+        e
+    }
+
+    /// Turns `on` flags on and `off` flags off, in place.
+    fn set_flags(&mut self, on: u8, off: u8) {
+        let at = self.view().access_at() - 2;
+        let len = self.size();
+        // SAFETY: as `set_access_at`; the flags byte is two before the
+        // access bytes (`View::new`).
+        let b = unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr(), len) };
+        b[at] = (b[at] | on) & !off;
+    }
+
+    /// Says the disk tier holds this value too.
+    pub fn mark_clean(&mut self) {
+        self.set_flags(CLEAN, 0);
+    }
+
+    /// This entry with its value on disk: the same but for the value's
+    /// bytes, which the disk tier holds.
+    pub fn moved_out(&self) -> Entry {
+        let v = self.view();
+        debug_assert!(!v.is_tombstone() && !v.on_disk());
+        let mut len = SmallVec::<[u8; 32]>::new();
+        leb128(v.value().map_or(0, <[u8]>::len) as u64, &mut len);
+        let mut e = Entry::new(v.key(), &v.version(), v.seq(), Some(&len), v.expires_at_ms(), v.replaced(), v.access());
+        e.set_flags(ON_DISK, 0);
+        e
+    }
+
+    /// This entry with `value`, read back from the disk tier (which keeps
+    /// it: CLEAN).
+    pub fn moved_back(&self, value: &[u8]) -> Entry {
+        let v = self.view();
+        debug_assert!(v.on_disk());
+        let mut e = Entry::new(v.key(), &v.version(), v.seq(), Some(value), v.expires_at_ms(), v.replaced(), v.access());
+        e.set_flags(CLEAN, 0);
+        e
     }
 
     /// The key alone, without reading the rest (a table probe).
@@ -273,9 +325,10 @@ impl<'a> View<'a> {
         &self.b[at..at + self.key_len as usize]
     }
 
-    /// The value; `None` for a tombstone.
+    /// The value; `None` for a tombstone, and for a value on disk
+    /// (`on_disk`: the store reads it back).
     pub fn value(&self) -> Option<&'a [u8]> {
-        (self.flags & TOMBSTONE == 0).then(|| &self.b[self.value_at as usize..])
+        (self.flags & (TOMBSTONE | ON_DISK) == 0).then(|| &self.b[self.value_at as usize..])
     }
 
     /// The value as a reader at `now_ms` sees it: none once expired.
@@ -306,13 +359,38 @@ impl<'a> View<'a> {
         Version { ts, site, vv }
     }
 
-    /// The same entry, saying that the key had versions before this one.
-    pub fn with_replaced(&self) -> Entry {
-        Entry::new(self.key(), &self.version(), self.seq(), self.value(), self.expires_at_ms(), true, self.access())
+    /// Whether the key is deleted (or expired by its head): no value.
+    pub fn is_tombstone(&self) -> bool {
+        self.flags & TOMBSTONE != 0
     }
 
-    /// The version as the owned `Stored` that transfers and digests carry.
+    /// Whether the value is in the disk tier rather than here.
+    pub fn on_disk(&self) -> bool {
+        self.flags & ON_DISK != 0
+    }
+
+    /// The length of a value on disk (0 for one here).
+    pub fn disk_len(&self) -> usize {
+        match self.on_disk() {
+            true => read_leb128(&self.b[self.value_at as usize..]).0 as usize,
+            false => 0,
+        }
+    }
+
+    /// Whether the value is here and in the disk tier too.
+    pub fn clean(&self) -> bool {
+        self.flags & CLEAN != 0
+    }
+
+    /// Whether a reader at `now_ms` sees a value (here or on disk).
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        !self.is_tombstone() && self.expires_at_ms().is_none_or(|at| at > now_ms)
+    }
+
+    /// The version as the owned `Stored` that transfers and digests carry
+    /// (a value on disk must be read back: `PartitionStore::stored`).
     pub fn stored(&self) -> Stored {
+        debug_assert!(!self.on_disk(), "a value on disk is read back by the store");
         Stored {
             version: self.version(),
             seq: self.seq(),
@@ -388,6 +466,25 @@ mod tests {
         let mut vv = VersionVector::local(2, ts);
         vv.set(0, Timestamp::new(1_699_999_999_999, 0));
         round_trip(b"k", Version { ts, site: 2, vv }, Some(b"v"), None);
+    }
+
+    #[test]
+    fn a_value_moves_out_and_back_and_the_rest_stays() {
+        let ts = Timestamp::new(1_700_000_000_000, 3);
+        let e = Entry::new(b"user1234567890123456789", &Version::local(0, ts), 7, Some(&[9u8; 100]), Some(77), true, Access::new(5));
+        let out = e.moved_out();
+        let v = out.view();
+        assert!(v.on_disk() && !v.clean() && !v.is_tombstone() && v.is_live(76) && !v.is_live(77));
+        assert_eq!((v.value(), v.seq(), v.expires_at_ms(), v.replaced()), (None, 7, Some(77), true));
+        assert_eq!((v.version(), v.disk_len()), (e.view().version(), 100));
+        let plain = Entry::new(b"user1234567890123456789", &Version::local(0, ts), 7, Some(&[9u8; 100]), None, true, Access::new(5));
+        let size = plain.moved_out().size();
+        assert!(size <= 48, "a YCSB key with its value on disk (and no expiry) fits a 48-byte block: {size}");
+        let back = out.moved_back(&[9u8; 100]);
+        assert!(back.view().clean() && !back.view().on_disk());
+        assert_eq!(back.view().value(), e.view().value());
+        let flagged = back.with_replaced();
+        assert!(flagged.view().clean() && flagged.view().replaced());
     }
 
     #[test]

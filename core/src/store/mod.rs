@@ -15,6 +15,10 @@
 //! need a dropped version is refused as `SnapshotTooOld` (the caller
 //! retries with a fresh S) rather than answered wrongly.
 //!
+//! With a disk tier (`tier`), a store keeps its values in memory in a
+//! cache policy's order and moves them out past the node's budget
+//! (`move_out`): the entry stays, without the value's bytes (ON_DISK).
+//!
 //! Deletes are tombstone versions (value `None`) so that they order and
 //! replicate like any write. Expired values read as absent; the head
 //! expires them actively (`chain/expiry.rs`: a tombstone of the same
@@ -26,6 +30,8 @@ mod entry;
 mod history;
 
 pub use crate::message::Stored;
+use crate::ring::PartitionId;
+use crate::tier::{Cache, CachePolicy, Job, Tier, ValueId};
 use crate::version::Version;
 pub use access::Access;
 use bytes::Bytes;
@@ -33,6 +39,7 @@ use entry::Entry;
 pub use entry::View;
 use hashbrown::HashTable;
 use history::History;
+use std::sync::Arc;
 
 /// How long a replaced version stays readable by snapshots.
 pub const RETAIN_MS: u64 = 5_000;
@@ -73,6 +80,35 @@ pub struct PartitionStore {
     /// When a snapshot last read here (`snapshot_seen`): versions are
     /// kept only while snapshots come.
     snapshot_ms: Option<u64>,
+    /// The disk tier, if the node has one.
+    tier: Option<Box<StoreTier>>,
+}
+
+/// A store's part in the disk tier.
+struct StoreTier {
+    partition: PartitionId,
+    /// The keys whose values are in memory, in the order they leave it.
+    /// A key with its value here and not in the cache is on its way out
+    /// (written, not yet freed: `moved_out`).
+    cache: Cache,
+    tier: Arc<dyn Tier>,
+    /// Work for the shell (`take_jobs`).
+    jobs: Vec<Job>,
+    /// Bytes of values on their way out.
+    leaving: usize,
+    /// Keys whose value is on disk, and the values' bytes.
+    keys_on_disk: usize,
+    bytes_on_disk: usize,
+}
+
+/// Where a store's values are (INFO `tier`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Places {
+    pub keys_in_memory: usize,
+    pub keys_on_disk: usize,
+    pub bytes_on_disk: usize,
+    /// Bytes of values being written out.
+    pub leaving: usize,
 }
 
 impl Default for PartitionStore {
@@ -86,6 +122,7 @@ impl Default for PartitionStore {
             keeps_history: true,
             rng: 0x9e37_79b9,
             snapshot_ms: None,
+            tier: None,
         }
     }
 }
@@ -105,6 +142,175 @@ impl PartitionStore {
         self.latest.find(self.hash(key), |e| e.key() == key)
     }
 
+    /// `replaced` (or removed) gives way to a version without its value
+    /// on disk: the tier's copy is garbage, and the cache forgets the key
+    /// unless the new version has a value here.
+    fn replacing(&mut self, hash: u64, replaced: &Entry, value_here: bool) {
+        let Some(t) = self.tier.as_deref_mut() else { return };
+        let v = replaced.view();
+        if v.on_disk() || v.clean() {
+            t.jobs.push(Job::Remove(ValueId { partition: t.partition, key: Bytes::copy_from_slice(v.key()), ts: v.ts(), site: v.site() }));
+        }
+        if v.on_disk() {
+            t.keys_on_disk -= 1;
+            t.bytes_on_disk -= v.disk_len();
+        }
+        match value_here {
+            true => t.cache.insert(hash),
+            false => {
+                t.cache.remove(hash);
+            }
+        }
+    }
+
+    /// Keeps values in memory by `policy`'s order and moves them to `tier`
+    /// past the node's budget (`move_out`). Every value here now is in
+    /// the cache, in the table's order.
+    pub fn enable_tier(&mut self, partition: PartitionId, policy: CachePolicy, tier: Arc<dyn Tier>) {
+        let mut cache = Cache::new(policy);
+        for e in &self.latest {
+            if e.view().value().is_some() {
+                cache.insert(self.hasher.hash_one(e.key()));
+            }
+        }
+        self.tier = Some(Box::new(StoreTier { partition, cache, tier, jobs: Vec::new(), leaving: 0, keys_on_disk: 0, bytes_on_disk: 0 }));
+    }
+
+    pub fn has_tier(&self) -> bool {
+        self.tier.is_some()
+    }
+
+    /// The work this store asks of the tier since last asked.
+    pub fn take_jobs(&mut self, into: &mut Vec<Job>) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            into.append(&mut t.jobs);
+        }
+    }
+
+    /// Where this store's values are.
+    pub fn places(&self) -> Places {
+        self.tier.as_deref().map_or(Places { keys_in_memory: self.latest.len(), ..Places::default() }, |t| Places {
+            keys_in_memory: t.cache.len(),
+            keys_on_disk: t.keys_on_disk,
+            bytes_on_disk: t.bytes_on_disk,
+            leaving: t.leaving,
+        })
+    }
+
+    /// Starts moving values out, by the cache's order, until `want` bytes
+    /// are on their way (less what already is): values the tier holds
+    /// already (CLEAN) leave at once, the others once written
+    /// (`moved_out`). Returns the bytes freed now or on their way; 0 when
+    /// no value is left in memory to move.
+    pub fn move_out(&mut self, want: usize) -> usize {
+        let Some(t) = self.tier.as_deref_mut() else { return 0 };
+        let mut moved = 0;
+        while moved < want.saturating_sub(t.leaving) {
+            let Some(id) = t.cache.pop() else { break };
+            let hasher = &self.hasher;
+            let Ok(mut slot) = self.latest.find_entry(id, |e| hasher.hash_one(e.key()) == id && e.view().value().is_some()) else {
+                continue;
+            };
+            let v = slot.get().view();
+            let value = v.value().expect("found with a value");
+            if v.clean() {
+                let out = slot.get().moved_out();
+                moved += slot.get().size() - out.size();
+                self.bytes = self.bytes + out.size() - slot.get().size();
+                t.keys_on_disk += 1;
+                t.bytes_on_disk += value.len();
+                *slot.get_mut() = out;
+                continue;
+            }
+            let vid = ValueId { partition: t.partition, key: Bytes::copy_from_slice(v.key()), ts: v.ts(), site: v.site() };
+            t.leaving += value.len();
+            moved += value.len();
+            t.jobs.push(Job::Write(vid, Bytes::copy_from_slice(value)));
+        }
+        moved + t.leaving
+    }
+
+    /// The tier wrote `id`'s value of `len` bytes (`ok`) or could not: the
+    /// value leaves memory if the key still has that version and was not
+    /// used since (else it stays, in the cache).
+    pub fn moved_out(&mut self, id: &ValueId, len: usize, ok: bool) {
+        let hash = self.hash(&id.key);
+        let Some(t) = self.tier.as_deref_mut() else { return };
+        t.leaving = t.leaving.saturating_sub(len);
+        let Ok(mut slot) = self.latest.find_entry(hash, |e| e.key() == id.key) else { return };
+        let v = slot.get().view();
+        let same = (v.ts(), v.site()) == (id.ts, id.site) && v.value().is_some();
+        if !same || t.cache.contains(hash) {
+            if same && ok {
+                slot.get_mut().mark_clean();
+            }
+            if same || !ok {
+                return;
+            }
+            // Written again meanwhile: the copy is garbage. (The same
+            // version, used again, stays here and on disk: CLEAN.)
+            t.jobs.push(Job::Remove(id.clone()));
+            return;
+        }
+        if !ok {
+            t.cache.insert(hash);
+            return;
+        }
+        let len = v.value().map_or(0, <[u8]>::len);
+        let out = slot.get().moved_out();
+        self.bytes = self.bytes + out.size() - slot.get().size();
+        t.keys_on_disk += 1;
+        t.bytes_on_disk += len;
+        *slot.get_mut() = out;
+    }
+
+    /// The value of `key`'s latest version, if it is on disk: what to read
+    /// back before serving it without waiting (`moved_back`).
+    pub fn on_disk(&self, key: &[u8]) -> Option<ValueId> {
+        let t = self.tier.as_deref()?;
+        let v = self.latest(key)?;
+        v.on_disk().then(|| ValueId { partition: t.partition, key: Bytes::copy_from_slice(key), ts: v.ts(), site: v.site() })
+    }
+
+    /// `id`'s value, read back from disk: into memory (and the cache), if
+    /// the key still has that version on disk.
+    pub fn moved_back(&mut self, id: &ValueId, value: &[u8]) {
+        let hash = self.hash(&id.key);
+        let Some(t) = self.tier.as_deref_mut() else { return };
+        let Ok(mut slot) = self.latest.find_entry(hash, |e| e.key() == id.key) else { return };
+        let v = slot.get().view();
+        if (v.ts(), v.site()) != (id.ts, id.site) || !v.on_disk() {
+            return;
+        }
+        t.keys_on_disk -= 1;
+        t.bytes_on_disk -= v.disk_len();
+        let back = slot.get().moved_back(value);
+        self.bytes = self.bytes + back.size() - slot.get().size();
+        *slot.get_mut() = back;
+        t.cache.insert(hash);
+    }
+
+    /// `v` as a transfer carries it: a value on disk is read back now,
+    /// from this thread (state transfers and checkpoints read every value;
+    /// client requests have theirs read back first, off the request loop).
+    pub fn stored(&self, v: View<'_>) -> Stored {
+        if !v.on_disk() {
+            return v.stored();
+        }
+        let t = self.tier.as_deref().expect("a value on disk has a tier");
+        let id = ValueId { partition: t.partition, key: Bytes::copy_from_slice(v.key()), ts: v.ts(), site: v.site() };
+        let value = match t.tier.read(&id) {
+            Ok(Some(value)) => value,
+            // The tier holds every value the store has on disk (a value
+            // leaves memory only once written, and its copy is removed
+            // only once the key has another version): a value gone is a
+            // lost disk, which this replica cannot serve from.
+            Ok(None) => panic!("the disk tier lost the value of {id:?}"),
+            Err(e) => panic!("reading {id:?} back: {e}"),
+        };
+        Stored { version: v.version(), seq: v.seq(), value: Some(value), expires_at_ms: v.expires_at_ms() }
+    }
+
     /// Installs a version. An older version than the latest (a concurrent
     /// write that lost last-writer-wins, possible once several sites write)
     /// is kept in the history so snapshots stay exact; the same version
@@ -119,6 +325,9 @@ impl PartitionStore {
                 let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, false, Access::new(now_ms));
                 self.bytes += e.size();
                 slot.insert(e);
+                if let (Some(t), Some(_)) = (self.tier.as_deref_mut(), w.value) {
+                    t.cache.insert(hash);
+                }
             }
             hashbrown::hash_table::Entry::Occupied(mut slot) => {
                 let old = slot.get().view();
@@ -126,10 +335,11 @@ impl PartitionStore {
                 if w.expired {
                     // Only the version the head expired; a write after it
                     // (here first) stays.
-                    if old_version == (w.version.ts, w.version.site) && old.value().is_some() {
+                    if old_version == (w.version.ts, w.version.site) && !old.is_tombstone() {
                         let e = Entry::new(key, w.version, w.seq, None, None, true, old.access());
                         let expired = std::mem::replace(slot.get_mut(), e);
                         self.bytes = self.bytes + slot.get().size() - expired.size();
+                        self.replacing(hash, &expired, false);
                     }
                     return;
                 }
@@ -143,7 +353,7 @@ impl PartitionStore {
                     // history; else the latest says older ones are gone.
                     if !wants_history {
                         if !old.replaced() {
-                            let flagged = slot.get().view().with_replaced();
+                            let flagged = slot.get().with_replaced();
                             *slot.get_mut() = flagged;
                         }
                         // What is kept from before may be older than this
@@ -169,12 +379,15 @@ impl PartitionStore {
                 let e = Entry::new(key, w.version, w.seq, w.value, w.expires_at_ms, true, access);
                 let replaced = std::mem::replace(slot.get_mut(), e);
                 self.bytes = self.bytes + slot.get().size() - replaced.size();
-                if wants_history {
+                self.replacing(hash, &replaced, w.value.is_some());
+                if wants_history && !replaced.view().on_disk() {
                     self.history.keep(key, replaced.view().stored(), replaced.view().replaced(), now_ms);
                 } else {
                     // Versions kept from while snapshots came are older than
                     // the one replaced now: a snapshot between the two must
-                    // be refused, not given the older one.
+                    // be refused, not given the older one. (A value on disk
+                    // is not read back to be kept: snapshots before it are
+                    // refused too.)
                     self.history.forget(key);
                 }
             }
@@ -243,7 +456,14 @@ impl PartitionStore {
     /// of the key (`access`), which LRU and LFU eviction go by.
     pub fn latest_used(&mut self, key: &[u8], now_ms: u64) -> Option<View<'_>> {
         let chance = chance(&mut self.rng);
-        let e = self.latest.find_mut(self.hasher.hash_one(key), |e| e.key() == key)?;
+        let hash = self.hasher.hash_one(key);
+        let e = self.latest.find_mut(hash, |e| e.key() == key)?;
+        if let Some(t) = self.tier.as_deref_mut() {
+            // A value here but on its way out comes back into the cache.
+            if e.view().value().is_some() {
+                t.cache.insert(hash);
+            }
+        }
         let (at, access) = {
             let v = e.view();
             (v.access_at(), v.access())
@@ -284,7 +504,7 @@ impl PartitionStore {
         };
         let version = latest.version();
         if visible(&version) {
-            return Ok(Some(latest.stored()));
+            return Ok(Some(self.stored(latest)));
         }
         if let Some(s) = self.history.latest_where(key, &visible) {
             return Ok(Some(s));
@@ -302,7 +522,7 @@ impl PartitionStore {
         let mut k = crate::message::Keyspace::default();
         for e in &self.latest {
             let v = e.view();
-            if v.live_value(now_ms).is_some() {
+            if v.is_live(now_ms) {
                 k.keys += 1;
                 k.expires += v.expires_at_ms().is_some() as u64;
             }
@@ -313,7 +533,7 @@ impl PartitionStore {
     /// Every key's latest version, tombstones too: what a state transfer
     /// or a checkpoint carries.
     pub fn entries(&self) -> Vec<(Bytes, Stored)> {
-        self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), e.view().stored())).collect()
+        self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), self.stored(e.view()))).collect()
     }
 
     /// Every key's latest version but tombstones, sorted by key: to compare
@@ -322,8 +542,8 @@ impl PartitionStore {
         let mut all: Vec<_> = self
             .latest
             .iter()
-            .filter(|e| e.view().value().is_some())
-            .map(|e| (Bytes::copy_from_slice(e.view().key()), e.view().stored()))
+            .filter(|e| !e.view().is_tombstone())
+            .map(|e| (Bytes::copy_from_slice(e.view().key()), self.stored(e.view())))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -340,10 +560,10 @@ impl PartitionStore {
             return true;
         };
         let v = slot.get().view();
-        if v.seq() != seq || v.value().is_some() || self.history.truncated(key).is_some() {
+        if v.seq() != seq || !v.is_tombstone() || self.history.truncated(key).is_some() {
             // Rewritten since, or versions before it are still kept for
             // snapshots (`collect` is asked again later).
-            return v.seq() != seq || v.value().is_some();
+            return v.seq() != seq || !v.is_tombstone();
         }
         let version = v.version();
         if self.collected.as_ref().is_none_or(|c| *c < version) {
@@ -361,7 +581,7 @@ impl PartitionStore {
 
     /// Every tombstone: (seq, version time, key).
     pub fn tombstones(&self) -> impl Iterator<Item = (u64, crate::hlc::Timestamp, &[u8])> {
-        self.latest.iter().filter(|e| e.view().value().is_none()).map(|e| (e.view().seq(), e.view().ts(), e.view().key()))
+        self.latest.iter().filter(|e| e.view().is_tombstone()).map(|e| (e.view().seq(), e.view().ts(), e.view().key()))
     }
 
     /// Every key with an expiry, and when (the head's active expiry starts
@@ -383,12 +603,31 @@ impl PartitionStore {
             let e = Entry::from_stored(&key, &s, true, Access::new(now_ms));
             self.bytes += e.size();
             let hash = self.hash(&key);
+            if let (Some(t), Some(_)) = (self.tier.as_deref_mut(), &s.value) {
+                t.cache.insert(hash);
+            }
             let hasher = &self.hasher;
             self.latest.insert_unique(hash, e, |e| hasher.hash_one(e.key()));
         }
     }
 
+    /// Forgets every key (and its values on disk).
     pub fn clear(&mut self) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            for e in &self.latest {
+                let v = e.view();
+                if v.on_disk() || v.clean() {
+                    t.jobs.push(Job::Remove(ValueId {
+                        partition: t.partition,
+                        key: Bytes::copy_from_slice(v.key()),
+                        ts: v.ts(),
+                        site: v.site(),
+                    }));
+                }
+            }
+            let policy = t.cache.policy();
+            (t.cache, t.leaving, t.keys_on_disk, t.bytes_on_disk) = (Cache::new(policy), 0, 0, 0);
+        }
         self.latest.clear();
         self.history = History::default();
         self.bytes = 0;
@@ -405,7 +644,8 @@ impl PartitionStore {
 
     /// Bytes this store takes: its entries, its table and the history.
     pub fn memory(&self) -> usize {
-        self.bytes + self.latest.capacity() * (std::mem::size_of::<Entry>() + 1) + self.history.memory()
+        let cache = self.tier.as_deref().map_or(0, |t| t.cache.memory());
+        self.bytes + self.latest.capacity() * (std::mem::size_of::<Entry>() + 1) + self.history.memory() + cache
     }
 
     /// The bytes `key` takes, as `MEMORY USAGE` reports them: its entry and

@@ -1,0 +1,242 @@
+//! The node's disk tier (`crate::tier`): past the memory budget its
+//! replicas move values out by their cache policy (`move_out`, instead of
+//! evicting), and a client request that needs a value on disk waits here,
+//! without holding up any other, until the shell has read it back
+//! (`tier_done`). Requests for a key that has some waiting wait behind
+//! them, so a key's requests keep their order at this node.
+//!
+//! What the tier does is this node's alone: no message about it crosses
+//! the network, and every replica of a chain moves its own values.
+
+use super::*;
+use crate::tier::{CachePolicy, Done, Job, Tier, TierError, ValueId};
+use bytes::Bytes;
+use std::collections::HashMap;
+
+/// INFO `tier`: what the node's tier did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Client reads (and changes that read the value) that found it in
+    /// memory, and on disk.
+    pub hits: u64,
+    pub misses: u64,
+    /// Values moved out (written to disk, or already there), and read
+    /// back.
+    pub moved_out: u64,
+    pub read_back: u64,
+    /// Jobs the tier failed.
+    pub errors: u64,
+    /// Where the values are, over every replica here.
+    pub places: crate::store::Places,
+}
+
+pub(super) struct NodeTier {
+    policy: CachePolicy,
+    tier: Arc<dyn Tier>,
+    /// Requests waiting for a key's value to come back from disk (or
+    /// behind others that do), in arrival order.
+    waiting: HashMap<(PartitionId, Bytes), Vec<Message>>,
+    jobs: Vec<Job>,
+    /// The tier could not take values lately: writes that add data are
+    /// refused with this, while over the budget, until one goes through.
+    failing: Option<TierError>,
+    /// Re-stepping requests that waited: their hit or miss is counted.
+    resuming: bool,
+    stats: TierStats,
+}
+
+impl std::fmt::Debug for NodeTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTier").field("policy", &self.policy).field("waiting", &self.waiting.len()).finish()
+    }
+}
+
+impl Node {
+    /// Gives the node a disk tier: from now on its replicas move values
+    /// out past the budget, by `policy`, instead of evicting.
+    pub fn enable_tier(&mut self, policy: CachePolicy, tier: Arc<dyn Tier>) {
+        self.tier = Some(Box::new(NodeTier {
+            policy,
+            tier,
+            waiting: HashMap::new(),
+            jobs: Vec::new(),
+            failing: None,
+            resuming: false,
+            stats: TierStats::default(),
+        }));
+        self.tier_replicas();
+    }
+
+    /// Replicas placed here since get the tier too.
+    pub(super) fn tier_replicas(&mut self) {
+        let Some(t) = self.tier.as_deref() else { return };
+        for (p, r) in self.parts.iter_mut().enumerate() {
+            if let Some(r) = r.as_mut().filter(|r| !r.has_tier()) {
+                r.enable_tier(p as PartitionId, t.policy, t.tier.clone());
+            }
+        }
+    }
+
+    /// What the tier did so far, and where the values are.
+    pub fn tier_stats(&self) -> Option<(CachePolicy, TierStats)> {
+        let t = self.tier.as_deref()?;
+        let mut stats = t.stats;
+        for r in self.parts.iter().flatten() {
+            let p = r.places();
+            stats.places.keys_in_memory += p.keys_in_memory;
+            stats.places.keys_on_disk += p.keys_on_disk;
+            stats.places.bytes_on_disk += p.bytes_on_disk;
+            stats.places.leaving += p.leaving;
+        }
+        Some((t.policy, stats))
+    }
+
+    /// The work for the shell to run on the tier, in order.
+    pub fn take_tier_jobs(&mut self) -> Vec<Job> {
+        let Some(t) = self.tier.as_deref_mut() else { return Vec::new() };
+        let mut jobs = std::mem::take(&mut t.jobs);
+        for r in self.parts.iter_mut().flatten() {
+            r.take_tier_jobs(&mut jobs);
+        }
+        jobs
+    }
+
+    /// Why writes that add data are refused while over the budget, if the
+    /// tier is failing.
+    pub(super) fn tier_failing(&self) -> Option<&TierError> {
+        self.tier.as_deref()?.failing.as_ref()
+    }
+
+    /// Whether the node has a tier (over the budget it moves values out).
+    pub(super) fn has_tier(&self) -> bool {
+        self.tier.is_some()
+    }
+
+    /// Over the budget by `over_by` of `total` bytes: each replica moves
+    /// its share of values out. Returns whether any could.
+    pub(super) fn move_out(&mut self, over_by: usize, total: usize) -> bool {
+        let mut any = false;
+        for r in self.parts.iter_mut().flatten() {
+            let share = (over_by as u128 * r.store_memory() as u128 / total.max(1) as u128) as usize;
+            if share > 0 && r.move_out(share) > 0 {
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// A key `msg` needs whose value is on disk (or that has requests
+    /// waiting already): `msg` waits for it.
+    pub(super) fn cold(&mut self, msg: &Message) -> Option<(PartitionId, Bytes)> {
+        let t = self.tier.as_deref()?;
+        let needs = |p: PartitionId, key: &Bytes, value: bool| -> Option<Option<ValueId>> {
+            if t.waiting.contains_key(&(p, key.clone())) {
+                return Some(None);
+            }
+            let r = self.parts.get(p as usize)?.as_ref()?;
+            value.then(|| r.on_disk(key)).flatten().map(Some)
+        };
+        let mut found = None;
+        let mut reads = 0;
+        match msg {
+            Message::Get { partition, key, .. } => {
+                reads = 1;
+                found = needs(*partition, key, true).map(|id| (*partition, key.clone(), id));
+            }
+            Message::Put(put) => {
+                let value = put.change.needs_value();
+                reads = value as u64;
+                found = needs(put.partition, &put.key, value).map(|id| (put.partition, put.key.clone(), id));
+            }
+            Message::SnapshotRead { keys, .. } => {
+                for (p, key) in keys {
+                    reads += 1;
+                    if let Some(id) = needs(*p, key, true) {
+                        found = Some((*p, key.clone(), id));
+                        break;
+                    }
+                }
+            }
+            _ => return None,
+        }
+        let t = self.tier.as_deref_mut().expect("seen above");
+        if !t.resuming {
+            match found {
+                Some((_, _, Some(_))) => {
+                    t.stats.misses += 1;
+                    t.stats.hits += reads - 1;
+                }
+                _ => t.stats.hits += reads,
+            }
+        }
+        let (p, key, id) = found?;
+        if let Some(id) = id {
+            t.jobs.push(Job::Read(id));
+        }
+        Some((p, key))
+    }
+
+    /// `msg` waits for `key`'s value.
+    pub(super) fn wait_for_disk(&mut self, key: (PartitionId, Bytes), msg: Message) {
+        let t = self.tier.as_deref_mut().expect("only with a tier");
+        t.waiting.entry(key).or_default().push(msg);
+    }
+
+    /// What came of the tier's jobs: values freed or kept, values back
+    /// in memory and the requests that waited for them, stepped now.
+    pub fn tier_done(&mut self, done: Vec<Done>, now: Now, out: &mut Outbox) {
+        for d in done {
+            match d {
+                Done::Written(id, len, result) => {
+                    let ok = result.is_ok();
+                    self.with(id.partition, |r| r.moved_out(&id, len, ok));
+                    let t = self.tier.as_deref_mut().expect("jobs come from a tier");
+                    match result {
+                        Ok(()) => {
+                            t.stats.moved_out += 1;
+                            t.failing = None;
+                        }
+                        Err(e) => {
+                            t.stats.errors += 1;
+                            t.failing = Some(e);
+                        }
+                    }
+                }
+                Done::Read(id, result) => {
+                    let failed = match result {
+                        Ok(Some(value)) => {
+                            self.with(id.partition, |r| r.moved_back(&id, &value));
+                            self.tier.as_deref_mut().expect("jobs come from a tier").stats.read_back += 1;
+                            None
+                        }
+                        // Written since (the requests find the new version), or
+                        // gone from the disk under the node.
+                        Ok(None) => {
+                            let still = self.parts.get(id.partition as usize).and_then(Option::as_ref).and_then(|r| r.on_disk(&id.key));
+                            (still == Some(id.clone())).then(|| "the value of this key is missing from the disk".to_string())
+                        }
+                        Err(e) => Some(e.to_string()),
+                    };
+                    let t = self.tier.as_deref_mut().expect("jobs come from a tier");
+                    let waiting = t.waiting.remove(&(id.partition, id.key.clone())).unwrap_or_default();
+                    if let Some(why) = failed {
+                        t.stats.errors += 1;
+                        for msg in waiting {
+                            if let Some(op) = msg.op() {
+                                send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::Disk(why.clone()) });
+                            }
+                        }
+                        continue;
+                    }
+                    t.resuming = true;
+                    for msg in waiting {
+                        self.step(msg, now, out);
+                    }
+                    if let Some(t) = self.tier.as_deref_mut() {
+                        t.resuming = false;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -45,7 +45,7 @@ impl ValueId {
     /// are together and in key order) and the key.
     pub fn disk_key(&self) -> Vec<u8> {
         let mut k = Vec::with_capacity(4 + self.key.len());
-        k.extend_from_slice(&(self.partition as u32).to_be_bytes());
+        k.extend_from_slice(&self.partition.to_be_bytes());
         k.extend_from_slice(&self.key);
         k
     }

@@ -126,6 +126,13 @@ struct NodeArgs {
     /// volatile-lfu, volatile-random, volatile-ttl (as Redis).
     #[arg(long, default_value = "noeviction")]
     maxmemory_policy: String,
+    /// Keep values past --maxmemory in a B+ tree in this directory (and
+    /// bring them back when read) instead of evicting keys.
+    #[arg(long, value_name = "DIR")]
+    disk_tier: Option<String>,
+    /// With --disk-tier, which values stay in memory: fifo, lru or lfu.
+    #[arg(long, default_value = "lru")]
+    cache_policy: String,
 }
 
 impl NodeArgs {
@@ -162,6 +169,8 @@ impl NodeArgs {
             wal_compact_bytes: self.wal_compact_bytes,
             maxmemory: self.maxmemory,
             maxmemory_policy: self.maxmemory_policy,
+            disk_tier: self.disk_tier,
+            cache_policy: self.cache_policy,
         })
     }
 }

@@ -81,6 +81,18 @@ pub struct NodeConfig {
     pub maxmemory: u64,
     #[serde(default = "default_policy")]
     pub maxmemory_policy: String,
+    /// A directory for the disk tier: past `maxmemory`, values move there
+    /// (and back when read, by `cache_policy`) instead of keys being
+    /// evicted.
+    #[serde(default)]
+    pub disk_tier: Option<String>,
+    /// Which values stay in memory with a disk tier: fifo, lru or lfu.
+    #[serde(default = "default_cache_policy")]
+    pub cache_policy: String,
+}
+
+fn default_cache_policy() -> String {
+    "lru".into()
 }
 
 fn default_policy() -> String {

@@ -84,17 +84,26 @@ pub struct Opts {
     pub data_dir: Option<PathBuf>,
     /// Listen on these ports (else free ones are picked).
     pub ports: Option<Vec<u16>>,
+    /// Give each node a disk tier under this directory (removed on drop).
+    pub disk_tier: Option<PathBuf>,
 }
 
 impl Opts {
     pub fn new(nodes: usize, replicas: usize, k: usize) -> Opts {
-        Opts { nodes, replicas, k, extra: Vec::new(), data_dir: None, ports: None }
+        Opts { nodes, replicas, k, extra: Vec::new(), data_dir: None, ports: None, disk_tier: None }
     }
 
     /// Each node keeps a write-ahead log in its own fresh directory.
     pub fn durable(mut self) -> Opts {
         self.data_dir = Some(log_path("data"));
         self
+    }
+
+    /// Each node keeps values past its budget in a disk tier of its own,
+    /// with this cache policy.
+    pub fn disk_tier(mut self, policy: &str) -> Opts {
+        self.disk_tier = Some(log_path("tier"));
+        self.flag("--cache-policy", policy)
     }
 
     pub fn flag(mut self, name: &str, value: impl ToString) -> Opts {
@@ -150,7 +159,7 @@ pub struct Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.nodes.clear();
-        if let Some(dir) = &self.opts.data_dir {
+        for dir in [&self.opts.data_dir, &self.opts.disk_tier].into_iter().flatten() {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -194,6 +203,9 @@ impl Cluster {
             .args(&opts.extra);
         if let Some(dir) = &opts.data_dir {
             cmd.arg("--data-dir").arg(dir.join(format!("node{i}")));
+        }
+        if let Some(dir) = &opts.disk_tier {
+            cmd.arg("--disk-tier").arg(dir.join(format!("node{i}")));
         }
         let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn().expect("can spawn causeway node");
         NodeProc { id: i, port, child: Some(child), log, config: None }

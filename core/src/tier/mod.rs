@@ -29,7 +29,7 @@ use std::sync::Mutex;
 pub use cache::{Cache, CachePolicy};
 
 /// Bytes before a value on disk: its version's timestamp and site.
-const HEADER: usize = 10;
+pub const HEADER: usize = 10;
 
 /// One version's value, as the tier names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -68,10 +68,23 @@ pub struct Status {
     pub peer_sent: Sent,
     /// The write-ahead log, if the node keeps one.
     pub wal: Option<WalStatus>,
+    /// The disk tier, if the node has one.
+    pub tier: Option<TierStatus>,
     /// Geo-replication, with several sites.
     pub geo: Option<GeoStatus>,
     /// This node's coordinator member, if it runs one.
     pub coordinator: Option<CoordinatorStatus>,
+}
+
+/// The disk tier (`tier`).
+pub struct TierStatus {
+    pub policy: causeway_core::tier::CachePolicy,
+    /// What the node state machine counted, and where the values are.
+    pub stats: causeway_core::node::TierStats,
+    /// What the tier holds on disk.
+    pub usage: causeway_core::tier::Usage,
+    /// Reads from disk so far, and their p99.
+    pub reads: super::tier::Reads,
 }
 
 /// The write-ahead log (`wal`).
@@ -233,6 +246,10 @@ impl Handle {
         let node = &self.node;
         let topology = node.topology();
         let coordinator = node.coordinator.get().map(|c| CoordinatorStatus { leader: c.leader(), reports: c.reports(&topology) });
+        let tier = node.tier().and_then(|worker| {
+            let (policy, stats) = node.with_core(|core| core.tier_stats())?;
+            Some(TierStatus { policy, stats, usage: worker.tier.usage(), reads: worker.reads() })
+        });
         let (expired_keys, evicted_keys, store_bytes, geo, parked_writes) = node.with_core(|core| {
             let geo = core.geo().map(|geo| GeoStatus {
                 leader: geo.leader_of(&topology),
@@ -285,6 +302,7 @@ impl Handle {
             peer_dropped: node.dropped_peer_messages(),
             peer_sent: node.peer_sent(),
             wal: node.wal().map(|w| WalStatus { fsync: w.policy(), bytes: w.size(), last_sync_ms: w.last_sync_ms() }),
+            tier,
             geo,
             coordinator,
         }

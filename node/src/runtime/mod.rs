@@ -7,6 +7,8 @@
 //! * `inbound`: binary connections accepted: from peers (their links),
 //!   native clients and coordinator members.
 //! * `wal`: the write-ahead log and recovery.
+//! * `tier`: the disk tier (`--disk-tier`): redb, and the thread that runs
+//!   the node's jobs on it.
 //! * `coordinator`: the coordinator member on the first three nodes.
 //! * `clock`, `memory`, `auth`: the node's clocks, the counting allocator
 //!   behind INFO's `used_memory`, inter-node authentication.
@@ -24,10 +26,11 @@ mod inbound;
 pub mod memory;
 mod peer;
 mod server;
+pub mod tier;
 mod wal;
 
 pub use clock::Clock;
-pub use handle::{CoordinatorStatus, GeoStatus, Handle, LinkState, SiteStatus, Status, WalStatus};
+pub use handle::{CoordinatorStatus, GeoStatus, Handle, LinkState, SiteStatus, Status, TierStatus, WalStatus};
 
 use crate::config::NodeConfig;
 use causeway_core::message::BINARY_MAGIC;

@@ -80,6 +80,8 @@ pub struct Node {
     tick_wake: tokio::sync::Notify,
     /// The memory budget, told to the core before each step.
     pub budget: super::memory::Budget,
+    /// The disk tier's thread, if the node has one (`--disk-tier`).
+    tier: OnceLock<super::tier::Worker>,
 }
 
 impl Node {
@@ -118,6 +120,10 @@ impl Node {
         let before = core.topology().epoch;
         run(&mut core, &mut out);
         let log = core.take_log();
+        let tier_jobs = match self.tier.get() {
+            Some(_) => core.take_tier_jobs(),
+            None => Vec::new(),
+        };
         let ticket = match self.wal.get() {
             Some(_) if log.is_empty() => None,
             Some(w) => {
@@ -134,6 +140,11 @@ impl Node {
         };
         let adopted = (core.topology().epoch != before).then(|| core.topology().clone());
         drop(core);
+        if !tier_jobs.is_empty() {
+            if let Some(t) = self.tier.get() {
+                t.send(tier_jobs);
+            }
+        }
         if let Some(t) = adopted {
             self.adopted(t);
         }
@@ -141,6 +152,21 @@ impl Node {
             Some((wal, ticket)) => wal.after(ticket, out),
             None => out,
         }
+    }
+
+    /// What came of the disk tier's jobs, stepped into the core.
+    fn tier_done(&self, done: Vec<causeway_core::tier::Done>) {
+        let out = self.step(|core, out| {
+            let now = now();
+            core.tier_done(done, now, out);
+            core.flush(now.wall_ms, out);
+        });
+        self.route(out, None);
+    }
+
+    /// The disk tier's thread, if the node has one.
+    pub fn tier(&self) -> Option<&super::tier::Worker> {
+        self.tier.get()
     }
 
     /// The core moved to a new configuration: connect to new nodes, keep
@@ -442,7 +468,23 @@ pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio
         next_session: AtomicU64::new(random_u64() >> 17),
         flush_wake: tokio::sync::Notify::new(),
         tick_wake: tokio::sync::Notify::new(),
+        tier: OnceLock::new(),
     });
+    if let Some(dir) = &node.config.disk_tier {
+        let policy: causeway_core::tier::CachePolicy = node.config.cache_policy.parse()?;
+        let tier: Arc<dyn causeway_core::tier::Tier> = Arc::new(super::tier::DiskTier::create(Path::new(dir))?);
+        if node.config.maxmemory == 0 {
+            tracing::warn!("--disk-tier without --maxmemory: values stay in memory until CONFIG SET maxmemory sets a budget");
+        }
+        node.core.lock().enable_tier(policy, tier.clone());
+        let weak = Arc::downgrade(&node);
+        let worker = super::tier::Worker::spawn(tier, move |done| {
+            if let Some(node) = weak.upgrade() {
+                node.tier_done(done);
+            }
+        });
+        let _ = node.tier.set(worker);
+    }
     if let Some(dir) = &node.config.data_dir {
         recover(&node, Path::new(dir))?;
     }

@@ -2,8 +2,8 @@
 //!
 //! The sections Redis tools read (server, clients, memory, cpu, stats,
 //! persistence, replication, commandstats, errorstats, latencystats,
-//! keyspace) plus Causeway's own fields in replication and geo
-//! (`CW.SITES`), as one bulk string of `# Section` headers and
+//! keyspace) plus Causeway's own fields in replication, tier (the disk
+//! tier, with `--disk-tier`) and geo (`CW.SITES`), as one bulk string of `# Section` headers and
 //! `field:value` lines. Sections are named in any case; `default` (or no
 //! argument) is every section but commandstats and latencystats, `all` and
 //! `everything` are every one, as in Redis 7. Unknown names are skipped, as
@@ -34,10 +34,11 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 /// The sections INFO knows, in the order it prints them.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "server",
     "clients",
     "memory",
+    "tier",
     "cpu",
     "stats",
     "persistence",
@@ -147,6 +148,7 @@ async fn section_fields(conn: &mut Conn, status: &Status, section: &str) -> Vec<
         ],
         "clients" => vec![("connected_clients", stat(&server.stats.connections))],
         "memory" => memory_fields(status),
+        "tier" => tier_fields(status),
         "cpu" => {
             let (user, sys) = proc_self::cpu_seconds().unwrap_or_default();
             vec![("used_cpu_sys", format!("{sys:.6}")), ("used_cpu_user", format!("{user:.6}"))]
@@ -229,6 +231,33 @@ pub fn memory_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("maxmemory", status.maxmemory.0.to_string()),
         ("maxmemory_human", human(status.maxmemory.0)),
         ("maxmemory_policy", status.maxmemory.1.to_string()),
+    ]
+}
+
+/// INFO tier, with a disk tier: where the values are, how often a read
+/// found its value in memory, and what the disk did.
+fn tier_fields(status: &Status) -> Vec<(&'static str, String)> {
+    let Some(t) = &status.tier else { return vec![("tier_enabled", "0".into())] };
+    let (s, p, u) = (&t.stats, &t.stats.places, &t.usage);
+    let lookups = s.hits + s.misses;
+    vec![
+        ("tier_enabled", "1".into()),
+        ("tier_cache_policy", t.policy.to_string()),
+        ("tier_keys_in_memory", p.keys_in_memory.to_string()),
+        ("tier_keys_on_disk", p.keys_on_disk.to_string()),
+        ("tier_value_bytes_on_disk", p.bytes_on_disk.to_string()),
+        ("tier_value_bytes_leaving", p.leaving.to_string()),
+        ("tier_hits", s.hits.to_string()),
+        ("tier_misses", s.misses.to_string()),
+        ("tier_hit_ratio", format!("{:.4}", if lookups == 0 { 1.0 } else { s.hits as f64 / lookups as f64 })),
+        ("tier_moved_out", s.moved_out.to_string()),
+        ("tier_read_back", s.read_back.to_string()),
+        ("tier_errors", s.errors.to_string()),
+        ("tier_disk_reads", t.reads.count.to_string()),
+        ("tier_disk_read_p99_usec", t.reads.p99_us.to_string()),
+        ("tier_disk_values", u.values.to_string()),
+        ("tier_disk_file_bytes", u.disk_bytes.to_string()),
+        ("tier_disk_written_bytes", u.written_bytes.to_string()),
     ]
 }
 

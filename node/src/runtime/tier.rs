@@ -1,0 +1,235 @@
+//! The disk tier on disk (`--disk-tier DIR`): the node's values past its
+//! memory budget, in a redb B+ tree (`tier.redb`), keyed by partition and
+//! key so that a partition's values are together and in key order. The
+//! node state machine decides what moves out and back (`causeway_core::
+//! tier`); one thread of this node runs that work here, in order, so a
+//! read from disk never holds up the request loop.
+//!
+//! The file is a cache of memory, not a second log: the write-ahead log
+//! still holds every value, and a node starts its tier afresh (a restart
+//! replays the log into memory and moves values out again). So the tier
+//! commits without syncing (`Durability::None`) but once a second (redb
+//! reuses the pages a commit frees only after a synced one): a crash
+//! loses nothing the log does not hold.
+//!
+//! redb keeps a page cache of its own; it is kept small here (the values
+//! were moved out to free memory) and the operating system's page cache
+//! does the rest.
+
+use causeway_core::tier::{self, Change, Done, Job, Tier, TierError, Usage, ValueId};
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+const VALUES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("values");
+const FILE: &str = "tier.redb";
+/// redb's own page cache.
+const CACHE_BYTES: usize = 8 << 20;
+
+/// The tier in a redb file.
+pub struct DiskTier {
+    db: Database,
+    path: PathBuf,
+    values: AtomicU64,
+    value_bytes: AtomicU64,
+    written: AtomicU64,
+    /// When a commit last synced.
+    synced: Mutex<Instant>,
+}
+
+fn io(e: impl Into<redb::Error>) -> TierError {
+    match e.into() {
+        redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => TierError::Full,
+        e => TierError::Io(e.to_string()),
+    }
+}
+
+impl DiskTier {
+    /// A new, empty tier in `dir` (what an earlier process left there is
+    /// dropped: the log holds it).
+    pub fn create(dir: &Path) -> Result<DiskTier, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the disk tier's directory {}: {e}", dir.display()))?;
+        let path = dir.join(FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove the old disk tier {}: {e}", path.display())),
+        }
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| format!("cannot create the disk tier {}: {e}", path.display()))?;
+        let tx = db.begin_write().map_err(|e| e.to_string())?;
+        tx.open_table(VALUES).map_err(|e| e.to_string())?;
+        tx.commit().map_err(|e| e.to_string())?;
+        Ok(DiskTier {
+            db,
+            path,
+            values: AtomicU64::new(0),
+            value_bytes: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            synced: Mutex::new(Instant::now()),
+        })
+    }
+
+    fn write(&self, batch: &[Change]) -> Result<(i64, i64, u64), TierError> {
+        let mut tx = self.db.begin_write().map_err(io)?;
+        let mut synced = self.synced.lock();
+        if synced.elapsed() >= std::time::Duration::from_secs(1) {
+            *synced = Instant::now();
+        } else {
+            tx.set_durability(redb::Durability::None).map_err(|e| TierError::Io(e.to_string()))?;
+        }
+        drop(synced);
+        let (mut values, mut bytes, mut written) = (0i64, 0i64, 0u64);
+        {
+            let mut table = tx.open_table(VALUES).map_err(io)?;
+            for c in batch {
+                match c {
+                    Change::Put(id, value) => {
+                        let stored = id.disk_value(value);
+                        written += stored.len() as u64;
+                        let old = table.insert(id.disk_key().as_slice(), stored.as_slice()).map_err(io)?;
+                        match old {
+                            Some(old) => bytes -= (old.value().len() - tier::HEADER) as i64,
+                            None => values += 1,
+                        }
+                        bytes += value.len() as i64;
+                    }
+                    Change::Remove(id) => {
+                        let key = id.disk_key();
+                        let same = table.get(key.as_slice()).map_err(io)?.is_some_and(|s| id.value_in(s.value()).is_some());
+                        if same {
+                            if let Some(old) = table.remove(key.as_slice()).map_err(io)? {
+                                bytes -= (old.value().len() - tier::HEADER) as i64;
+                                values -= 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        tx.commit().map_err(io)?;
+        Ok((values, bytes, written))
+    }
+}
+
+impl Tier for DiskTier {
+    fn apply(&self, batch: &[Change]) -> Result<(), TierError> {
+        let (values, bytes, written) = self.write(batch)?;
+        self.values.fetch_add(values as u64, Ordering::Relaxed);
+        self.value_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.written.fetch_add(written, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read(&self, id: &ValueId) -> Result<Option<bytes::Bytes>, TierError> {
+        let tx = self.db.begin_read().map_err(io)?;
+        let table = tx.open_table(VALUES).map_err(io)?;
+        let stored = table.get(id.disk_key().as_slice()).map_err(io)?;
+        Ok(stored.and_then(|s| id.value_in(s.value()).map(bytes::Bytes::copy_from_slice)))
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            values: self.values.load(Ordering::Relaxed),
+            value_bytes: self.value_bytes.load(Ordering::Relaxed),
+            disk_bytes: std::fs::metadata(&self.path).map_or(0, |m| m.len()),
+            written_bytes: self.written.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the tier's thread measured (INFO `tier`).
+#[derive(Clone, Debug, Default)]
+pub struct Reads {
+    /// Values read back from disk, and the p99 of a read in microseconds.
+    pub count: u64,
+    pub p99_us: u64,
+}
+
+/// The thread that runs the node's tier jobs.
+pub struct Worker {
+    tx: mpsc::Sender<Vec<Job>>,
+    pub tier: Arc<dyn Tier>,
+    reads: Arc<Mutex<Histogram<u64>>>,
+}
+
+impl Worker {
+    /// Starts the thread; `done` steps what came of each batch of jobs
+    /// into the node.
+    pub fn spawn(tier: Arc<dyn Tier>, done: impl Fn(Vec<Done>) + Send + 'static) -> Worker {
+        let (tx, rx) = mpsc::channel::<Vec<Job>>();
+        let reads = Arc::new(Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds")));
+        let timed = Timed { tier: tier.clone(), reads: reads.clone() };
+        std::thread::Builder::new()
+            .name("disk-tier".into())
+            .spawn(move || {
+                while let Ok(mut jobs) = rx.recv() {
+                    while let Ok(more) = rx.try_recv() {
+                        jobs.extend(more);
+                    }
+                    let (results, failed) = tier::run(&timed, jobs);
+                    if failed > 0 {
+                        tracing::warn!("the disk tier failed {failed} of its jobs");
+                    }
+                    done(results);
+                }
+            })
+            .expect("a thread");
+        Worker { tx, tier, reads }
+    }
+
+    pub fn send(&self, jobs: Vec<Job>) {
+        let _ = self.tx.send(jobs);
+    }
+
+    pub fn reads(&self) -> Reads {
+        let h = self.reads.lock();
+        Reads { count: h.len(), p99_us: h.value_at_quantile(0.99) }
+    }
+}
+
+/// The tier, with each read timed.
+struct Timed {
+    tier: Arc<dyn Tier>,
+    reads: Arc<Mutex<Histogram<u64>>>,
+}
+
+impl Tier for Timed {
+    fn apply(&self, batch: &[Change]) -> Result<(), TierError> {
+        self.tier.apply(batch)
+    }
+
+    fn read(&self, id: &ValueId) -> Result<Option<bytes::Bytes>, TierError> {
+        let start = Instant::now();
+        let r = self.tier.read(id);
+        let _ = self.reads.lock().record(start.elapsed().as_micros().max(1) as u64);
+        r
+    }
+
+    fn usage(&self) -> Usage {
+        self.tier.usage()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redb_tier_behaves_as_a_tier_and_starts_empty() {
+        let dir = std::env::temp_dir().join(format!("cw-tier-test-{}", std::process::id()));
+        let t = DiskTier::create(&dir).unwrap();
+        tier::check_tier(&t);
+        assert!(t.usage().disk_bytes > 0);
+        drop(t);
+        let again = DiskTier::create(&dir).unwrap();
+        assert_eq!(again.usage(), Usage { disk_bytes: again.usage().disk_bytes, ..Usage::default() }, "a new process starts afresh");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -29,6 +29,7 @@ use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
 use causeway_core::ring::{NodeId, NodeInfo, PartitionId, Shape, Topology};
 use causeway_core::supervisor::Supervisor;
+use causeway_core::tier::{CachePolicy, Done, MemTier};
 use causeway_core::version::SiteId;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -105,6 +106,12 @@ struct SimNode {
     /// Idle (`Node::idle`) since its last tick: not ticked again before
     /// then, unless a step makes it busy (`Sim::idle_ticks`).
     rests_until: u64,
+    /// Its disk tier (`Sim::tier`): a new one with each process, as the
+    /// real node starts its tier afresh.
+    tier: Option<Arc<MemTier>>,
+    /// Which process this is (restarts count): what a tier job of an
+    /// earlier one reports is dropped.
+    generation: u64,
 }
 
 impl SimNode {
@@ -112,6 +119,25 @@ impl SimNode {
     fn now(&self, ms: u64) -> Now {
         Now { wall_ms: (ms as i64 + self.skew_ms).max(0) as u64, mono_ms: ms }
     }
+}
+
+/// A disk tier on every node (`core::tier`), on `MemTier`: the node's
+/// budget comes and goes in pulses (every other 100 ms, a kilobyte below
+/// what its stores hold), so values keep moving out and reads keep
+/// bringing them back; each batch of the tier's work may fail.
+#[derive(Clone, Copy, Debug)]
+pub struct SimTier {
+    pub policy: CachePolicy,
+    /// The chance that a batch of jobs fails (an I/O error).
+    pub fail_chance: f64,
+}
+
+/// What a node's tier did, reported at `at_ms` (its thread's latency).
+struct TierDone {
+    at_ms: u64,
+    node: usize,
+    generation: u64,
+    done: Vec<Done>,
 }
 
 /// When simulated disks are synced.
@@ -279,6 +305,10 @@ pub struct Sim {
     replication: Replication,
     /// Messages for other sites, for `world::World` to carry.
     pub outgoing: Vec<(SiteId, Message)>,
+    /// A disk tier on every node (`with_tier`), and what the tiers did
+    /// that the nodes have not heard yet.
+    tier: Option<SimTier>,
+    tier_done: Vec<TierDone>,
 }
 
 /// Milliseconds between node ticks.
@@ -327,6 +357,8 @@ impl Sim {
                     paused_until: 0,
                     skew_ms: 0,
                     rests_until: 0,
+                    tier: None,
+                    generation: 0,
                 }
             })
             .collect();
@@ -357,6 +389,8 @@ impl Sim {
             sites: sites.to_vec(),
             replication,
             outgoing: Vec::new(),
+            tier: None,
+            tier_done: Vec::new(),
         };
         for i in 0..clients {
             // Half the clients sit on a node (like a Redis connection's
@@ -365,6 +399,46 @@ impl Sim {
             sim.add_client(local);
         }
         sim
+    }
+
+    /// Gives every node a disk tier (and every node restarted later).
+    pub fn with_tier(mut self, tier: SimTier) -> Sim {
+        self.tier = Some(tier);
+        for n in 0..self.nodes.len() {
+            self.give_tier(n);
+        }
+        self
+    }
+
+    fn give_tier(&mut self, n: usize) {
+        let Some(t) = self.tier else { return };
+        let tier = Arc::new(MemTier::default());
+        self.nodes[n].core.enable_tier(t.policy, tier.clone());
+        self.nodes[n].tier = Some(tier);
+    }
+
+    /// Runs what `n` asked of its tier; the node hears of it a few
+    /// milliseconds later.
+    fn run_tier(&mut self, n: usize) {
+        let Some(t) = self.tier else { return };
+        let node = &mut self.nodes[n];
+        let jobs = node.core.take_tier_jobs();
+        if jobs.is_empty() {
+            return;
+        }
+        let tier = node.tier.clone().expect("given with the sim's tier");
+        if self.rng.chance(t.fail_chance) {
+            tier.fail_next(1);
+        }
+        let (done, _) = causeway_core::tier::run(&*tier, jobs);
+        let at_ms = self.now_ms + 1 + self.rng.below(5);
+        self.tier_done.push(TierDone { at_ms, node: n, generation: self.nodes[n].generation, done });
+    }
+
+    /// The tier's reports due by `until_ms`, the earliest first.
+    fn next_tier_done(&self, before_ms: u64) -> Option<usize> {
+        let (i, t) = self.tier_done.iter().enumerate().min_by_key(|(_, t)| t.at_ms)?;
+        (t.at_ms < before_ms).then_some(i)
     }
 
     /// A new client session, on node `local` (a Redis connection's proxy
@@ -494,6 +568,7 @@ impl Sim {
         if node.rests_until > self.now_ms && !node.core.idle() {
             node.rests_until = 0;
         }
+        self.run_tier(n);
         self.send_all(out);
     }
 
@@ -555,6 +630,22 @@ impl Sim {
         loop {
             // Every tick boundary is visited, also when a message lands on it.
             let next_tick = (self.ticked_ms / TICK_MS + 1) * TICK_MS;
+            let next_message = self.queue.peek().map_or(u64::MAX, |m| m.at_ms);
+            if let Some(i) = self.next_tier_done(next_tick.min(next_message).min(until_ms + 1)) {
+                let TierDone { at_ms, node, generation, done } = self.tier_done.swap_remove(i);
+                self.now_ms = self.now_ms.max(at_ms);
+                let n = &self.nodes[node];
+                if n.crashed || n.generation != generation {
+                    continue;
+                }
+                if n.paused_until > self.now_ms {
+                    self.tier_done.push(TierDone { at_ms: n.paused_until, node, generation, done });
+                    continue;
+                }
+                let now = n.now(self.now_ms);
+                self.step_node(node, |core, out| core.tier_done(done, now, out));
+                continue;
+            }
             match self.queue.peek() {
                 Some(m) if m.at_ms < next_tick && m.at_ms <= until_ms => {
                     let m = self.queue.pop().expect("peeked");
@@ -716,6 +807,15 @@ impl Sim {
             }
         }
         for n in 0..self.nodes.len() {
+            let node = &mut self.nodes[n];
+            if self.tier.is_some() && !node.crashed {
+                // Pressure in pulses (`SimTier`).
+                let budget = match (now / 100).is_multiple_of(2) {
+                    true => (node.core.store_memory() as u64).saturating_sub(1_000).max(1),
+                    false => 0,
+                };
+                node.core.set_memory(budget, causeway_core::chain::Policy::NoEviction);
+            }
             let node = &self.nodes[n];
             if node.crashed || node.paused_until > now || node.rests_until > now {
                 continue;
@@ -808,6 +908,8 @@ impl Sim {
         n.crashed = false;
         n.skew_ms = 0;
         n.rests_until = 0;
+        n.generation += 1;
+        self.give_tier(node as usize);
     }
 
     /// Starts a crashed `node` again with nothing: no log, no saved
@@ -836,7 +938,19 @@ impl Sim {
         let saved = (*self.topology).clone();
         let core =
             Node::new(identity(id, self.incarnations, self.site, &self.sites, self.replication, self.nodes.len() as u16), saved.clone());
-        self.nodes.push(SimNode { core, disk: Vec::new(), synced: 0, saved, crashed: false, paused_until: 0, skew_ms: 0, rests_until: 0 });
+        self.nodes.push(SimNode {
+            core,
+            disk: Vec::new(),
+            synced: 0,
+            saved,
+            crashed: false,
+            paused_until: 0,
+            skew_ms: 0,
+            rests_until: 0,
+            tier: None,
+            generation: 0,
+        });
+        self.give_tier(id as usize);
         self.supervisor.as_mut().expect("joins need the coordinator").add(NodeInfo { id, addr: format!("sim-{id}") });
         id
     }

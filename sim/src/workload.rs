@@ -2,7 +2,7 @@
 //! and the end-of-run checks every simulation test shares.
 
 use crate::check::CausalChecker;
-use crate::{Completed, Fsync, Network, Rng, Sim};
+use crate::{Completed, Fsync, Network, Rng, Sim, SimTier};
 use bytes::Bytes;
 use causeway_checker::replicas;
 use causeway_core::driver::Request;
@@ -36,7 +36,7 @@ pub fn run_with_faults(
     duration_ms: u64,
     faults: impl FnMut(&mut Sim),
 ) -> Run {
-    let site = Site { shape, nodes, network, keys, duration_ms, check_causal: true, coordinator: false, fsync: Fsync::Always };
+    let site = Site { shape, nodes, network, keys, duration_ms, check_causal: true, coordinator: false, fsync: Fsync::Always, tier: None };
     run_site(seed, &site, faults, |_, _| {})
 }
 
@@ -53,6 +53,9 @@ pub struct Site {
     /// configurations itself).
     pub coordinator: bool,
     pub fsync: Fsync,
+    /// A disk tier on every node; values are then a few hundred bytes
+    /// (they, not the keys, fill the memory the tier frees).
+    pub tier: Option<SimTier>,
 }
 
 /// Runs `site`, calling `faults` between steps, then lets it settle (with
@@ -61,9 +64,13 @@ pub struct Site {
 /// (which may drop what the run's faults were allowed to lose), that no
 /// acknowledged write is lost.
 pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowed_loss: impl FnOnce(&Sim, &mut CausalChecker)) -> Run {
-    let Site { shape, nodes, ref network, keys, duration_ms, check_causal, coordinator, fsync } = *site;
+    let Site { shape, nodes, ref network, keys, duration_ms, check_causal, coordinator, fsync, tier } = *site;
     let mut sim = Sim::new(seed, nodes, shape, 6, network.clone());
     sim.fsync = fsync;
+    if let Some(tier) = tier {
+        sim = sim.with_tier(tier);
+    }
+    let pad = if tier.is_some() { "-".repeat(200) } else { String::new() };
     if coordinator {
         sim = sim.with_coordinator();
     }
@@ -96,14 +103,14 @@ pub fn run_site(seed: u64, site: &Site, mut faults: impl FnMut(&mut Sim), allowe
                     let burst = if rng.chance(0.5) { 2 + rng.below(3) } else { 1 };
                     for _ in 1..burst {
                         writes += 1;
-                        let value = Bytes::from(format!("c{client}-w{writes}"));
+                        let value = Bytes::from(format!("c{client}-w{writes}{pad}"));
                         checker.issued_write(client, &value);
                         let put = Request::Put { key: key(rng.below(keys as u64)), change: Change::set(value) };
                         let done = sim.start(client, put);
                         record(&mut checker, done);
                     }
                     writes += 1;
-                    let value = Bytes::from(format!("c{client}-w{writes}"));
+                    let value = Bytes::from(format!("c{client}-w{writes}{pad}"));
                     checker.issued_write(client, &value);
                     Request::Put { key: key(rng.below(keys as u64)), change: Change::set(value) }
                 }

@@ -143,6 +143,7 @@ fn campaign(seed: u64, wipes: bool, drop_rate: f64) -> (usize, usize) {
         check_causal: true,
         coordinator: true,
         fsync: Fsync::Always,
+        tier: None,
     };
     let end = 1_000 + site.duration_ms;
     let mut faults = Campaign::new(seed, wipes);

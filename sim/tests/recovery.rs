@@ -25,6 +25,7 @@ fn site(nodes: u16, fsync: Fsync) -> Site {
         check_causal: fsync == Fsync::Always,
         coordinator: true,
         fsync,
+        tier: None,
     }
 }
 

@@ -60,6 +60,7 @@ fn balance_after(seed: u64, nodes: u16, members: usize, mut act: impl FnMut(&mut
         check_causal: true,
         coordinator: true,
         fsync: Fsync::Always,
+        tier: None,
     };
     let mut start = None;
     let mut from = None;

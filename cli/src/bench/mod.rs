@@ -115,11 +115,12 @@ impl Target {
         })
     }
 
-    /// Reads a key; the chain position that served it, if known.
-    async fn read(&mut self, key: &[u8]) -> Result<Option<u8>, String> {
+    /// Reads a key: whether it had a value, and the chain position that
+    /// served it, if known.
+    async fn read(&mut self, key: &[u8]) -> Result<(bool, Option<u8>), String> {
         match self {
-            Target::Native(c) => c.get_at(key).await.map(|(_, at)| Some(at)).map_err(|e| e.to_string()),
-            Target::Resp(c) => c.call(&[b"GET", key]).await.map(|_| None),
+            Target::Native(c) => c.get_at(key).await.map(|(v, at)| (v.is_some(), Some(at))).map_err(|e| e.to_string()),
+            Target::Resp(c) => c.call(&[b"GET", key]).await.map(|f| (f != causeway_resp::Frame::Null, None)),
         }
     }
 
@@ -175,6 +176,7 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
         tasks.push(tokio::spawn(async move {
             let mut rec = Recorder::new();
             let mut served = [0u64; 256];
+            let mut absent = 0u64;
             let mut generator = Generator::new(mix, keyspace, 0x5EED ^ i as u64);
             let mut n = 0u64;
             let mut last_write = Instant::now();
@@ -186,8 +188,11 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
                 let key = if args.hot_key { hot.to_vec() } else { key_name(k) };
                 let mut read = async |target: &mut Target| {
                     let r = target.read(&key).await;
-                    if let Ok(Some(at)) = r {
-                        served[at as usize] += 1;
+                    if let Ok((found, at)) = r {
+                        if let Some(at) = at {
+                            served[at as usize] += 1;
+                        }
+                        absent += u64::from(!found);
                     }
                     r.map(|_| ())
                 };
@@ -214,9 +219,10 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
                     }
                 }
             }
-            (rec, served, write_gap)
+            (rec, served, write_gap, absent)
         }));
     }
+    let counters_before = lookups(&args.addr).await;
     let bar = ProgressBar::new(args.duration);
     bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len}s {msg}").map_err(|e| e.to_string())?);
     let started = Instant::now();
@@ -236,8 +242,10 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
     let mut rec = Recorder::new();
     let mut served = [0u64; 256];
     let mut write_gap = Duration::ZERO;
+    let mut absent = 0;
     for t in tasks {
-        let (r, s, gap) = t.await.map_err(|e| e.to_string())?;
+        let (r, s, gap, a) = t.await.map_err(|e| e.to_string())?;
+        absent += a;
         rec.merge(&r);
         write_gap = write_gap.max(gap);
         for (a, b) in served.iter_mut().zip(s) {
@@ -258,6 +266,17 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
         report.notes.push(format!("reads served by chain position {i}: {n} ({:.1}%)", 100.0 * *n as f64 / total as f64));
     }
     report.notes.push(format!("per second, completed/errors: {}", timeline.join(" ")));
+    let reads = report.ops.iter().filter(|o| o.op == "read" || o.op == "readmodifywrite").map(|o| o.count).sum::<u64>();
+    if reads > 0 && !args.hot_key {
+        // Every record was loaded: a read without a value is a wrong answer
+        // (a key an eviction dropped).
+        report.notes.push(format!("reads answered without a value: {absent} of {reads} ({:.2}%)", 100.0 * absent as f64 / reads as f64));
+    }
+    if let (Some(before), Some(after)) = (counters_before, lookups(&args.addr).await) {
+        let (hits, misses) = (after.hits - before.hits, after.misses - before.misses);
+        let ratio = 100.0 * hits as f64 / (hits + misses).max(1) as f64;
+        report.notes.push(format!("{}: {ratio:.1}% ({hits} hits, {misses} misses)", after.what));
+    }
     if mix.read < 1.0 {
         report.notes.push(format!("longest stretch a client went without a successful write: {} ms", write_gap.as_millis()));
     }
@@ -266,6 +285,35 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
         std::fs::write(path, report.to_json()).map_err(|e| format!("cannot write {path}: {e}"))?;
     }
     Ok(())
+}
+
+/// How often reads found what they asked for at the servers, as their
+/// INFO counts it: in memory against on disk where a node has a disk tier
+/// (`tier_hits`, `tier_misses`), else keys found against keys missing
+/// (Redis's `keyspace_hits`, `keyspace_misses`: with eviction, a miss is a
+/// key the server dropped).
+struct Lookups {
+    what: &'static str,
+    hits: u64,
+    misses: u64,
+}
+
+/// `Lookups` summed over the servers at `addrs`; `None` if one does not
+/// answer INFO.
+async fn lookups(addrs: &str) -> Option<Lookups> {
+    let mut sum = Lookups { what: "", hits: 0, misses: 0 };
+    for addr in addrs.split(',') {
+        let mut c = RespConn::connect(addr).await.ok()?;
+        let causeway_resp::Frame::Bulk(info) = c.call(&[b"INFO"]).await.ok()? else { return None };
+        let info = String::from_utf8_lossy(&info).into_owned();
+        let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse::<u64>().ok());
+        let (what, hits, misses) = match field("tier_enabled") {
+            Some(1) => ("memory hit ratio of reads (INFO tier)", field("tier_hits")?, field("tier_misses")?),
+            _ => ("keyspace hit ratio (INFO keyspace_hits)", field("keyspace_hits")?, field("keyspace_misses")?),
+        };
+        sum = Lookups { what, hits: sum.hits + hits, misses: sum.misses + misses };
+    }
+    Some(sum)
 }
 
 /// Inserts `records` keys, spread over the clients.

@@ -931,6 +931,11 @@ mod tests {
 
     /// Client `seq`'s write of `key`: a 1 000-byte value, or a delete.
     fn write(node: &mut Node, seq: u64, key: &str, value: bool, now_ms: u64) -> Message {
+        try_write(node, seq, key, value, now_ms).expect("answered")
+    }
+
+    /// `write`, if answered at once.
+    fn try_write(node: &mut Node, seq: u64, key: &str, value: bool, now_ms: u64) -> Option<Message> {
         let key = Bytes::from(key.to_string());
         let change = if value { Change::set(Bytes::from(vec![b'x'; 1000])) } else { Change::delete() };
         let partition = node.topology().partition_of(&key);
@@ -950,7 +955,7 @@ mod tests {
         let mut out = Outbox::new();
         node.step(Message::Put(Box::new(put)), Now::at(now_ms), &mut out);
         node.flush(now_ms, &mut out);
-        out.into_iter().find(|e| e.to == Dest::Client(op.client)).map(|e| e.msg).expect("answered")
+        out.into_iter().find(|e| e.to == Dest::Client(op.client)).map(|e| e.msg)
     }
 
     #[test]
@@ -1040,12 +1045,24 @@ mod tests {
         assert_eq!(get(&mut node, 201, "k0", 1_102).map(|m| matches!(m, Message::Value { .. })), Some(true), "in memory now");
         let (_, stats) = node.tier_stats().expect("a tier");
         assert_eq!((stats.misses, stats.hits, stats.read_back), (1, 1, 1), "{stats:?}");
+        // A request for a key behind one waiting for the disk waits too:
+        // a pipeline's read is answered before its next write applies.
+        assert_eq!(get(&mut node, 202, "k4", 1_102), None, "waits for the disk");
+        let overwrite = try_write(&mut node, 203, "k4", true, 1_102);
+        assert_eq!(overwrite, None, "waits behind the read");
+        let jobs = node.take_tier_jobs();
+        let (done, _) = crate::tier::run(&*tier, jobs);
+        let mut out = Outbox::new();
+        node.tier_done(done, Now::at(1_102), &mut out);
+        node.flush(1_102, &mut out);
+        let answers: Vec<&Message> = out.iter().filter(|e| e.to == Dest::Client(7 << 48)).map(|e| &e.msg).collect();
+        assert!(matches!(answers[..], [Message::Value { .. }, Message::PutDone { .. }]), "in order: {answers:?}");
         // A plain write of a key on disk does not read it; a delete
         // removes the copy on disk.
         assert!(matches!(write(&mut node, 300, "k1", true, 1_103), Message::PutDone { .. }));
         assert!(matches!(write(&mut node, 301, "k2", false, 1_103), Message::PutDone { .. }));
         let jobs = node.take_tier_jobs();
-        assert_eq!(jobs.len(), 2, "{jobs:?}");
+        assert_eq!(jobs.len(), 3, "k1's and k2's copies, and k4's (read back, then written): {jobs:?}");
         assert!(jobs.iter().all(|j| matches!(j, Job::Remove(_))), "{jobs:?}");
         crate::tier::run(&*tier, jobs);
         // A read the disk fails is refused, with why; nothing is lost.

@@ -5,9 +5,29 @@
 # memory; and redis-server with the same maxmemory and allkeys-lru, which
 # drops what it evicts (its reads of those answer nil: counted as reads
 # answered without a value). Each run loads the records afresh.
+# With `memory` first: memory per key whose value is on disk instead.
 # Usage: scripts/bench-tier.sh [records] [value bytes] [budget] [seconds]
+#        scripts/bench-tier.sh memory [records] [value bytes]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = memory ]; then
+  # Load without a budget, then set one of 1mb: every value moves out and
+  # what stays per key is the key, its version and the table's slot.
+  n=${2:-200000}; size=${3:-1000}
+  cargo build --release -q -p causeway
+  dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+  ./target/release/causeway node --listen 127.0.0.1:7752 --disk-tier "$dir/tier" >/dev/null 2>&1 & p=$!; sleep 1
+  field() { redis-cli -p 7752 info "$1" | grep "^$2:" | cut -d: -f2 | tr -d '\r'; }
+  rss() { grep VmRSS "/proc/$p/status" | awk '{print $2 * 1024}'; }
+  r0=$(rss); u0=$(field memory used_memory); d0=$(field memory used_memory_dataset)
+  ./target/release/causeway bench --target resp --addr 127.0.0.1:7752 --records "$n" --value-size "$size" --clients 16 --duration 1 --read-percent 100 >/dev/null
+  redis-cli -p 7752 config set maxmemory 1mb >/dev/null
+  sleep 10
+  echo "$n keys of $size B, $(field tier tier_keys_on_disk) with their value on disk: per key, stores +$(( ($(field memory used_memory_dataset) - d0) / n )) B," \
+    "allocated +$(( ($(field memory used_memory) - u0) / n )) B, RSS +$(( ($(rss) - r0) / n )) B; disk file $(( $(field tier tier_disk_file_bytes) / n )) B per key"
+  kill $p; wait $p 2>/dev/null || true
+  exit 0
+fi
 records=${1:-100000}
 size=${2:-1000}
 budget=${3:-25mb}

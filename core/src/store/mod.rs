@@ -46,6 +46,12 @@ pub const RETAIN_MS: u64 = 5_000;
 /// At most this many versions of one key are kept, whatever their age.
 pub const MAX_VERSIONS: usize = 8;
 
+/// At most this many bytes of values start moving out of one store per
+/// call (`move_out`, once per tick): the copies are made under the node's
+/// lock, and a budget lowered at once must not stall requests while a
+/// whole data set is copied.
+const MOVE_PER_CALL: usize = 1 << 20;
+
 /// A key absent from the retained history at the requested time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TooOld;
@@ -183,7 +189,8 @@ impl PartitionStore {
     /// The work this store asks of the tier since last asked.
     pub fn take_jobs(&mut self, into: &mut Vec<Job>) {
         if let Some(t) = self.tier.as_deref_mut() {
-            into.append(&mut t.jobs);
+            // Taken whole: a burst of work leaves no room behind.
+            into.extend(std::mem::take(&mut t.jobs));
         }
     }
 
@@ -205,6 +212,7 @@ impl PartitionStore {
     pub fn move_out(&mut self, want: usize) -> usize {
         let Some(t) = self.tier.as_deref_mut() else { return 0 };
         let mut moved = 0;
+        let want = want.min(MOVE_PER_CALL);
         while moved < want.saturating_sub(t.leaving) {
             let Some(id) = t.cache.pop() else { break };
             let hasher = &self.hasher;
@@ -425,6 +433,9 @@ impl PartitionStore {
     /// (after mass deletes or expiries).
     pub fn tick(&mut self, now_ms: u64) {
         self.history.prune(now_ms);
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.cache.shrink();
+        }
         if self.latest.capacity() > 64 && self.latest.len() < self.latest.capacity() / 4 {
             let hasher = &self.hasher;
             self.latest.shrink_to_fit(|e| hasher.hash_one(e.key()));

@@ -214,6 +214,32 @@ impl Cache {
         Some(id)
     }
 
+    /// Gives back the room of keys gone, once it holds less than a
+    /// quarter of what it had (its values moved out): the order and the
+    /// counts stay.
+    pub fn shrink(&mut self) {
+        if self.slots.len() <= 64 || self.len >= self.slots.len() / 4 {
+            return;
+        }
+        let mut small = Cache::new(self.policy);
+        small.slots.reserve_exact(self.len);
+        for list in 0..self.lists.len() {
+            let mut s = self.lists[list].head;
+            while s != NONE {
+                small.insert(self.slots[s as usize].id);
+                let last = (small.slots.len() - 1) as u32;
+                if list != small.list_of(last) {
+                    small.unlink(small.list_of(last), last);
+                    small.counts[last as usize] = list as u8;
+                    small.push(list, last);
+                }
+                s = self.slots[s as usize].next;
+            }
+        }
+        small.lowest = 0;
+        *self = small;
+    }
+
     fn list_of(&self, s: u32) -> usize {
         match self.policy {
             CachePolicy::Lfu => self.counts[s as usize] as usize,
@@ -311,6 +337,36 @@ mod tests {
             let expect: Vec<u64> = (1..100).step_by(2).chain(100..150).collect();
             assert_eq!(out, expect, "{policy}: nothing used, so first in first out");
             assert!(c.is_empty() && c.victim().is_none());
+        }
+    }
+
+    #[test]
+    fn shrinking_keeps_the_order_and_the_counts() {
+        for policy in [CachePolicy::Fifo, CachePolicy::Lru, CachePolicy::Lfu] {
+            // 1000 keys in, 990 out, the rest used 10, 9, ... 1 times.
+            let filled = || {
+                let mut c = Cache::new(policy);
+                for id in 0..1000 {
+                    c.insert(id);
+                }
+                for id in 0..990 {
+                    c.remove(id);
+                }
+                for id in (990..1000).rev() {
+                    for _ in 0..(id - 989) {
+                        c.touch(id);
+                    }
+                }
+                c
+            };
+            let (mut shrunk, mut plain) = (filled(), filled());
+            let before = shrunk.memory();
+            shrunk.shrink();
+            assert!(shrunk.memory() < before / 10, "{policy}: {} of {before}", shrunk.memory());
+            let a: Vec<u64> = std::iter::from_fn(|| shrunk.pop()).collect();
+            let b: Vec<u64> = std::iter::from_fn(|| plain.pop()).collect();
+            assert_eq!(a, b, "{policy}: the same victims in the same order");
+            assert_eq!(a.len(), 10);
         }
     }
 

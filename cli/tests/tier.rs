@@ -150,3 +150,31 @@ fn a_chain_with_values_on_disk_survives_a_kill_and_restart() {
         assert_all_read(&mut c.conn(i), &keys);
     }
 }
+
+#[test]
+fn a_restarted_node_recovers_values_on_disk_without_loading_them() {
+    // A small log: compactions come often, and their checkpoints name the
+    // values on disk instead of copying them.
+    let opts = Opts::new(1, 1, 1).durable().disk_tier("lru").flag("--maxmemory", "2mb").flag("--wal-compact-bytes", 1 << 20);
+    let mut c = Cluster::start_with(opts);
+    let mut con = c.conn(0);
+    let keys: Vec<String> = (0..4000).map(|i| format!("restart:{i}")).collect();
+    fill(&mut con, &keys, None);
+    settled(&mut con, 2 << 20);
+    let log = eventually(Duration::from_secs(20), "a compaction that names the values on disk", || {
+        let size = info_field(&mut con, "persistence", "aof_current_size");
+        (size < 2 << 20).then_some(size)
+    });
+    assert!(log < 2 << 20, "the log holds {log} bytes for 4 MB of values");
+    c.kill(0);
+    c.restart(0);
+    let mut con = eventually(Duration::from_secs(30), "the node serving again", || {
+        let mut con = c.conn(0);
+        let info: String = cmd("INFO").arg("replication").query(&mut con).ok()?;
+        info.contains("serving:yes").then_some(con)
+    });
+    let on_disk = info_field(&mut con, "tier", "tier_keys_on_disk");
+    assert!(on_disk > 2000, "{on_disk} values still on disk after the restart");
+    assert!(info_field(&mut con, "memory", "used_memory_dataset") < 3 << 20, "the values were not loaded into memory");
+    assert_all_read(&mut con, &keys);
+}

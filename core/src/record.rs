@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 /// The version of the record encoding. A log written by another version is
 /// refused at start with a clear error rather than misread.
-pub const FORMAT: u8 = 7;
+pub const FORMAT: u8 = 8;
 
 /// One write-ahead log record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -40,6 +40,22 @@ pub enum LogRecord {
     /// The replica made or passed on no promise above `ceiling`
     /// (`ChainReplica::cover`): after a restart its clock starts there.
     Clock { partition: PartitionId, ceiling: Timestamp },
+    /// With a disk tier, the keys of the `State` before it whose values
+    /// are in the tier (a checkpoint names them rather than copy them:
+    /// the tier keeps each such version until a later checkpoint replaces
+    /// this one, `node::tier`).
+    OnDisk { partition: PartitionId, entries: Vec<OnDiskEntry> },
+}
+
+/// A key whose value is in the disk tier, as a checkpoint names it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OnDiskEntry {
+    pub key: bytes::Bytes,
+    pub version: crate::version::Version,
+    pub seq: u64,
+    pub expires_at_ms: Option<u64>,
+    /// The value's length.
+    pub len: u32,
 }
 
 impl LogRecord {
@@ -49,7 +65,8 @@ impl LogRecord {
             | LogRecord::State { partition, .. }
             | LogRecord::Dropped { partition }
             | LogRecord::Behind { partition, .. }
-            | LogRecord::Clock { partition, .. } => *partition,
+            | LogRecord::Clock { partition, .. }
+            | LogRecord::OnDisk { partition, .. } => *partition,
         }
     }
 

@@ -106,8 +106,7 @@ struct SimNode {
     /// Idle (`Node::idle`) since its last tick: not ticked again before
     /// then, unless a step makes it busy (`Sim::idle_ticks`).
     rests_until: u64,
-    /// Its disk tier (`Sim::tier`): a new one with each process, as the
-    /// real node starts its tier afresh.
+    /// Its disk tier (`Sim::tier`), kept across restarts as its disk is.
     tier: Option<Arc<MemTier>>,
     /// Which process this is (restarts count): what a tier job of an
     /// earlier one reports is dropped.
@@ -890,6 +889,21 @@ impl Sim {
         n.disk.truncate(n.synced);
     }
 
+    /// Compacts `node`'s log as the real node does (`compact_loop`): its
+    /// checkpoint replaces the log, then what only the old log named may
+    /// leave its tier.
+    pub fn compact(&mut self, node: NodeId) {
+        let n = &mut self.nodes[node as usize];
+        if n.crashed {
+            return;
+        }
+        n.core.checkpoint_taken();
+        n.disk = n.core.checkpoint();
+        n.synced = n.disk.len();
+        n.core.compacted();
+        self.run_tier(node as usize);
+    }
+
     /// Starts a crashed `node` again from its disk, as a new incarnation:
     /// it recovers its replicas from the log and waits to be admitted.
     pub fn restart(&mut self, node: NodeId) {
@@ -898,7 +912,14 @@ impl Sim {
         let n = &mut self.nodes[node as usize];
         assert!(n.crashed, "restart a crashed node");
         let mut core = Node::new(identity, n.saved.clone());
+        if let Some(t) = self.tier {
+            // Before the log's replay, as the real node: checkpoints name
+            // values in the tier.
+            let tier = n.tier.get_or_insert_with(Default::default).clone();
+            core.enable_tier(t.policy, tier);
+        }
         let report = core.recover(n.disk.clone(), self.fsync == Fsync::Always, self.now_ms);
+        assert!(report.need_tier.is_empty(), "node {node}: its log names values in a tier it was not given");
         if std::env::var_os("SIM_TRACE").is_some() {
             let applied: Vec<String> =
                 (0..self.topology.shape.partitions).map(|p| format!("{p}:{:?}", core.digest(p).map(|d| d.applied))).collect();
@@ -909,7 +930,6 @@ impl Sim {
         n.skew_ms = 0;
         n.rests_until = 0;
         n.generation += 1;
-        self.give_tier(node as usize);
     }
 
     /// Starts a crashed `node` again with nothing: no log, no saved
@@ -917,6 +937,7 @@ impl Sim {
     pub fn restart_without_data(&mut self, node: NodeId) {
         let n = &mut self.nodes[node as usize];
         n.disk.clear();
+        n.tier = None;
         n.synced = 0;
         let mut birth = Topology::new(
             1,

@@ -1,9 +1,10 @@
 //! The disk tier in the simulator: every node moves values out to its tier
 //! (`MemTier`) and back, under budget pulses that keep them moving
 //! (`SimTier`), while concurrent clients write, read and read snapshots,
-//! and faults come in a row: a node killed and restarted from its log
-//! (its tier afresh, as the real node's), a node paused while its tier's
-//! answers wait, lost messages, and the tier's own I/O errors. At the end
+//! and faults come in a row: logs compacted now and then (checkpoints that
+//! name values on disk), a node killed and restarted from its log and its
+//! tier, a node paused while its tier's answers wait, lost messages, and
+//! the tier's own I/O errors. At the end
 //! the whole history is checked: causal+, replicas identical, and no
 //! acknowledged write lost. Reads and writes the tier failed are refused
 //! (`-ERR disk tier: ...`), never answered wrongly.
@@ -49,11 +50,18 @@ fn run(seed: u64, policy: CachePolicy, fail_chance: f64) -> Checked {
     let mut start = None;
     let mut step = 0;
     let mut tier = (0, 0);
+    let mut next_compaction = 200;
     let run = run_site(
         seed,
         &site,
         |sim| {
             let t = sim.now_ms - *start.get_or_insert(sim.now_ms);
+            if t >= next_compaction {
+                // Checkpoints name values on disk; the restart below
+                // recovers from one.
+                sim.compact(rng.below(NODES as u64) as NodeId);
+                next_compaction = t + 100 + rng.below(300);
+            }
             if step == 0 && t >= 1_000 {
                 sim.crash(victim);
                 step = 1;

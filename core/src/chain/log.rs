@@ -61,22 +61,40 @@ impl ChainReplica {
         if self.joining {
             return Vec::new();
         }
-        let state = LogRecord::State { partition: self.partition, state: self.state() };
+        let mut state = self.state_without_entries();
+        let (here, on_disk) = self.store.checkpoint_entries();
+        state.entries = here;
+        let state = LogRecord::State { partition: self.partition, state };
+        let on_disk = LogRecord::OnDisk { partition: self.partition, entries: on_disk };
         let unstable = LogRecord::Updates { partition: self.partition, updates: self.unstable.iter().cloned().collect() };
         let behind = LogRecord::Behind { partition: self.partition, behind: self.catching_up };
         let clock = LogRecord::Clock { partition: self.partition, ceiling: self.ceiling };
-        vec![state, unstable, behind, clock]
+        vec![state, on_disk, unstable, behind, clock]
     }
 
-    pub(super) fn state(&self) -> PartitionState {
+    /// The state without its entries (`checkpoint` adds them its way).
+    fn state_without_entries(&self) -> PartitionState {
         PartitionState {
             applied: self.applied,
             stable: self.stable,
-            entries: self.store.entries(),
+            entries: Vec::new(),
             sessions: self.writes.export(),
             history: self.history,
             unreported: self.outgoing.iter().cloned().collect(),
         }
+    }
+
+    /// Recovery: the keys whose values a checkpoint left in the disk tier
+    /// (after `restore`, before `replay`).
+    pub fn restore_on_disk(&mut self, entries: Vec<crate::record::OnDiskEntry>, now_ms: u64) {
+        for d in &entries {
+            self.clock.observe(d.version.ts);
+        }
+        self.store.install_on_disk(entries, now_ms);
+    }
+
+    pub(super) fn state(&self) -> PartitionState {
+        PartitionState { entries: self.store.entries(), ..self.state_without_entries() }
     }
 
     /// Recovery: installs a state transfer read back from this node's log.

@@ -294,7 +294,11 @@ fn logged(r: &mut ChainReplica) -> Vec<Update> {
         .into_iter()
         .flat_map(|rec| match rec {
             LogRecord::Updates { updates, .. } => updates,
-            LogRecord::State { .. } | LogRecord::Dropped { .. } | LogRecord::Behind { .. } | LogRecord::Clock { .. } => Vec::new(),
+            LogRecord::State { .. }
+            | LogRecord::Dropped { .. }
+            | LogRecord::Behind { .. }
+            | LogRecord::Clock { .. }
+            | LogRecord::OnDisk { .. } => Vec::new(),
         })
         .collect()
 }

@@ -106,6 +106,9 @@ pub struct Recovery {
     /// Partitions whose replica was catching up after moving up its chain:
     /// it may lack what its position needs.
     pub behind: Vec<PartitionId>,
+    /// Partitions whose values are partly in a disk tier this node was not
+    /// given (`enable_tier` before `recover`): the shell must not serve.
+    pub need_tier: Vec<PartitionId>,
 }
 
 /// The (partition, seq) pairs a reply waits to be durable for (inline:
@@ -242,6 +245,7 @@ impl Node {
         let mut report = Recovery::default();
         // Per partition: the last state, and the updates logged after it.
         let mut segments: BTreeMap<PartitionId, (Option<crate::chain::PartitionState>, Vec<Update>)> = BTreeMap::new();
+        let mut on_disk: BTreeMap<PartitionId, Vec<crate::record::OnDiskEntry>> = BTreeMap::new();
         let mut behind: BTreeSet<PartitionId> = BTreeSet::new();
         let mut ceilings: BTreeMap<PartitionId, Timestamp> = BTreeMap::new();
         for record in records {
@@ -249,11 +253,14 @@ impl Node {
             match record {
                 LogRecord::State { partition, state } => {
                     segments.insert(partition, (Some(state), Vec::new()));
+                    on_disk.remove(&partition);
                     behind.remove(&partition);
                 }
+                LogRecord::OnDisk { partition, entries } => on_disk.entry(partition).or_default().extend(entries),
                 LogRecord::Updates { partition, updates } => segments.entry(partition).or_default().1.extend(updates),
                 LogRecord::Dropped { partition } => {
                     segments.remove(&partition);
+                    on_disk.remove(&partition);
                     behind.remove(&partition);
                 }
                 LogRecord::Behind { partition, behind: true } => {
@@ -282,6 +289,16 @@ impl Node {
                 r.enable_geo();
             }
             r.restore(state, now_ms);
+            if let Some(entries) = on_disk.remove(&p).filter(|e| !e.is_empty()) {
+                match self.tier.as_deref() {
+                    Some(t) => {
+                        r.enable_tier(p, t.policy(), t.tier());
+                        r.restore_on_disk(entries, now_ms);
+                    }
+                    // Values in a tier this process does not have.
+                    None => report.need_tier.push(p),
+                }
+            }
             if let Some(&ceiling) = ceilings.get(&p) {
                 r.observe_ceiling(ceiling);
             }

@@ -37,12 +37,27 @@ pub(super) struct NodeTier {
     /// behind others that do), in arrival order.
     waiting: HashMap<(PartitionId, Bytes), Vec<Message>>,
     jobs: Vec<Job>,
+    /// Removals of versions a checkpoint in the log may still name: held
+    /// until a checkpoint taken after them has replaced the log
+    /// (`checkpoint_taken`, `compacted`). Without a log, none are held.
+    held: Vec<Job>,
+    pending: Vec<Job>,
     /// The tier could not take values lately: writes that add data are
     /// refused with this, while over the budget, until one goes through.
     failing: Option<TierError>,
     /// Re-stepping requests that waited: their hit or miss is counted.
     resuming: bool,
     stats: TierStats,
+}
+
+impl NodeTier {
+    pub(super) fn policy(&self) -> CachePolicy {
+        self.policy
+    }
+
+    pub(super) fn tier(&self) -> Arc<dyn Tier> {
+        self.tier.clone()
+    }
 }
 
 impl std::fmt::Debug for NodeTier {
@@ -60,6 +75,8 @@ impl Node {
             tier,
             waiting: HashMap::new(),
             jobs: Vec::new(),
+            held: Vec::new(),
+            pending: Vec::new(),
             failing: None,
             resuming: false,
             stats: TierStats::default(),
@@ -95,10 +112,36 @@ impl Node {
     pub fn take_tier_jobs(&mut self) -> Vec<Job> {
         let Some(t) = self.tier.as_deref_mut() else { return Vec::new() };
         let mut jobs = std::mem::take(&mut t.jobs);
+        let mut from_stores = Vec::new();
         for r in self.parts.iter_mut().flatten() {
-            r.take_tier_jobs(&mut jobs);
+            r.take_tier_jobs(&mut from_stores);
+        }
+        let logs = self.logs;
+        for job in from_stores {
+            match job {
+                Job::Remove(_) if logs => t.held.push(job),
+                job => jobs.push(job),
+            }
         }
         jobs
+    }
+
+    /// A checkpoint was taken (`checkpoint`) to replace the log: the
+    /// removals held so far may go once it has (`compacted`).
+    pub fn checkpoint_taken(&mut self) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            let held = std::mem::take(&mut t.held);
+            t.pending.extend(held);
+        }
+    }
+
+    /// The checkpoint last taken replaced the log: what only the log
+    /// before it named leaves the tier.
+    pub fn compacted(&mut self) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            let pending = std::mem::take(&mut t.pending);
+            t.jobs.extend(pending);
+        }
     }
 
     /// Why writes that add data are refused while over the budget, if the

@@ -547,6 +547,51 @@ impl PartitionStore {
         self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), self.stored(e.view()))).collect()
     }
 
+    /// `entries`, for a checkpoint with a disk tier: the versions whose
+    /// values are here (tombstones too), and those whose values are in the
+    /// tier, named rather than read back.
+    pub fn checkpoint_entries(&self) -> (Vec<(Bytes, Stored)>, Vec<crate::record::OnDiskEntry>) {
+        let (mut here, mut on_disk) = (Vec::new(), Vec::new());
+        for e in &self.latest {
+            let v = e.view();
+            match v.on_disk() {
+                true => on_disk.push(crate::record::OnDiskEntry {
+                    key: Bytes::copy_from_slice(v.key()),
+                    version: v.version(),
+                    seq: v.seq(),
+                    expires_at_ms: v.expires_at_ms(),
+                    len: v.disk_len() as u32,
+                }),
+                false => here.push((Bytes::copy_from_slice(v.key()), v.stored())),
+            }
+        }
+        (here, on_disk)
+    }
+
+    /// Recovery: the keys a checkpoint named as in the tier, installed
+    /// with their values there (after `install` of the rest).
+    pub fn install_on_disk(&mut self, entries: Vec<crate::record::OnDiskEntry>, now_ms: u64) {
+        let Some(t) = self.tier.as_deref_mut() else { return };
+        for d in entries {
+            let placeholder = vec![0u8; d.len as usize];
+            let e = Entry::new(&d.key, &d.version, d.seq, Some(&placeholder), d.expires_at_ms, true, Access::new(now_ms)).moved_out();
+            t.keys_on_disk += 1;
+            t.bytes_on_disk += d.len as usize;
+            self.bytes += e.size();
+            let hash = self.hasher.hash_one(&d.key);
+            let hasher = &self.hasher;
+            match self.latest.find_entry(hash, |x| x.key() == d.key) {
+                Ok(mut slot) => {
+                    self.bytes -= slot.get().size();
+                    *slot.get_mut() = e;
+                }
+                Err(_) => {
+                    self.latest.insert_unique(hash, e, |x| hasher.hash_one(x.key()));
+                }
+            }
+        }
+    }
+
     /// Every key's latest version but tombstones, sorted by key: to compare
     /// replicas (they collect tombstones each in its own time).
     pub fn digest(&self) -> Vec<(Bytes, Stored)> {

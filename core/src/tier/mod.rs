@@ -12,9 +12,10 @@
 //! request loop, on a `Tier` (redb in `causeway-node`, `MemTier` in the
 //! simulator and the tests).
 //!
-//! The tier keeps one value per key (partition and key), with the version
-//! it belongs to: a read or a removal names the version it means, and a
-//! value of another version counts as absent (the key was written since).
+//! The tier keeps values by version (partition, key, version): a version
+//! moved out again replaces nothing, so what a checkpoint names stays
+//! until the node removes it (`Job::Remove`), once no checkpoint or
+//! entry names it any more.
 
 pub mod cache;
 
@@ -42,11 +43,15 @@ pub struct ValueId {
 
 impl ValueId {
     /// The tier's key: the partition (big-endian, so a partition's keys
-    /// are together and in key order) and the key.
+    /// are together and in key order), the key, the version, and the key's
+    /// length (so that no two ids share a tier key).
     pub fn disk_key(&self) -> Vec<u8> {
-        let mut k = Vec::with_capacity(4 + self.key.len());
+        let mut k = Vec::with_capacity(4 + self.key.len() + 14);
         k.extend_from_slice(&self.partition.to_be_bytes());
         k.extend_from_slice(&self.key);
+        k.extend_from_slice(&self.ts.to_bits().to_be_bytes());
+        k.extend_from_slice(&self.site.to_be_bytes());
+        k.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
         k
     }
 
@@ -118,6 +123,9 @@ pub trait Tier: Send + Sync {
     fn apply(&self, batch: &[Change]) -> Result<(), TierError>;
     fn read(&self, id: &ValueId) -> Result<Option<Bytes>, TierError>;
     fn usage(&self) -> Usage;
+    /// Makes every change applied so far durable (before a checkpoint
+    /// that names values in the tier replaces the log).
+    fn sync(&self) -> Result<(), TierError>;
 }
 
 /// Work the node asks of its tier.
@@ -262,6 +270,10 @@ impl Tier for MemTier {
         Ok(this.values.get(&id.disk_key()).and_then(|s| id.value_in(s)).map(Bytes::copy_from_slice))
     }
 
+    fn sync(&self) -> Result<(), TierError> {
+        Ok(())
+    }
+
     fn usage(&self) -> Usage {
         let this = self.0.lock().expect("not poisoned");
         Usage {
@@ -283,10 +295,14 @@ pub fn check_tier(tier: &dyn Tier) {
     assert_eq!(tier.read(&id("a", 1)).unwrap(), Some(v("one")));
     assert_eq!(tier.read(&id("a", 2)).unwrap(), None, "another version counts as absent");
     tier.apply(&[Change::Put(id("a", 2), v("two"))]).unwrap();
-    assert_eq!(tier.read(&id("a", 1)).unwrap(), None, "one value per key: the last moved out");
+    assert_eq!(tier.read(&id("a", 1)).unwrap(), Some(v("one")), "by version: the older one stays until removed");
     assert_eq!(tier.read(&id("a", 2)).unwrap(), Some(v("two")));
     tier.apply(&[Change::Remove(id("a", 1))]).unwrap();
+    assert_eq!(tier.read(&id("a", 1)).unwrap(), None);
     assert_eq!(tier.read(&id("a", 2)).unwrap(), Some(v("two")), "removing another version leaves it");
+    let ab = ValueId { partition: 3, key: Bytes::from_static(b"a\x00"), ts: Timestamp::new(1, 0), site: 0 };
+    assert_ne!(ab.disk_key(), id("a", 1).disk_key(), "keys that are prefixes of others do not meet");
+    tier.sync().expect("a sync");
     tier.apply(&[Change::Remove(id("a", 2)), Change::Put(id("c", 5), Bytes::new())]).unwrap();
     assert_eq!(tier.read(&id("a", 2)).unwrap(), None);
     assert_eq!(tier.read(&id("c", 5)).unwrap(), Some(Bytes::new()), "an empty value is a value");

@@ -472,7 +472,10 @@ pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio
     });
     if let Some(dir) = &node.config.disk_tier {
         let policy: causeway_core::tier::CachePolicy = node.config.cache_policy.parse()?;
-        let tier: Arc<dyn causeway_core::tier::Tier> = Arc::new(super::tier::DiskTier::create(Path::new(dir))?);
+        // With a log, the tier keeps what checkpoints name across
+        // restarts; without one it starts empty.
+        let keep = node.config.data_dir.is_some();
+        let tier: Arc<dyn causeway_core::tier::Tier> = Arc::new(super::tier::DiskTier::open(Path::new(dir), keep)?);
         if node.config.maxmemory == 0 {
             tracing::warn!("--disk-tier without --maxmemory: values stay in memory until CONFIG SET maxmemory sets a budget");
         }
@@ -572,14 +575,32 @@ async fn compact_loop(node: Arc<Node>) {
         if wal.size() < node.config.wal_compact_bytes {
             continue;
         }
+        let done = wal.compactions();
         let checkpoint = {
-            let core = node.core.lock();
+            let mut core = node.core.lock();
             wal.mark();
+            core.checkpoint_taken();
             core.checkpoint()
         };
+        if let Some(t) = node.tier.get() {
+            // The checkpoint names values in the tier: durable first.
+            if let Err(e) = t.tier.sync() {
+                tracing::error!("the disk tier could not sync ({e}); the log is not compacted");
+                continue;
+            }
+        }
         wal.compact(&checkpoint);
-        // Give the writer time to swap the files before looking again.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(checkpoint);
+        // Give the writer time to swap the files before looking again;
+        // then what only the old log named may leave the tier.
+        for _ in 0..600 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if wal.compactions() > done {
+                let out = node.step(|core, _| core.compacted());
+                node.route(out, None);
+                break;
+            }
+        }
     }
 }
 
@@ -599,6 +620,13 @@ fn recover(node: &Arc<Node>, dir: &Path) -> Result<(), String> {
         }
     })?;
     let report = node.core.lock().recover(records, wal.synced(), now_ms());
+    if !report.need_tier.is_empty() {
+        return Err(format!(
+            "the log in {} names values in a disk tier ({} partitions): start the node with the --disk-tier it had",
+            dir.display(),
+            report.need_tier.len()
+        ));
+    }
     for (p, missing) in &report.gaps {
         tracing::error!(
             "node {}: the log of partition {p} has a gap at update {missing}; what follows is ignored and the node rejoins with a state transfer",

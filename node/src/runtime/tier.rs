@@ -5,12 +5,14 @@
 //! tier`); one thread of this node runs that work here, in order, so a
 //! read from disk never holds up the request loop.
 //!
-//! The file is a cache of memory, not a second log: the write-ahead log
-//! still holds every value, and a node starts its tier afresh (a restart
-//! replays the log into memory and moves values out again). So the tier
-//! commits without syncing (`Durability::None`) but once a second (redb
-//! reuses the pages a commit frees only after a synced one): a crash
-//! loses nothing the log does not hold.
+//! Durability: every value reaches the write-ahead log first (as part of
+//! its update), and the tier is synced before a log compaction's
+//! checkpoint, which names the values in the tier instead of copying them
+//! (`record::LogRecord::OnDisk`), replaces the log. A version stays in
+//! the tier until no checkpoint can name it (`core::node::tier`). So the
+//! tier commits without syncing (`Durability::None`) in between, but once
+//! a second (redb reuses the pages a commit frees only after a synced
+//! one). A node without a data directory (no log) starts its tier empty.
 //!
 //! redb keeps a page cache of its own; it is kept small here (the values
 //! were moved out to free memory) and the operating system's page cache
@@ -49,28 +51,41 @@ fn io(e: impl Into<redb::Error>) -> TierError {
 }
 
 impl DiskTier {
-    /// A new, empty tier in `dir` (what an earlier process left there is
-    /// dropped: the log holds it).
-    pub fn create(dir: &Path) -> Result<DiskTier, String> {
+    /// The tier in `dir`: what an earlier process left there if `keep`
+    /// (its log's checkpoints name those values), else a new, empty one.
+    pub fn open(dir: &Path, keep: bool) -> Result<DiskTier, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the disk tier's directory {}: {e}", dir.display()))?;
         let path = dir.join(FILE);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot remove the old disk tier {}: {e}", path.display())),
+        if !keep {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("cannot remove the old disk tier {}: {e}", path.display())),
+            }
         }
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             .create(&path)
-            .map_err(|e| format!("cannot create the disk tier {}: {e}", path.display()))?;
+            .map_err(|e| format!("cannot open the disk tier {}: {e}", path.display()))?;
         let tx = db.begin_write().map_err(|e| e.to_string())?;
         tx.open_table(VALUES).map_err(|e| e.to_string())?;
         tx.commit().map_err(|e| e.to_string())?;
+        // What it holds (a pass over the file, at start).
+        let (mut values, mut value_bytes) = (0u64, 0u64);
+        {
+            let tx = db.begin_read().map_err(|e| e.to_string())?;
+            let table = tx.open_table(VALUES).map_err(|e| e.to_string())?;
+            for row in table.iter().map_err(|e| e.to_string())? {
+                let (_, v) = row.map_err(|e| e.to_string())?;
+                values += 1;
+                value_bytes += (v.value().len().saturating_sub(tier::HEADER)) as u64;
+            }
+        }
         Ok(DiskTier {
             db,
             path,
-            values: AtomicU64::new(0),
-            value_bytes: AtomicU64::new(0),
+            values: AtomicU64::new(values),
+            value_bytes: AtomicU64::new(value_bytes),
             written: AtomicU64::new(0),
             synced: Mutex::new(Instant::now()),
         })
@@ -101,13 +116,9 @@ impl DiskTier {
                         bytes += value.len() as i64;
                     }
                     Change::Remove(id) => {
-                        let key = id.disk_key();
-                        let same = table.get(key.as_slice()).map_err(io)?.is_some_and(|s| id.value_in(s.value()).is_some());
-                        if same {
-                            if let Some(old) = table.remove(key.as_slice()).map_err(io)? {
-                                bytes -= (old.value().len() - tier::HEADER) as i64;
-                                values -= 1;
-                            }
+                        if let Some(old) = table.remove(id.disk_key().as_slice()).map_err(io)? {
+                            bytes -= (old.value().len() - tier::HEADER) as i64;
+                            values -= 1;
                         }
                     }
                 }
@@ -119,6 +130,11 @@ impl DiskTier {
 }
 
 impl Tier for DiskTier {
+    fn sync(&self) -> Result<(), TierError> {
+        let tx = self.db.begin_write().map_err(io)?;
+        tx.commit().map_err(io)
+    }
+
     fn apply(&self, batch: &[Change]) -> Result<(), TierError> {
         let (values, bytes, written) = self.write(batch)?;
         self.values.fetch_add(values as u64, Ordering::Relaxed);
@@ -215,6 +231,10 @@ impl Tier for Timed {
     fn usage(&self) -> Usage {
         self.tier.usage()
     }
+
+    fn sync(&self) -> Result<(), TierError> {
+        self.tier.sync()
+    }
 }
 
 #[cfg(test)]
@@ -222,14 +242,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_redb_tier_behaves_as_a_tier_and_starts_empty() {
+    fn the_redb_tier_behaves_as_a_tier_and_keeps_its_values_if_asked() {
         let dir = std::env::temp_dir().join(format!("cw-tier-test-{}", std::process::id()));
-        let t = DiskTier::create(&dir).unwrap();
+        let t = DiskTier::open(&dir, false).unwrap();
         tier::check_tier(&t);
         assert!(t.usage().disk_bytes > 0);
+        let held = (t.usage().values, t.usage().value_bytes);
         drop(t);
-        let again = DiskTier::create(&dir).unwrap();
-        assert_eq!(again.usage(), Usage { disk_bytes: again.usage().disk_bytes, ..Usage::default() }, "a new process starts afresh");
+        let kept = DiskTier::open(&dir, true).unwrap();
+        assert_eq!((kept.usage().values, kept.usage().value_bytes), held, "kept for the log's checkpoints");
+        drop(kept);
+        let again = DiskTier::open(&dir, false).unwrap();
+        assert_eq!(again.usage(), Usage { disk_bytes: again.usage().disk_bytes, ..Usage::default() }, "without a log it starts afresh");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -95,6 +95,8 @@ pub struct Wal {
     tx: mpsc::Sender<Job>,
     /// Bytes in the log file.
     size: Arc<AtomicU64>,
+    /// Compactions done (the checkpoint replaced the log).
+    compactions: Arc<AtomicU64>,
     /// When the log was last synced (wall-clock ms; 0: never).
     last_sync_ms: Arc<AtomicU64>,
     /// The last ticket appended; held while its records are queued, so
@@ -143,17 +145,19 @@ impl Wal {
         let size = Arc::new(AtomicU64::new(valid as u64));
         let released = Arc::new(Released::default());
         let last_sync_ms = Arc::new(AtomicU64::new(0));
+        let compactions = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             file,
             path,
             policy,
             size: size.clone(),
+            compactions: compactions.clone(),
             since_mark: None,
             released: released.clone(),
             last_sync_ms: last_sync_ms.clone(),
         };
         std::thread::Builder::new().name("causeway-wal".into()).spawn(move || writer.run(rx, release)).map_err(|e| e.to_string())?;
-        Ok((Wal { policy, tx, size, last_sync_ms, tickets: Mutex::new(0), released }, records))
+        Ok((Wal { policy, tx, size, compactions, last_sync_ms, tickets: Mutex::new(0), released }, records))
     }
 
     /// Whether this log's records are synced before what follows them is
@@ -179,6 +183,11 @@ impl Wal {
     /// Bytes in the log.
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::Relaxed)
+    }
+
+    /// Compactions done so far (a checkpoint replaced the log).
+    pub fn compactions(&self) -> u64 {
+        self.compactions.load(Ordering::Acquire)
     }
 
     /// First step of a compaction: call before taking the checkpoint.
@@ -261,6 +270,7 @@ struct Writer {
     path: PathBuf,
     policy: Fsync,
     size: Arc<AtomicU64>,
+    compactions: Arc<AtomicU64>,
     /// Records appended since a compaction's mark.
     since_mark: Option<Vec<u8>>,
     released: Arc<Released>,
@@ -359,6 +369,7 @@ impl Writer {
         std::fs::rename(&tmp, &self.path)?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
         let before = self.size.swap((checkpoint.len() + since.len()) as u64, Ordering::Relaxed);
+        self.compactions.fetch_add(1, Ordering::Release);
         tracing::info!("{}: compacted from {before} to {} bytes", self.path.display(), checkpoint.len() + since.len());
         Ok(())
     }

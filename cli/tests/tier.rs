@@ -178,3 +178,38 @@ fn a_restarted_node_recovers_values_on_disk_without_loading_them() {
     assert!(info_field(&mut con, "memory", "used_memory_dataset") < 3 << 20, "the values were not loaded into memory");
     assert_all_read(&mut con, &keys);
 }
+
+/// Sends a membership change to whichever node leads the coordinator.
+fn change(c: &Cluster, args: &[String]) {
+    eventually(Duration::from_secs(10), "the coordinator leader to accept the change", || {
+        (0..3).find(|&i| {
+            let Ok(mut con) = c.client(i).get_connection_with_timeout(Duration::from_secs(1)) else { return false };
+            cmd("CW.CLUSTER").arg(args).query::<String>(&mut con).is_ok()
+        })
+    });
+}
+
+#[test]
+fn a_joining_node_receives_partitions_whose_values_are_on_disk() {
+    let mut c = Cluster::start_with(Opts::new(3, 3, 2).disk_tier("lfu").flag("--maxmemory", "2mb"));
+    let keys: Vec<String> = (0..3000).map(|i| format!("join:{i}")).collect();
+    fill(&mut c.conn(0), &keys, None);
+    for i in 0..3 {
+        settled(&mut c.conn(i), 2 << 20);
+    }
+    let new = c.start_joiner();
+    change(&c, &["ADD".into(), new.to_string(), c.addr(new)]);
+    eventually(Duration::from_secs(30), "the new node placed and filled", || {
+        let s = common::cluster_status(&c, new)?;
+        let placed = s.get(&format!("node{new}")).is_some_and(|r| !r.contains("head=0,middle=0,tail=0"));
+        (placed && s.get("short_chains")? == "0" && s.get("joining_replicas_here")? == "0").then_some(())
+    });
+    // The new node got values the others had on disk, and keeps to its
+    // own budget.
+    let mut con = c.conn(new);
+    settled(&mut con, 2 << 20);
+    assert_all_read(&mut con, &keys);
+    for i in 0..3 {
+        assert_all_read(&mut c.conn(i), &keys);
+    }
+}

@@ -168,44 +168,62 @@ pub struct Reads {
     pub p99_us: u64,
 }
 
-/// The thread that runs the node's tier jobs.
+/// The threads that run the node's tier jobs: one writes (batches of
+/// values moved out and versions removed, one transaction each), one
+/// reads, so that a read never waits behind a commit. A read is only ever
+/// asked for a version whose write was done (its entry says it is on
+/// disk), so the two need no order between them; a version removed while
+/// its read was on the way reads as absent, and the node then serves the
+/// key's newer version.
 pub struct Worker {
-    tx: mpsc::Sender<Vec<Job>>,
+    writes: mpsc::Sender<Vec<Job>>,
+    reads: mpsc::Sender<Vec<Job>>,
     pub tier: Arc<dyn Tier>,
-    reads: Arc<Mutex<Histogram<u64>>>,
+    latency: Arc<Mutex<Histogram<u64>>>,
 }
 
 impl Worker {
-    /// Starts the thread; `done` steps what came of each batch of jobs
+    /// Starts the threads; `done` steps what came of each batch of jobs
     /// into the node.
-    pub fn spawn(tier: Arc<dyn Tier>, done: impl Fn(Vec<Done>) + Send + 'static) -> Worker {
-        let (tx, rx) = mpsc::channel::<Vec<Job>>();
-        let reads = Arc::new(Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds")));
-        let timed = Timed { tier: tier.clone(), reads: reads.clone() };
-        std::thread::Builder::new()
-            .name("disk-tier".into())
-            .spawn(move || {
-                while let Ok(mut jobs) = rx.recv() {
-                    while let Ok(more) = rx.try_recv() {
-                        jobs.extend(more);
+    pub fn spawn(tier: Arc<dyn Tier>, done: impl Fn(Vec<Done>) + Send + Sync + 'static) -> Worker {
+        let latency = Arc::new(Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds")));
+        let timed: Arc<dyn Tier> = Arc::new(Timed { tier: tier.clone(), reads: latency.clone() });
+        let done = Arc::new(done);
+        let thread = |name: &str| {
+            let (tx, rx) = mpsc::channel::<Vec<Job>>();
+            let (timed, done) = (timed.clone(), done.clone());
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    while let Ok(mut jobs) = rx.recv() {
+                        while let Ok(more) = rx.try_recv() {
+                            jobs.extend(more);
+                        }
+                        let (results, failed) = tier::run(&*timed, jobs);
+                        if failed > 0 {
+                            tracing::warn!("the disk tier failed {failed} of its jobs");
+                        }
+                        done(results);
                     }
-                    let (results, failed) = tier::run(&timed, jobs);
-                    if failed > 0 {
-                        tracing::warn!("the disk tier failed {failed} of its jobs");
-                    }
-                    done(results);
-                }
-            })
-            .expect("a thread");
-        Worker { tx, tier, reads }
+                })
+                .expect("a thread");
+            tx
+        };
+        Worker { writes: thread("disk-tier-write"), reads: thread("disk-tier-read"), tier, latency }
     }
 
     pub fn send(&self, jobs: Vec<Job>) {
-        let _ = self.tx.send(jobs);
+        let (reads, writes): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| matches!(j, Job::Read(_)));
+        if !reads.is_empty() {
+            let _ = self.reads.send(reads);
+        }
+        if !writes.is_empty() {
+            let _ = self.writes.send(writes);
+        }
     }
 
     pub fn reads(&self) -> Reads {
-        let h = self.reads.lock();
+        let h = self.latency.lock();
         Reads { count: h.len(), p99_us: h.value_at_quantile(0.99) }
     }
 }

@@ -1109,6 +1109,17 @@ mod tests {
             run_tier(&mut node, &tier, ms);
         }
         assert!(matches!(write(&mut node, 601, "more", true, 1_300), Message::PutDone { .. }));
+        // Keys alone over the budget: every value goes to disk, then
+        // writes that add data get -OOM, as under noeviction.
+        node.set_memory(1_000, Policy::AllKeysLru);
+        for ms in (1_310..1_390).step_by(20) {
+            node.tick(Now::at(ms), &mut Outbox::new());
+            run_tier(&mut node, &tier, ms);
+        }
+        let (_, stats) = node.tier_stats().expect("a tier");
+        assert_eq!(stats.places.keys_in_memory, 0, "{stats:?}");
+        let refused = write(&mut node, 650, "k5", true, 1_390);
+        assert!(matches!(refused, Message::Refused { reason: Refusal::OutOfMemory, .. }), "{refused:?}");
         // Every value reads back as written.
         for i in 3..100 {
             let key = format!("k{i}");

@@ -8,6 +8,7 @@
 # With `memory` first: memory per key whose value is on disk instead.
 # Usage: scripts/bench-tier.sh [records] [value bytes] [budget] [seconds]
 #        scripts/bench-tier.sh memory [records] [value bytes]
+#        scripts/bench-tier.sh join [records]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = memory ]; then
@@ -26,6 +27,44 @@ if [ "${1:-}" = memory ]; then
   echo "$n keys of $size B, $(field tier tier_keys_on_disk) with their value on disk: per key, stores +$(( ($(field memory used_memory_dataset) - d0) / n )) B," \
     "allocated +$(( ($(field memory used_memory) - u0) / n )) B, RSS +$(( ($(rss) - r0) / n )) B; disk file $(( $(field tier tier_disk_file_bytes) / n )) B per key"
   kill $p; wait $p 2>/dev/null || true
+  exit 0
+fi
+if [ "${1:-}" = join ]; then
+  # A node joins a 3-node site (R=3) whose nodes hold most values on disk
+  # (budget 30mb each): how long until it serves its share, and what a
+  # workload on another node sees meanwhile.
+  n=${2:-100000}
+  cargo build --release -q -p causeway
+  B=./target/release/causeway
+  dir=$(mktemp -d); pids=()
+  trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+  all=0=127.0.0.1:7960,1=127.0.0.1:7961,2=127.0.0.1:7962
+  for i in 0 1 2; do
+    $B node --id $i --listen 127.0.0.1:796$i --nodes $all --replicas 3 --k 2 --cluster-secret bench \
+      --maxmemory 30mb --disk-tier "$dir/tier$i" >/dev/null 2>&1 & pids+=($!)
+  done
+  sleep 2
+  $B bench --target resp --addr 127.0.0.1:7960 --workload c --records "$n" --value-size 1000 --clients 16 --duration 1 >/dev/null
+  sleep 5
+  for i in 0 1 2; do echo "node $i: $(redis-cli -p 796$i info tier | grep -E 'tier_keys_on_disk|tier_value_bytes_on_disk' | tr -d '\r' | tr '\n' ' ')"; done
+  $B node --id 3 --listen 127.0.0.1:7963 --join --nodes $all,3=127.0.0.1:7963 --replicas 3 --k 2 --cluster-secret bench \
+    --maxmemory 30mb --disk-tier "$dir/tier3" >/dev/null 2>&1 & pids+=($!)
+  sleep 1
+  $B bench --target resp --addr 127.0.0.1:7961 --workload c --no-load --records "$n" --clients 8 --duration 15 --label during-join \
+    > "$dir/during.txt" &
+  bench=$!
+  sleep 2
+  start=$(date +%s%N)
+  $B cluster --addr 127.0.0.1:7960 add 3 127.0.0.1:7963 >/dev/null
+  until redis-cli -p 7963 cw.cluster status | grep -q 'node3:.*tail=[1-9]' && \
+        redis-cli -p 7963 cw.cluster status | grep -q 'joining_replicas_here:0' && \
+        redis-cli -p 7963 cw.cluster status | grep -q 'short_chains:0'; do sleep 0.05; done
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  echo "join finished in $ms ms: $(redis-cli -p 7963 cw.cluster status | grep -oE 'node3:[^ ]*' | tr -d '\r'); state transfers: $(redis-cli -p 7963 info replication | grep state_transfers_whole | tr -d '\r')"
+  sleep 3
+  echo "node 3: $(redis-cli -p 7963 info tier | grep -E 'tier_keys_on_disk|tier_keys_in_memory' | tr -d '\r' | tr '\n' ' ')"
+  wait $bench
+  grep -E "^(read|total)|per second" "$dir/during.txt"
   exit 0
 fi
 records=${1:-100000}

@@ -544,7 +544,42 @@ impl PartitionStore {
     /// Every key's latest version, tombstones too: what a state transfer
     /// or a checkpoint carries.
     pub fn entries(&self) -> Vec<(Bytes, Stored)> {
-        self.latest.iter().map(|e| (Bytes::copy_from_slice(e.view().key()), self.stored(e.view()))).collect()
+        self.stored_all(self.latest.iter().map(Entry::view))
+    }
+
+    /// `stored` for many entries, the values on disk read back in one go
+    /// (`Tier::read_many`).
+    fn stored_all<'a>(&'a self, views: impl Iterator<Item = View<'a>>) -> Vec<(Bytes, Stored)> {
+        let views: Vec<View<'a>> = views.collect();
+        let Some(t) = self.tier.as_deref().filter(|t| t.keys_on_disk > 0) else {
+            return views.iter().map(|v| (Bytes::copy_from_slice(v.key()), v.stored())).collect();
+        };
+        let ids: Vec<ValueId> = views
+            .iter()
+            .filter(|v| v.on_disk())
+            .map(|v| ValueId { partition: t.partition, key: Bytes::copy_from_slice(v.key()), ts: v.ts(), site: v.site() })
+            .collect();
+        let values = match t.tier.read_many(&ids) {
+            Ok(values) => values,
+            // As `stored`: a replica that cannot read its own disk cannot
+            // hand its state on.
+            Err(e) => panic!("reading {} values back from the disk tier: {e}", ids.len()),
+        };
+        let mut values = ids.into_iter().zip(values);
+        views
+            .iter()
+            .map(|v| {
+                let stored = match v.on_disk() {
+                    false => v.stored(),
+                    true => {
+                        let (id, value) = values.next().expect("one value per id");
+                        let value = value.unwrap_or_else(|| panic!("the disk tier lost the value of {id:?}"));
+                        Stored { version: v.version(), seq: v.seq(), value: Some(value), expires_at_ms: v.expires_at_ms() }
+                    }
+                };
+                (Bytes::copy_from_slice(v.key()), stored)
+            })
+            .collect()
     }
 
     /// `entries`, for a checkpoint with a disk tier: the versions whose
@@ -595,12 +630,7 @@ impl PartitionStore {
     /// Every key's latest version but tombstones, sorted by key: to compare
     /// replicas (they collect tombstones each in its own time).
     pub fn digest(&self) -> Vec<(Bytes, Stored)> {
-        let mut all: Vec<_> = self
-            .latest
-            .iter()
-            .filter(|e| !e.view().is_tombstone())
-            .map(|e| (Bytes::copy_from_slice(e.view().key()), self.stored(e.view())))
-            .collect();
+        let mut all = self.stored_all(self.latest.iter().map(Entry::view).filter(|v| !v.is_tombstone()));
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }

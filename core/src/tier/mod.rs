@@ -122,6 +122,11 @@ pub struct Usage {
 pub trait Tier: Send + Sync {
     fn apply(&self, batch: &[Change]) -> Result<(), TierError>;
     fn read(&self, id: &ValueId) -> Result<Option<Bytes>, TierError>;
+    /// `read` for many (a state transfer's values): one pass where the
+    /// store can.
+    fn read_many(&self, ids: &[ValueId]) -> Result<Vec<Option<Bytes>>, TierError> {
+        ids.iter().map(|id| self.read(id)).collect()
+    }
     fn usage(&self) -> Usage;
     /// Makes every change applied so far durable (before a checkpoint
     /// that names values in the tier replaces the log).
@@ -306,6 +311,8 @@ pub fn check_tier(tier: &dyn Tier) {
     tier.apply(&[Change::Remove(id("a", 2)), Change::Put(id("c", 5), Bytes::new())]).unwrap();
     assert_eq!(tier.read(&id("a", 2)).unwrap(), None);
     assert_eq!(tier.read(&id("c", 5)).unwrap(), Some(Bytes::new()), "an empty value is a value");
+    let many = tier.read_many(&[id("b", 1), id("a", 2), id("c", 5)]).unwrap();
+    assert_eq!(many, [Some(v("bee")), None, Some(Bytes::new())]);
     let u = tier.usage();
     assert_eq!((u.values, u.value_bytes), (2, 3), "{u:?}");
     assert!(u.written_bytes >= 3 + 3 + 3 + 3 * HEADER as u64, "{u:?}");

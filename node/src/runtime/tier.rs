@@ -144,10 +144,18 @@ impl Tier for DiskTier {
     }
 
     fn read(&self, id: &ValueId) -> Result<Option<bytes::Bytes>, TierError> {
+        Ok(self.read_many(std::slice::from_ref(id))?.pop().flatten())
+    }
+
+    fn read_many(&self, ids: &[ValueId]) -> Result<Vec<Option<bytes::Bytes>>, TierError> {
         let tx = self.db.begin_read().map_err(io)?;
         let table = tx.open_table(VALUES).map_err(io)?;
-        let stored = table.get(id.disk_key().as_slice()).map_err(io)?;
-        Ok(stored.and_then(|s| id.value_in(s.value()).map(bytes::Bytes::copy_from_slice)))
+        let mut values = Vec::with_capacity(ids.len());
+        for id in ids {
+            let stored = table.get(id.disk_key().as_slice()).map_err(io)?;
+            values.push(stored.and_then(|s| id.value_in(s.value()).map(bytes::Bytes::copy_from_slice)));
+        }
+        Ok(values)
     }
 
     fn usage(&self) -> Usage {
@@ -237,6 +245,10 @@ struct Timed {
 impl Tier for Timed {
     fn apply(&self, batch: &[Change]) -> Result<(), TierError> {
         self.tier.apply(batch)
+    }
+
+    fn read_many(&self, ids: &[ValueId]) -> Result<Vec<Option<bytes::Bytes>>, TierError> {
+        self.tier.read_many(ids)
     }
 
     fn read(&self, id: &ValueId) -> Result<Option<bytes::Bytes>, TierError> {

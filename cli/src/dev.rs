@@ -37,6 +37,10 @@ pub struct DevArgs {
     /// Give node i a write-ahead log in DIR/node-i (DIR/site-s/node-i with several sites).
     #[arg(long)]
     data_dir: Option<String>,
+    /// Give node i a disk tier in DIR/node-i: values past the budget
+    /// (`-- --maxmemory 100mb`) move there instead of keys being evicted.
+    #[arg(long, value_name = "DIR")]
+    disk_tier: Option<String>,
     /// Extra flags passed to every node (e.g. --requirepass secret).
     #[arg(last = true)]
     node_args: Vec<String>,
@@ -54,6 +58,7 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         k: args.k,
         partitions: args.partitions,
         data_dir: args.data_dir.clone(),
+        disk_tier: args.disk_tier.clone(),
         node_args: args.node_args.clone(),
         logs: None,
     };

@@ -19,6 +19,8 @@ pub struct Shape {
     pub partitions: u32,
     /// Node i keeps its write-ahead log in `DIR/node-i`.
     pub data_dir: Option<String>,
+    /// Node i keeps values past its budget in a disk tier in `DIR/node-i`.
+    pub disk_tier: Option<String>,
     /// Extra flags for every node.
     pub node_args: Vec<String>,
     /// Where the nodes' stderr goes, node i's in `LOGS/node-i.log`, every
@@ -77,7 +79,8 @@ impl Site {
     fn spawn(&mut self, i: u16) -> Result<(), String> {
         let s = &self.shape;
         let nodes: Vec<String> = (0..s.nodes).map(|n| format!("{n}={}", self.addr(n))).collect();
-        let data: Vec<String> = s.data_dir.iter().flat_map(|d| ["--data-dir".to_string(), format!("{d}/node-{i}")]).collect();
+        let mut data: Vec<String> = s.data_dir.iter().flat_map(|d| ["--data-dir".to_string(), format!("{d}/node-{i}")]).collect();
+        data.extend(s.disk_tier.iter().flat_map(|d| ["--disk-tier".to_string(), format!("{d}/node-{i}")]));
         let mut cmd = Command::new(&self.exe);
         cmd.args(["node", "--id", &i.to_string(), "--listen", &self.addr(i), "--nodes", &nodes.join(",")])
             .args(["--partitions", &s.partitions.to_string(), "--replicas", &s.replicas.to_string(), "--k", &s.k.to_string()])
@@ -110,7 +113,7 @@ impl Site {
 
     /// Deletes a killed node's data directory (a new disk).
     pub fn wipe(&self, i: u16) {
-        if let Some(d) = &self.shape.data_dir {
+        for d in [&self.shape.data_dir, &self.shape.disk_tier].into_iter().flatten() {
             let _ = std::fs::remove_dir_all(format!("{d}/node-{i}"));
         }
     }
@@ -209,6 +212,7 @@ pub fn start_sites(shape: &Shape, ports: &[Vec<u16>], delays: &[Vec<u64>], jitte
         }
         shape.node_args.extend(["--wan-delay".to_string(), wan.join(",")]);
         shape.data_dir = shape.data_dir.map(|d| format!("{d}/site-{s}"));
+        shape.disk_tier = shape.disk_tier.map(|d| format!("{d}/site-{s}"));
         if let Some(logs) = &mut shape.logs {
             logs.push(format!("site-{s}"));
             std::fs::create_dir_all(&*logs).map_err(|e| e.to_string())?;

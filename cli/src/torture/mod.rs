@@ -134,6 +134,7 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         k: 2.min(args.nodes as usize),
         partitions: args.partitions,
         data_dir: Some(dir.to_string_lossy().into_owned()),
+        disk_tier: None,
         node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"].map(String::from).to_vec(),
         logs: Some(dir.clone()),
     };

@@ -26,6 +26,14 @@ fn a_short_linearizable_torture_run_passes_porcupine() {
     assert!(stdout.contains("linearizable (porcupine)"), "{stdout}");
 }
 
+/// Values moving to each node's disk tier and back (a budget of a third
+/// of them, small logs compacted often) through kills, pauses and restarts.
+#[test]
+fn a_short_torture_run_with_values_on_disk_ends_with_a_clean_verdict() {
+    let stdout = torture(&["--seed", "7", "--seconds", "10", "--clients", "4", "--disk-tier"]);
+    assert!(stdout.contains("causal+ holds"), "{stdout}");
+}
+
 /// Three sites of three nodes (8 partitions: nine debug-build nodes with 64
 /// each starve on two cores and take turns being declared failed): seed
 /// 28's schedule starts with site 2 cut off and back, then site 0's clocks

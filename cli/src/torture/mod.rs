@@ -71,7 +71,16 @@ pub struct TortureArgs {
     /// spread over the sites and their nodes.
     #[arg(long, default_value_t = 8)]
     clients: usize,
+    /// Give every node a disk tier and a budget its values do not fit in
+    /// (values of a few hundred bytes), so they keep moving to disk and back.
+    #[arg(long)]
+    disk_tier: bool,
 }
+
+/// With `--disk-tier`: each node's budget, and the bytes each value is
+/// padded with (the values then fill about three times the budget).
+const TIER_BUDGET: &str = "96kb";
+const TIER_PAD: usize = 300;
 
 /// Keys per client.
 const KEYS: u64 = 64;
@@ -117,7 +126,7 @@ impl From<String> for Failure {
 /// A value's place among its key's writes: values are `w{client}:v{n}`, and
 /// each key has one sequential writer.
 fn order(value: &str) -> Option<u64> {
-    value.split_once(":v")?.1.parse().ok()
+    value.split_once(":v")?.1.split(':').next()?.parse().ok()
 }
 
 pub fn run(args: TortureArgs) -> Result<(), String> {
@@ -134,8 +143,19 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         k: 2.min(args.nodes as usize),
         partitions: args.partitions,
         data_dir: Some(dir.to_string_lossy().into_owned()),
-        disk_tier: None,
-        node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"].map(String::from).to_vec(),
+        disk_tier: args.disk_tier.then(|| dir.join("tier").to_string_lossy().into_owned()),
+        node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"]
+            .map(String::from)
+            .into_iter()
+            // A small log: compactions come often, and their checkpoints
+            // name values on disk (what a restart then recovers).
+            .chain(
+                args.disk_tier
+                    .then(|| ["--maxmemory", TIER_BUDGET, "--wal-compact-bytes", "2000000"].map(String::from))
+                    .into_iter()
+                    .flatten(),
+            )
+            .collect(),
         logs: Some(dir.clone()),
     };
     println!(
@@ -210,11 +230,15 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
         started: Instant::now(),
     }));
     let n = sites.len();
+    let pad: Arc<str> = match args.disk_tier {
+        true => format!(":{}", "x".repeat(TIER_PAD)).into(),
+        false => "".into(),
+    };
     let writers: Vec<_> = (0..args.clients)
         .map(|w| {
             let rng = Rng::new(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9));
             let addr = sites[w % n].addr((w / n) as u16 % args.nodes);
-            tokio::spawn(client(addr, w, args.clients, rng, args.consistency.clone(), stop.clone(), writes.clone()))
+            tokio::spawn(client(addr, w, args.clients, rng, args.consistency.clone(), pad.clone(), stop.clone(), writes.clone()))
         })
         .collect();
     // Faults, one at a time, until the deadline.
@@ -372,7 +396,18 @@ async fn on_every_node(site: &Site, command: &[&str]) -> Result<(), String> {
 /// One client, through node `addr`: writes unique values to its own keys,
 /// reads any client's keys, and records every operation. A connection that
 /// fails is replaced by a new one (a new session).
-async fn client(addr: String, w: usize, clients: usize, mut rng: Rng, level: String, stop: Arc<AtomicBool>, writes: Arc<Mutex<Writes>>) {
+/// Values are padded with `pad` (`--disk-tier`).
+#[allow(clippy::too_many_arguments)]
+async fn client(
+    addr: String,
+    w: usize,
+    clients: usize,
+    mut rng: Rng,
+    level: String,
+    pad: Arc<str>,
+    stop: Arc<AtomicBool>,
+    writes: Arc<Mutex<Writes>>,
+) {
     let mut con: Option<(RespConn, usize)> = None;
     let mut last_ok = Instant::now();
     let mut n = 0u64;
@@ -393,7 +428,7 @@ async fn client(addr: String, w: usize, clients: usize, mut rng: Rng, level: Str
         let call = writes.lock().unwrap().micros();
         if rng.below(2) == 0 {
             n += 1;
-            let (key, value) = (format!("torture:w{w}:k{}", n % KEYS), format!("w{w}:v{n}"));
+            let (key, value) = (format!("torture:w{w}:k{}", n % KEYS), format!("w{w}:v{n}{pad}"));
             let answer = tokio::time::timeout(Duration::from_secs(5), c.call(&[b"SET", key.as_bytes(), value.as_bytes()])).await;
             let mut ws = writes.lock().unwrap();
             ws.tried += 1;

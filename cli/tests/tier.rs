@@ -81,6 +81,7 @@ fn past_the_budget_values_move_to_disk_by_each_policy_and_read_back() {
         assert!(misses > 1000, "{policy}: {misses} reads found their value on disk");
         assert_eq!(info_field(&mut con, "tier", "tier_errors"), 0);
         assert!(info_field(&mut con, "tier", "tier_disk_reads") >= misses);
+        let _rate = info_field(&mut con, "tier", "tier_disk_reads_per_sec");
         // The reads brought values back, and others went out again.
         settled(&mut con, max);
         // Deleting keys whose values are on disk frees their room there.

@@ -174,6 +174,8 @@ pub struct Reads {
     /// Values read back from disk, and the p99 of a read in microseconds.
     pub count: u64,
     pub p99_us: u64,
+    /// Reads a second since the one asked a second or more before.
+    pub per_sec: f64,
 }
 
 /// The threads that run the node's tier jobs: one writes (batches of
@@ -188,6 +190,8 @@ pub struct Worker {
     reads: mpsc::Sender<Vec<Job>>,
     pub tier: Arc<dyn Tier>,
     latency: Arc<Mutex<Histogram<u64>>>,
+    /// Where the last rate was taken (count, when) and what it was.
+    rate: Mutex<(u64, Instant, f64)>,
 }
 
 impl Worker {
@@ -217,7 +221,8 @@ impl Worker {
                 .expect("a thread");
             tx
         };
-        Worker { writes: thread("disk-tier-write"), reads: thread("disk-tier-read"), tier, latency }
+        let rate = Mutex::new((0, Instant::now(), 0.0));
+        Worker { writes: thread("disk-tier-write"), reads: thread("disk-tier-read"), tier, latency, rate }
     }
 
     pub fn send(&self, jobs: Vec<Job>) {
@@ -231,8 +236,16 @@ impl Worker {
     }
 
     pub fn reads(&self) -> Reads {
-        let h = self.latency.lock();
-        Reads { count: h.len(), p99_us: h.value_at_quantile(0.99) }
+        let (count, p99_us) = {
+            let h = self.latency.lock();
+            (h.len(), h.value_at_quantile(0.99))
+        };
+        let mut rate = self.rate.lock();
+        let elapsed = rate.1.elapsed().as_secs_f64();
+        if elapsed >= 1.0 {
+            *rate = (count, Instant::now(), (count - rate.0) as f64 / elapsed);
+        }
+        Reads { count, p99_us, per_sec: rate.2 }
     }
 }
 

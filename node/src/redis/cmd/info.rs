@@ -254,6 +254,7 @@ fn tier_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("tier_read_back", s.read_back.to_string()),
         ("tier_errors", s.errors.to_string()),
         ("tier_disk_reads", t.reads.count.to_string()),
+        ("tier_disk_reads_per_sec", format!("{:.0}", t.reads.per_sec)),
         ("tier_disk_read_p99_usec", t.reads.p99_us.to_string()),
         ("tier_disk_values", u.values.to_string()),
         ("tier_disk_file_bytes", u.disk_bytes.to_string()),

@@ -45,6 +45,9 @@ pub(super) struct NodeTier {
     /// The tier could not take values lately: writes that add data are
     /// refused with this, while over the budget, until one goes through.
     failing: Option<TierError>,
+    /// Keys whose value read as absent once while still on disk: read
+    /// again before the requests are told it is missing.
+    reread: std::collections::HashSet<(PartitionId, Bytes)>,
     /// Re-stepping requests that waited: their hit or miss is counted.
     resuming: bool,
     stats: TierStats,
@@ -78,6 +81,7 @@ impl Node {
             held: Vec::new(),
             pending: Vec::new(),
             failing: None,
+            reread: Default::default(),
             resuming: false,
             stats: TierStats::default(),
         }));
@@ -252,15 +256,24 @@ impl Node {
                             self.tier.as_deref_mut().expect("jobs come from a tier").stats.read_back += 1;
                             None
                         }
-                        // Written since (the requests find the new version), or
-                        // gone from the disk under the node.
+                        // Written since (the requests find the new version);
+                        // or removed and written out again between the read
+                        // and its answer (the tier reads and writes on
+                        // threads of their own): read once more; or gone from
+                        // the disk under the node.
                         Ok(None) => {
                             let still = self.parts.get(id.partition as usize).and_then(Option::as_ref).and_then(|r| r.on_disk(&id.key));
+                            let t = self.tier.as_deref_mut().expect("jobs come from a tier");
+                            if still == Some(id.clone()) && t.reread.insert((id.partition, id.key.clone())) {
+                                t.jobs.push(Job::Read(id));
+                                continue;
+                            }
                             (still == Some(id.clone())).then(|| "the value of this key is missing from the disk".to_string())
                         }
                         Err(e) => Some(e.to_string()),
                     };
                     let t = self.tier.as_deref_mut().expect("jobs come from a tier");
+                    t.reread.remove(&(id.partition, id.key.clone()));
                     let waiting = t.waiting.remove(&(id.partition, id.key.clone())).unwrap_or_default();
                     if let Some(why) = failed {
                         t.stats.errors += 1;

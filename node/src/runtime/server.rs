@@ -138,13 +138,17 @@ impl Node {
                 None
             }
         };
-        let adopted = (core.topology().epoch != before).then(|| core.topology().clone());
-        drop(core);
         if !tier_jobs.is_empty() {
+            // Under the lock, as the log's records: the tier runs jobs in
+            // the order the core made them (a removal of a version, then
+            // its write again, must not cross), and steps run on several
+            // threads (the event loop, the tier's own).
             if let Some(t) = self.tier.get() {
                 t.send(tier_jobs);
             }
         }
+        let adopted = (core.topology().epoch != before).then(|| core.topology().clone());
+        drop(core);
         if let Some(t) = adopted {
             self.adopted(t);
         }

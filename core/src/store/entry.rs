@@ -180,11 +180,6 @@ impl Entry {
         b[at] = (b[at] | on) & !off;
     }
 
-    /// Says the disk tier holds this value too.
-    pub fn mark_clean(&mut self) {
-        self.set_flags(CLEAN, 0);
-    }
-
     /// This entry with its value on disk: the same but for the value's
     /// bytes, which the disk tier holds.
     pub fn moved_out(&self) -> Entry {

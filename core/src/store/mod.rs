@@ -247,17 +247,28 @@ impl PartitionStore {
         t.leaving = t.leaving.saturating_sub(len);
         let Ok(mut slot) = self.latest.find_entry(hash, |e| e.key() == id.key) else { return };
         let v = slot.get().view();
-        let same = (v.ts(), v.site()) == (id.ts, id.site) && v.value().is_some();
-        if !same || t.cache.contains(hash) {
-            if same && ok {
-                slot.get_mut().mark_clean();
+        if (v.ts(), v.site()) != (id.ts, id.site) {
+            if ok {
+                // Written again meanwhile: the copy is garbage (no entry
+                // names this version any more).
+                t.jobs.push(Job::Remove(id.clone()));
             }
-            if same || !ok {
-                return;
+            return;
+        }
+        // This version, but on disk already (an earlier write of it was
+        // answered first): nothing to do. Used since (in
+        // the cache again): it stays. Its copy is not trusted as CLEAN: a
+        // removal of this version may be queued after the write (a state
+        // transfer installed the same version again), and only a read
+        // back proves the tier holds it.
+        if v.is_tombstone() {
+            if ok {
+                // Expired meanwhile: nothing names the copy.
+                t.jobs.push(Job::Remove(id.clone()));
             }
-            // Written again meanwhile: the copy is garbage. (The same
-            // version, used again, stays here and on disk: CLEAN.)
-            t.jobs.push(Job::Remove(id.clone()));
+            return;
+        }
+        if v.value().is_none() || t.cache.contains(hash) {
             return;
         }
         if !ok {

@@ -164,7 +164,10 @@ impl Node {
     pub(super) fn move_out(&mut self, over_by: usize, total: usize) -> bool {
         let mut any = false;
         for r in self.parts.iter_mut().flatten() {
-            let share = (over_by as u128 * r.store_memory() as u128 / total.max(1) as u128) as usize;
+            // Rounded up: a small excess spread over many stores must not
+            // round to nothing everywhere (the node would then call itself
+            // out of values to move and refuse writes).
+            let share = (over_by as u128 * r.store_memory() as u128).div_ceil(total.max(1) as u128) as usize;
             if share > 0 && r.move_out(share) > 0 {
                 any = true;
             }

@@ -205,9 +205,13 @@ fn a_joining_node_receives_partitions_whose_values_are_on_disk() {
         let placed = s.get(&format!("node{new}")).is_some_and(|r| !r.contains("head=0,middle=0,tail=0"));
         (placed && s.get("short_chains")? == "0" && s.get("joining_replicas_here")? == "0").then_some(())
     });
-    // The new node got values the others had on disk, and keeps to its
-    // own budget.
+    // The new node got values the others had on disk streamed from their
+    // disks to its own (not carried in the state transfer), and keeps to
+    // its own budget.
     let mut con = c.conn(new);
+    let streamed_in = info_field(&mut con, "tier", "tier_streamed_in");
+    let streamed_out: u64 = (0..3).map(|i| info_field(&mut c.conn(i), "tier", "tier_streamed_out")).sum();
+    assert!(streamed_in > 0 && streamed_out >= streamed_in, "streamed in {streamed_in}, out {streamed_out}");
     settled(&mut con, 2 << 20);
     assert_all_read(&mut con, &keys);
     for i in 0..3 {

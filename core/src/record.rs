@@ -12,6 +12,7 @@
 
 use crate::error::Error;
 use crate::hlc::Timestamp;
+pub use crate::message::OnDiskEntry;
 use crate::message::{PartitionState, Update};
 use crate::ring::PartitionId;
 use serde::{Deserialize, Serialize};
@@ -45,17 +46,6 @@ pub enum LogRecord {
     /// the tier keeps each such version until a later checkpoint replaces
     /// this one, `node::tier`).
     OnDisk { partition: PartitionId, entries: Vec<OnDiskEntry> },
-}
-
-/// A key whose value is in the disk tier, as a checkpoint names it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OnDiskEntry {
-    pub key: bytes::Bytes,
-    pub version: crate::version::Version,
-    pub seq: u64,
-    pub expires_at_ms: Option<u64>,
-    /// The value's length.
-    pub len: u32,
 }
 
 impl LogRecord {

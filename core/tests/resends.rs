@@ -84,10 +84,10 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
     // Now b answers the Fetch: its state already holds the write.
     assert!(matches!(fetch[..], [Message::Fetch { .. }]));
     rb.fetch(3, d, None, &mut out);
-    let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(d)).pop() else {
+    let Some(Message::Transfer { epoch, state, updates, history_before, clock, on_disk, .. }) = take(&mut out, Dest::Node(d)).pop() else {
         panic!()
     };
-    rd.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 24, &mut out);
+    rd.transfer(epoch, state.map(|s| *s), updates, history_before, clock, on_disk, 24, &mut out);
     // Stability flows back up; run everything to quiescence, with ticks.
     for now in (25..2_000).step_by(10) {
         to_client.extend(take(&mut out, Dest::Client(9)));
@@ -203,10 +203,10 @@ fn a_head_that_joined_by_state_transfer_applies_a_resend_twice() {
     ra.reconfigure(&t2, a, 20, &mut out);
     let mut rd = ChainReplica::joining(&t2, 0, d, 0, None, 20, &mut out).unwrap();
     ra.fetch(2, d, None, &mut out);
-    let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(d)).pop() else {
+    let Some(Message::Transfer { epoch, state, updates, history_before, clock, on_disk, .. }) = take(&mut out, Dest::Node(d)).pop() else {
         panic!()
     };
-    rd.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 21, &mut out);
+    rd.transfer(epoch, state.map(|s| *s), updates, history_before, clock, on_disk, 21, &mut out);
     // a fails: d heads the chain; the client (still waiting) resends.
     let t3 = topo(3, 2, 1, &[d, e]);
     rd.reconfigure(&t3, d, 30, &mut out);

@@ -97,11 +97,11 @@ fn join(pred: &mut ChainReplica, pred_id: NodeId, kept: Option<ChainReplica>, me
     let Some(Message::Fetch { epoch, from, have, .. }) = take(&mut out, Dest::Node(pred_id)).pop() else { panic!("the joiner fetches") };
     assert_eq!(have.is_some(), kept_something, "it says what it kept");
     pred.fetch(epoch, from, have, &mut out);
-    let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(me)).pop() else {
+    let Some(Message::Transfer { epoch, state, updates, history_before, clock, on_disk, .. }) = take(&mut out, Dest::Node(me)).pop() else {
         panic!("the predecessor answers")
     };
     let suffix = state.is_none();
-    assert!(r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 101, &mut out));
+    assert!(r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, on_disk, 101, &mut out));
     assert!(!r.is_joining());
     let (dp, dr) = (pred.digest(), r.digest());
     assert_eq!((dp.applied, dp.latest), (dr.applied, dr.latest), "the new member ends identical to its predecessor");
@@ -197,11 +197,11 @@ fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
     }
     let (epoch, from, have) = fetched.expect("b asks for what it lacks");
     a.fetch(epoch, from, have, &mut out);
-    let Some(Message::Transfer { epoch, state, updates, history_before, clock, .. }) = take(&mut out, Dest::Node(B)).pop() else {
+    let Some(Message::Transfer { epoch, state, updates, history_before, clock, on_disk, .. }) = take(&mut out, Dest::Node(B)).pop() else {
         panic!("a answers")
     };
     assert!(state.is_none(), "a's recent updates reach back: a suffix");
-    assert!(b.transfer(epoch, state.map(|s| *s), updates, history_before, clock, 1_000, &mut out));
+    assert!(b.transfer(epoch, state.map(|s| *s), updates, history_before, clock, on_disk, 1_000, &mut out));
     let (da, db) = (a.digest(), b.digest());
     assert_eq!((da.applied, da.latest), (db.applied, db.latest));
 }

@@ -29,6 +29,9 @@ struct Checked {
     /// the nodes alive at the end.
     misses: u64,
     moved_out: u64,
+    /// Values streamed from one node's tier to another's by state
+    /// transfers.
+    streamed: u64,
 }
 
 /// Runs `seed` with `policy`.
@@ -49,7 +52,7 @@ fn run(seed: u64, policy: CachePolicy, fail_chance: f64) -> Checked {
     let paused = (victim + 1 + rng.below(NODES as u64 - 1) as NodeId) % NODES;
     let mut start = None;
     let mut step = 0;
-    let mut tier = (0, 0);
+    let mut tier = (0, 0, 0);
     let mut next_compaction = 200;
     let run = run_site(
         seed,
@@ -76,7 +79,7 @@ fn run(seed: u64, policy: CachePolicy, fail_chance: f64) -> Checked {
         |sim, _| {
             for n in 0..sim.node_count() as NodeId {
                 if let Some((_, s)) = sim.node(n).tier_stats() {
-                    tier = (tier.0 + s.misses, tier.1 + s.moved_out);
+                    tier = (tier.0 + s.misses, tier.1 + s.moved_out, tier.2 + s.streamed_in);
                 }
             }
         },
@@ -84,7 +87,7 @@ fn run(seed: u64, policy: CachePolicy, fail_chance: f64) -> Checked {
     let acknowledged = run.checker.acknowledged.len();
     assert!(acknowledged > 100, "seed {seed}: {acknowledged} acknowledged");
     assert!(tier.0 > 0 && tier.1 > 0, "seed {seed}: the tier was not used: {tier:?}");
-    Checked { completed: run.completed, failed: run.failed, acknowledged, misses: tier.0, moved_out: tier.1 }
+    Checked { completed: run.completed, failed: run.failed, acknowledged, misses: tier.0, moved_out: tier.1, streamed: tier.2 }
 }
 
 /// Runs the seeds and says what was checked (`--nocapture` shows it).
@@ -98,10 +101,11 @@ fn report(name: &str, policy: CachePolicy, fail_chance: f64, seeds: Vec<u64>) ->
         all.acknowledged += c.acknowledged;
         all.misses += c.misses;
         all.moved_out += c.moved_out;
+        all.streamed += c.streamed;
     }
     eprintln!(
-        "{name}: {runs} runs, {} requests completed ({} failed), {} acknowledged writes checked; {} values moved out, {} requests waited for the disk",
-        all.completed, all.failed, all.acknowledged, all.moved_out, all.misses
+        "{name}: {runs} runs, {} requests completed ({} failed), {} acknowledged writes checked; {} values moved out, {} requests waited for the disk, {} values streamed by state transfers",
+        all.completed, all.failed, all.acknowledged, all.moved_out, all.misses, all.streamed
     );
     all
 }

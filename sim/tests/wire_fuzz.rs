@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use causeway_core::chain::PartitionState;
 use causeway_core::hlc::Timestamp;
-use causeway_core::message::{Ack, Change, Condition, DepOn, Expiry, Hello, Message, NewValue, OpId, Put, Update, WriteDep};
+use causeway_core::message::{Ack, Change, Condition, DepOn, Expiry, Hello, Message, NewValue, OnDiskEntry, OpId, Put, Update, WriteDep};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::version::{Version, VersionVector};
 use causeway_core::wire::{put_frame, take_frame};
@@ -69,9 +69,26 @@ fn corpus() -> Vec<Vec<u8>> {
             updates: Vec::new(),
             history_before: 17,
             clock: Timestamp::new(9, 0),
+            on_disk: vec![OnDiskEntry { key: Bytes::from("cold"), version: update.version.clone(), seq: 2, expires_at_ms: None, len: 5 }],
         },
-        Message::Transfer { epoch: 4, partition: 2, state: None, updates: vec![update], history_before: 17, clock: Timestamp::ZERO },
+        Message::Transfer {
+            epoch: 4,
+            partition: 2,
+            state: None,
+            updates: vec![update.clone()],
+            history_before: 17,
+            clock: Timestamp::ZERO,
+            on_disk: Vec::new(),
+        },
         Message::Fetch { epoch: 4, partition: 2, from: 1, have: Some((3, 17)) },
+        Message::FetchValues { partition: 2, from: 1, ids: vec![(Bytes::from("cold"), Timestamp::new(9, 0), 1)] },
+        Message::Values {
+            partition: 2,
+            values: vec![
+                ((Bytes::from("cold"), Timestamp::new(9, 0), 1), Some(Bytes::from("value"))),
+                ((Bytes::from("gone"), Timestamp::ZERO, 0), None),
+            ],
+        },
         Message::Reconfigure { topology: Box::new(topology) },
         Message::StableUpTo { epoch: 4, partition: 0, seq: 9, reported: 3, durable: 9 },
     ];

@@ -61,15 +61,25 @@ impl ChainReplica {
         if self.joining {
             return Vec::new();
         }
-        let mut state = self.state_without_entries();
-        let (here, on_disk) = self.store.checkpoint_entries();
-        state.entries = here;
-        let state = LogRecord::State { partition: self.partition, state };
-        let on_disk = LogRecord::OnDisk { partition: self.partition, entries: on_disk };
+        let [state, on_disk] = self.state_records();
         let unstable = LogRecord::Updates { partition: self.partition, updates: self.unstable.iter().cloned().collect() };
         let behind = LogRecord::Behind { partition: self.partition, behind: self.catching_up };
         let clock = LogRecord::Clock { partition: self.partition, ceiling: self.ceiling };
         vec![state, on_disk, unstable, behind, clock]
+    }
+
+    /// The state as log records: the values here in the `State`, those in
+    /// the disk tier named in the `OnDisk` after it.
+    pub(super) fn state_records(&self) -> [LogRecord; 2] {
+        let (state, on_disk) = self.state_named();
+        [LogRecord::State { partition: self.partition, state }, LogRecord::OnDisk { partition: self.partition, entries: on_disk }]
+    }
+
+    /// The state with the values here, and the keys whose values are in
+    /// the disk tier (named, not read back).
+    pub(super) fn state_named(&self) -> (PartitionState, Vec<crate::record::OnDiskEntry>) {
+        let (entries, on_disk) = self.store.checkpoint_entries();
+        (PartitionState { entries, ..self.state_without_entries() }, on_disk)
     }
 
     /// The state without its entries (`checkpoint` adds them its way).

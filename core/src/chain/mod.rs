@@ -140,6 +140,9 @@ pub struct ChainReplica {
     /// predecessor (the paper's "zombie" node): applies nothing, serves no
     /// reads.
     joining: bool,
+    /// Got the state, still getting the values its predecessor has on disk
+    /// (`transfer::Stream`); `joining` until they are all here.
+    stream: Option<Box<transfer::Stream>>,
     /// Moved up the chain past nodes that may hold more: serves nothing
     /// until it has what its successor had (`catch_up`).
     catching_up: bool,
@@ -266,6 +269,7 @@ impl ChainReplica {
             index,
             k,
             joining: false,
+            stream: None,
             catching_up: false,
             handoff: Vec::new(),
             owed: None,
@@ -697,7 +701,9 @@ impl ChainReplica {
         self.writes.prune(now_ms);
         self.store.tick(now_ms);
         self.forget_recent(now_ms);
-        if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
+        if self.stream.is_some() {
+            self.stream_tick(now_ms, out);
+        } else if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
             self.asked_ms = now_ms;
             self.request_state(out);
         }
@@ -869,12 +875,21 @@ impl ChainReplica {
         self.store.move_out(want)
     }
 
-    pub fn moved_out(&mut self, id: &crate::tier::ValueId, len: usize, ok: bool) {
-        self.store.moved_out(id, len, ok);
+    /// The tier wrote `id`'s value (`ok`) or could not: a value streamed
+    /// in by a state transfer, or one this replica moved out.
+    pub fn tier_written(&mut self, id: &crate::tier::ValueId, len: usize, ok: bool, now_ms: u64, out: &mut Outbox) {
+        if !self.streamed_in(id, ok, now_ms, out) {
+            self.store.moved_out(id, len, ok);
+        }
     }
 
     pub fn moved_back(&mut self, id: &crate::tier::ValueId, value: &[u8]) {
         self.store.moved_back(id, value);
+    }
+
+    /// The version (timestamp, site) `key` has here, if any.
+    pub fn version_of(&self, key: &[u8]) -> Option<(Timestamp, SiteId)> {
+        self.store.latest(key).map(|v| (v.ts(), v.site()))
     }
 
     pub fn on_disk(&self, key: &[u8]) -> Option<crate::tier::ValueId> {

@@ -22,6 +22,9 @@ impl ChainReplica {
         self.keep_recent = !topology.returning.is_empty();
         self.store.keep_history(index == 0);
         if self.joining {
+            // A stream of values under way starts over: the state comes
+            // anew from whoever precedes this replica now.
+            self.abandon_stream();
             self.asked_ms = now_ms;
             self.request_state(out);
             return true;

@@ -1,8 +1,46 @@
 //! A replica joining a chain: the state transfer from its predecessor,
 //! whole or, for a node returning after a short absence, just the updates
 //! it missed (ChainReaction §3.3.3, node join).
+//!
+//! With a disk tier, a whole state carries the values in memory and names
+//! those on disk (keys and versions only), and the new member then asks
+//! for those values a chunk at a time, in key order (`Stream`): neither
+//! node loads them all into memory, the predecessor reads them off its
+//! request loop, and the new member writes them straight to its own tier
+//! (values cold there stay cold here). It serves once it has them all and
+//! its tier has made them durable; the updates that arrive meanwhile wait,
+//! as they wait for the state.
 
 use super::*;
+use crate::message::{OnDiskEntry, ValueRef};
+use crate::tier::{Job, ValueId};
+use std::collections::HashMap;
+
+/// Bytes of values asked for at a time while streaming (and at most that
+/// much more on its way into the tier).
+pub const STREAM_CHUNK: usize = 2 << 20;
+
+/// A joining replica's values still to come from its predecessor's disk
+/// tier (`Message::Transfer`'s `on_disk`).
+#[derive(Debug, Default)]
+pub struct Stream {
+    /// Not asked for yet, in key order.
+    wanted: VecDeque<OnDiskEntry>,
+    /// Asked for, by key, and when (asked again every `RETRANSMIT_MS`).
+    asked: BTreeMap<Bytes, OnDiskEntry>,
+    asked_ms: u64,
+    /// Values on their way into this node's tier, by key, and their bytes.
+    writing: HashMap<Bytes, OnDiskEntry>,
+    writing_bytes: usize,
+    /// The tier failed a write lately: ask again on the tick, not at once.
+    failed: bool,
+    /// All here; the tier is making them durable (`Job::Sync`).
+    syncing: bool,
+}
+
+fn value_ref(e: &OnDiskEntry) -> ValueRef {
+    (e.key.clone(), e.version.ts, e.version.site)
+}
 
 impl ChainReplica {
     /// A replica for a node that joins `partition`'s chain: it asks its
@@ -75,13 +113,19 @@ impl ChainReplica {
         }
         let (partition, clock) = (self.partition, self.clock.last());
         let msg = match have.and_then(|(applied, history)| Some((self.updates_after(applied, history)?, history))) {
-            Some((updates, history_before)) => Message::Transfer { epoch, partition, state: None, updates, history_before, clock },
+            Some((updates, history_before)) => {
+                Message::Transfer { epoch, partition, state: None, updates, history_before, clock, on_disk: Vec::new() }
+            }
             // With the recent updates, so the new member can in turn serve
             // a returning successor that was away since before this.
             None => {
                 let history_before = self.recent.front().map_or(self.history, |(_, h, _)| *h);
                 let updates = self.recent.iter().map(|(u, _, _)| u.clone()).collect();
-                Message::Transfer { epoch, partition, state: Some(Box::new(self.state())), updates, history_before, clock }
+                let (state, mut on_disk) = self.state_named();
+                // Streamed in key order: the tier keeps a partition's
+                // values in key order, so reading them back is sequential.
+                on_disk.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+                Message::Transfer { epoch, partition, state: Some(Box::new(state)), updates, history_before, clock, on_disk }
             }
         };
         send(out, Dest::Node(from), msg);
@@ -137,6 +181,7 @@ impl ChainReplica {
         updates: Vec<Update>,
         history_before: u64,
         clock: Timestamp,
+        on_disk: Vec<OnDiskEntry>,
         now_ms: u64,
         out: &mut Outbox,
     ) -> bool {
@@ -154,11 +199,28 @@ impl ChainReplica {
             if !extends || self.catching_up {
                 return false;
             }
+        } else if state.is_none() && (self.applied == 0 || history_before != self.history) {
+            // The answer to an earlier ask for what came after a retained
+            // state this replica no longer has (it took a whole state
+            // since, and maybe gave up streaming its values).
+            return false;
         }
         // Taken before `restore`, which clears it.
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
         match state {
+            Some(state) if !on_disk.is_empty() => {
+                // The values on disk follow (`Stream`): this replica
+                // serves, and logs the state, once they are all here.
+                self.restore(state, now_ms);
+                self.seed_recent(updates, history_before, now_ms);
+                self.early = early.into_iter().map(|u| (u.seq, u)).collect();
+                self.joining = true;
+                self.stream = Some(Box::new(Stream { wanted: on_disk.into(), ..Stream::default() }));
+                self.ask_values(now_ms, out);
+                return true;
+            }
             Some(state) => {
+                self.stream = None;
                 self.log.push(LogRecord::State { partition: self.partition, state: state.clone() });
                 self.restore(state, now_ms);
                 self.seed_recent(updates, history_before, now_ms);
@@ -170,7 +232,8 @@ impl ChainReplica {
                 // The log holds nothing of this partition since the node
                 // left the chain (`Dropped`): the state it keeps goes in
                 // first, then the updates as they apply.
-                self.log.push(LogRecord::State { partition: self.partition, state: self.state() });
+                let records = self.state_records();
+                self.log.extend(records);
                 self.joining = false;
                 self.unstable.clear();
                 if self.is_tail() {
@@ -179,11 +242,156 @@ impl ChainReplica {
                 self.forward(updates, now_ms, out);
             }
         }
+        self.serve_from(early, now_ms, out);
+        true
+    }
+
+    /// Installed: applies the updates that arrived meanwhile, and serves.
+    fn serve_from(&mut self, early: Vec<Update>, now_ms: u64, out: &mut Outbox) {
         self.forward(early, now_ms, out);
         if self.is_tail() {
             self.wake_waiters(out);
             self.ack_upwards(out);
         }
+    }
+
+    /// Asks the predecessor for the next chunk of values, if none is on
+    /// its way and the tier keeps up; once all are here, has the tier
+    /// make them durable, then serves (`streamed`).
+    fn ask_values(&mut self, now_ms: u64, out: &mut Outbox) {
+        let Some(s) = self.stream.as_deref_mut() else { return };
+        if !s.asked.is_empty() || s.syncing || s.failed || s.writing_bytes > STREAM_CHUNK {
+            return;
+        }
+        let mut bytes = 0;
+        let mut ids = Vec::new();
+        while bytes < STREAM_CHUNK {
+            let Some(e) = s.wanted.pop_front() else { break };
+            bytes += e.len as usize + e.key.len();
+            ids.push(value_ref(&e));
+            s.asked.insert(e.key.clone(), e);
+        }
+        if ids.is_empty() {
+            if s.writing.is_empty() {
+                match self.store.has_tier() {
+                    true => {
+                        s.syncing = true;
+                        self.store.tier_job(Job::Sync(self.partition));
+                    }
+                    false => self.streamed(now_ms, out),
+                }
+            }
+            return;
+        }
+        s.asked_ms = now_ms;
+        if let Some(prev) = self.predecessor() {
+            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids });
+        }
+    }
+
+    /// The predecessor's answer to `FetchValues`: each value goes to this
+    /// node's tier (or into memory, without one). A version it no longer
+    /// has (it kept them for this stream, but gave up on it meanwhile)
+    /// means the state is out of date: the join starts over.
+    pub fn values(&mut self, values: Vec<(ValueRef, Option<Bytes>)>, now_ms: u64, out: &mut Outbox) {
+        let Some(s) = self.stream.as_deref_mut() else { return };
+        let mut lost = false;
+        for ((key, ts, site), value) in values {
+            let Some(e) = s.asked.remove(&key).filter(|e| (e.version.ts, e.version.site) == (ts, site)) else { continue };
+            match value {
+                None => lost = true,
+                Some(v) if self.store.has_tier() => {
+                    s.writing_bytes += e.len as usize;
+                    let id = ValueId { partition: self.partition, key: key.clone(), ts, site };
+                    s.writing.insert(key, e);
+                    self.store.tier_job(Job::Write(id, v));
+                }
+                Some(v) => self.store.install_value(&e, &v, now_ms),
+            }
+        }
+        if lost {
+            self.abandon_stream();
+            self.asked_ms = now_ms;
+            self.request_state(out);
+            return;
+        }
+        self.ask_values(now_ms, out);
+    }
+
+    /// Gives up the values on their way, and the state they belonged to:
+    /// the next ask is for a whole state (a replica that asked for what
+    /// came after the state it half has would serve without the values).
+    pub(super) fn abandon_stream(&mut self) {
+        if self.stream.take().is_some() {
+            self.store.clear();
+            self.applied = 0;
+            self.set_recent(VecDeque::new());
+        }
+    }
+
+    /// Whether `id`'s write was a value streamed in (then it is on disk
+    /// here now, or asked for again).
+    pub(super) fn streamed_in(&mut self, id: &ValueId, ok: bool, now_ms: u64, out: &mut Outbox) -> bool {
+        let Some(s) = self.stream.as_deref_mut() else { return false };
+        let Some(e) = s.writing.remove(&id.key) else { return false };
+        if (e.version.ts, e.version.site) != (id.ts, id.site) {
+            s.writing.insert(id.key.clone(), e);
+            return false;
+        }
+        s.writing_bytes -= e.len as usize;
+        match ok {
+            true => self.store.install_on_disk(vec![e], now_ms),
+            false => {
+                s.failed = true;
+                s.asked_ms = now_ms;
+                s.wanted.push_back(e);
+            }
+        }
+        self.ask_values(now_ms, out);
         true
+    }
+
+    /// The tier made the streamed values durable (`ok`), or could not
+    /// (tried again on the tick).
+    pub fn tier_synced(&mut self, ok: bool, now_ms: u64, out: &mut Outbox) {
+        let Some(s) = self.stream.as_deref_mut().filter(|s| s.syncing) else { return };
+        s.syncing = false;
+        match ok {
+            true => self.streamed(now_ms, out),
+            false => (s.failed, s.asked_ms) = (true, now_ms),
+        }
+    }
+
+    /// Every value is here: the state goes in the log (values in the tier
+    /// named), and this replica serves.
+    fn streamed(&mut self, now_ms: u64, out: &mut Outbox) {
+        self.stream = None;
+        self.joining = false;
+        let records = self.state_records();
+        self.log.extend(records);
+        if let Some(prev) = self.predecessor() {
+            let from = self.chain[self.index];
+            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from, ids: Vec::new() });
+        }
+        let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
+        self.serve_from(early, now_ms, out);
+    }
+
+    /// Asks again for what was not answered, or after the tier failed.
+    pub(super) fn stream_tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        let Some(s) = self.stream.as_deref_mut() else { return };
+        if now_ms.saturating_sub(s.asked_ms) < RETRANSMIT_MS {
+            return;
+        }
+        if s.asked.is_empty() {
+            s.failed = false;
+            s.asked_ms = now_ms;
+            return self.ask_values(now_ms, out);
+        }
+        s.asked_ms = now_ms;
+        let ids = s.asked.values().map(value_ref).collect();
+        if let Some(prev) = self.predecessor() {
+            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids });
+        }
     }
 }

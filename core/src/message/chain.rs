@@ -69,6 +69,22 @@ pub struct PartitionState {
     pub unreported: Vec<Update>,
 }
 
+/// A key whose value is in the disk tier: named rather than carried, by
+/// a checkpoint (the value stays in this node's tier) and by a state
+/// transfer (the values follow, streamed: `Message::FetchValues`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OnDiskEntry {
+    pub key: Bytes,
+    pub version: Version,
+    pub seq: u64,
+    pub expires_at_ms: Option<u64>,
+    /// The value's length.
+    pub len: u32,
+}
+
+/// One version of a key, named: the key, the version's timestamp and site.
+pub type ValueRef = (Bytes, crate::hlc::Timestamp, crate::version::SiteId);
+
 /// One version of one key, owned: what state transfers, checkpoints and
 /// digests carry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

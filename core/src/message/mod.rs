@@ -24,7 +24,7 @@ pub mod coordinator;
 pub mod geo;
 pub mod link;
 
-pub use chain::{Ack, LastWrite, PartitionState, Stored, Update};
+pub use chain::{Ack, LastWrite, OnDiskEntry, PartitionState, Stored, Update, ValueRef};
 pub use client::{
     home_node, session_id, Change, ClientId, Condition, DepOn, Expiry, Item, Keyspace, NewValue, OpId, Put, Refusal, WriteDep, ACK_AT_TAIL,
 };
@@ -210,6 +210,24 @@ pub enum Message {
         history_before: u64,
         /// The sender's clock (as in `Suffix`).
         clock: Timestamp,
+        /// The keys of `state` whose values the sender has in its disk
+        /// tier: the new member asks for them after (`FetchValues`), a
+        /// chunk at a time, and serves once it has them all.
+        on_disk: Vec<OnDiskEntry>,
+    },
+    /// A new member asks its predecessor for the values of these versions
+    /// (a chunk of a `Transfer`'s `on_disk`, in key order); none: it has
+    /// them all (the predecessor may let go of versions it kept for it).
+    FetchValues {
+        partition: PartitionId,
+        from: NodeId,
+        ids: Vec<ValueRef>,
+    },
+    /// The answer: each version's value, `None` if the sender no longer
+    /// has it.
+    Values {
+        partition: PartitionId,
+        values: Vec<(ValueRef, Option<Bytes>)>,
     },
 
     // ---- coordinator <-> node ---------------------------------------------
@@ -316,6 +334,8 @@ impl Message {
             | Suffix { .. }
             | Fetch { .. }
             | Transfer { .. }
+            | FetchValues { .. }
+            | Values { .. }
             | Reconfigure { .. }
             | Heartbeat { .. }
             | Lease { .. }

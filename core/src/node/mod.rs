@@ -489,10 +489,19 @@ impl Node {
             }
             Message::Fetch { epoch, partition, from, have } => {
                 self.with(partition, |r| r.fetch(epoch, from, have, out));
+                self.stream_to(partition, from, now_ms);
             }
-            Message::Transfer { epoch, partition, state, updates, history_before, clock } => {
+            Message::FetchValues { partition, from, ids } => self.fetch_values(partition, from, ids, now_ms, out),
+            Message::Values { partition, values } => {
+                if let Some(t) = self.tier.as_deref_mut() {
+                    t.stats.streamed_in += values.len() as u64;
+                }
+                self.with(partition, |r| r.values(values, now_ms, out));
+            }
+            Message::Transfer { epoch, partition, state, updates, history_before, clock, on_disk } => {
                 let whole = state.is_some();
-                if self.with(partition, |r| r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, now_ms, out)) == Some(true)
+                if self.with(partition, |r| r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, on_disk, now_ms, out))
+                    == Some(true)
                 {
                     match whole {
                         true => self.transfers.1 += 1,
@@ -553,6 +562,7 @@ impl Node {
                 self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
             self.tier_replicas();
+            self.release_streamed(now_ms);
             self.evict(now_ms, out);
             self.wake_touched(now_ms, out);
             self.expire_puts(now_ms);

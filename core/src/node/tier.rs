@@ -9,9 +9,14 @@
 //! the network, and every replica of a chain moves its own values.
 
 use super::*;
+use crate::message::ValueRef;
 use crate::tier::{CachePolicy, Done, Job, Tier, TierError, ValueId};
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// A node streaming values from this one that is not heard from for this
+/// long has given up (died, or started over elsewhere).
+pub const STREAM_IDLE_MS: u64 = 10_000;
 
 /// INFO `tier`: what the node's tier did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,6 +31,10 @@ pub struct TierStats {
     pub read_back: u64,
     /// Jobs the tier failed.
     pub errors: u64,
+    /// Values read from this node's disk for nodes that joined a chain
+    /// (state transfers stream them), and values streamed in here.
+    pub streamed_out: u64,
+    pub streamed_in: u64,
     /// Where the values are, over every replica here.
     pub places: crate::store::Places,
 }
@@ -42,6 +51,12 @@ pub(super) struct NodeTier {
     /// (`checkpoint_taken`, `compacted`). Without a log, none are held.
     held: Vec<Job>,
     pending: Vec<Job>,
+    /// Nodes streaming a partition's values on disk from this one (a state
+    /// transfer named them: `Message::FetchValues`), and when last heard
+    /// from. While any streams a partition, the removals of its versions
+    /// wait here: the versions the transfer named stay readable.
+    streams: BTreeMap<(PartitionId, NodeId), u64>,
+    stream_held: BTreeMap<PartitionId, Vec<Job>>,
     /// The tier could not take values lately: writes that add data are
     /// refused with this, while over the budget, until one goes through.
     failing: Option<TierError>,
@@ -50,7 +65,7 @@ pub(super) struct NodeTier {
     reread: std::collections::HashSet<(PartitionId, Bytes)>,
     /// Re-stepping requests that waited: their hit or miss is counted.
     resuming: bool,
-    stats: TierStats,
+    pub(super) stats: TierStats,
 }
 
 impl NodeTier {
@@ -80,6 +95,8 @@ impl Node {
             jobs: Vec::new(),
             held: Vec::new(),
             pending: Vec::new(),
+            streams: BTreeMap::new(),
+            stream_held: BTreeMap::new(),
             failing: None,
             reread: Default::default(),
             resuming: false,
@@ -123,11 +140,57 @@ impl Node {
         let logs = self.logs;
         for job in from_stores {
             match job {
+                Job::Remove(ref id) if t.streams.keys().any(|(p, _)| *p == id.partition) => {
+                    t.stream_held.entry(id.partition).or_default().push(job)
+                }
                 Job::Remove(_) if logs => t.held.push(job),
                 job => jobs.push(job),
             }
         }
         jobs
+    }
+
+    /// A state transfer of `partition` to `to` named values on disk here:
+    /// they stay until it has them (or is not heard from for
+    /// `STREAM_IDLE_MS`).
+    pub(super) fn stream_to(&mut self, partition: PartitionId, to: NodeId, now_ms: u64) {
+        let Some(t) = self.tier.as_deref_mut() else { return };
+        if self.parts.get(partition as usize).and_then(Option::as_ref).is_some_and(|r| r.places().keys_on_disk > 0) {
+            t.streams.insert((partition, to), now_ms);
+        }
+    }
+
+    /// `from` asks for the values of `ids` (none: it has them all).
+    pub(super) fn fetch_values(&mut self, partition: PartitionId, from: NodeId, ids: Vec<ValueRef>, now_ms: u64, out: &mut Outbox) {
+        let Some(t) = self.tier.as_deref_mut() else {
+            let values = ids.into_iter().map(|id| (id, None)).collect();
+            return send(out, Dest::Node(from), Message::Values { partition, values });
+        };
+        if ids.is_empty() {
+            t.streams.remove(&(partition, from));
+            return self.release_streamed(now_ms);
+        }
+        t.streams.insert((partition, from), now_ms);
+        let ids = ids.into_iter().map(|(key, ts, site)| ValueId { partition, key, ts, site }).collect();
+        t.jobs.push(Job::Send { to: from, partition, ids });
+    }
+
+    /// Streams not heard from for `STREAM_IDLE_MS` are given up; the
+    /// removals held for streams that ended go ahead.
+    pub(super) fn release_streamed(&mut self, now_ms: u64) {
+        let logs = self.logs;
+        let Some(t) = self.tier.as_deref_mut() else { return };
+        t.streams.retain(|_, heard| now_ms.saturating_sub(*heard) < STREAM_IDLE_MS);
+        let streams = &t.streams;
+        let done: Vec<PartitionId> = t.stream_held.keys().copied().filter(|p| !streams.keys().any(|(q, _)| q == p)).collect();
+        let mut go = Vec::new();
+        for p in done {
+            go.extend(t.stream_held.remove(&p).unwrap_or_default());
+        }
+        match logs {
+            true => t.held.extend(go),
+            false => self.release(go),
+        }
     }
 
     /// A checkpoint was taken (`checkpoint`) to replace the log: the
@@ -144,7 +207,24 @@ impl Node {
     pub fn compacted(&mut self) {
         if let Some(t) = self.tier.as_deref_mut() {
             let pending = std::mem::take(&mut t.pending);
-            t.jobs.extend(pending);
+            self.release(pending);
+        }
+    }
+
+    /// Removals held back go ahead, but for versions an entry names again
+    /// (written out once more since: a state transfer installed the same
+    /// version, say). Held back, a removal could otherwise reach the tier
+    /// after that write, and the entry would name a value that is gone.
+    /// (A version named again only in memory then leaves its old copy as
+    /// garbage.)
+    fn release(&mut self, removals: Vec<Job>) {
+        let named = |id: &ValueId| {
+            let r = self.parts.get(id.partition as usize).and_then(Option::as_ref);
+            r.and_then(|r| r.version_of(&id.key)) == Some((id.ts, id.site))
+        };
+        let go: Vec<Job> = removals.into_iter().filter(|j| !matches!(j, Job::Remove(id) if named(id))).collect();
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.jobs.extend(go);
         }
     }
 
@@ -183,7 +263,9 @@ impl Node {
             if t.waiting.contains_key(&(p, key.clone())) {
                 return Some(None);
             }
-            let r = self.parts.get(p as usize)?.as_ref()?;
+            // A replica still joining serves nothing (its values may not
+            // be here yet): it refuses the request at once.
+            let r = self.parts.get(p as usize)?.as_ref().filter(|r| !r.is_joining())?;
             value.then(|| r.on_disk(key)).flatten().map(Some)
         };
         let mut found = None;
@@ -239,7 +321,7 @@ impl Node {
             match d {
                 Done::Written(id, len, result) => {
                     let ok = result.is_ok();
-                    self.with(id.partition, |r| r.moved_out(&id, len, ok));
+                    self.with(id.partition, |r| r.tier_written(&id, len, ok, now.wall_ms, out));
                     let t = self.tier.as_deref_mut().expect("jobs come from a tier");
                     match result {
                         Ok(()) => {
@@ -251,6 +333,21 @@ impl Node {
                             t.failing = Some(e);
                         }
                     }
+                }
+                Done::Sent { to, partition, ids, values } => match values {
+                    Ok(values) => {
+                        self.tier.as_deref_mut().expect("jobs come from a tier").stats.streamed_out += values.len() as u64;
+                        let values = ids.into_iter().map(|id| (id.key, id.ts, id.site)).zip(values).collect();
+                        send(out, Dest::Node(to), Message::Values { partition, values });
+                    }
+                    // It asks again.
+                    Err(_) => self.tier.as_deref_mut().expect("jobs come from a tier").stats.errors += 1,
+                },
+                Done::Synced(partition, result) => {
+                    if result.is_err() {
+                        self.tier.as_deref_mut().expect("jobs come from a tier").stats.errors += 1;
+                    }
+                    self.with(partition, |r| r.tier_synced(result.is_ok(), now.wall_ms, out));
                 }
                 Done::Read(id, result) => {
                     let failed = match result {

@@ -245,7 +245,14 @@ impl PartitionStore {
         let hash = self.hash(&id.key);
         let Some(t) = self.tier.as_deref_mut() else { return };
         t.leaving = t.leaving.saturating_sub(len);
-        let Ok(mut slot) = self.latest.find_entry(hash, |e| e.key() == id.key) else { return };
+        let Ok(mut slot) = self.latest.find_entry(hash, |e| e.key() == id.key) else {
+            if ok {
+                // The key is gone (collected, or the store was installed
+                // anew): nothing names this copy.
+                t.jobs.push(Job::Remove(id.clone()));
+            }
+            return;
+        };
         let v = slot.get().view();
         if (v.ts(), v.site()) != (id.ts, id.site) {
             if ok {
@@ -615,26 +622,52 @@ impl PartitionStore {
     }
 
     /// Recovery: the keys a checkpoint named as in the tier, installed
-    /// with their values there (after `install` of the rest).
+    /// with their values there (after `install` of the rest); and a
+    /// streamed state transfer's values, once written to this node's tier.
     pub fn install_on_disk(&mut self, entries: Vec<crate::record::OnDiskEntry>, now_ms: u64) {
         let Some(t) = self.tier.as_deref_mut() else { return };
+        t.keys_on_disk += entries.len();
+        t.bytes_on_disk += entries.iter().map(|d| d.len as usize).sum::<usize>();
         for d in entries {
             let placeholder = vec![0u8; d.len as usize];
             let e = Entry::new(&d.key, &d.version, d.seq, Some(&placeholder), d.expires_at_ms, true, Access::new(now_ms)).moved_out();
-            t.keys_on_disk += 1;
-            t.bytes_on_disk += d.len as usize;
-            self.bytes += e.size();
-            let hash = self.hasher.hash_one(&d.key);
-            let hasher = &self.hasher;
-            match self.latest.find_entry(hash, |x| x.key() == d.key) {
-                Ok(mut slot) => {
-                    self.bytes -= slot.get().size();
-                    *slot.get_mut() = e;
-                }
-                Err(_) => {
-                    self.latest.insert_unique(hash, e, |x| hasher.hash_one(x.key()));
-                }
+            self.put_entry(e);
+        }
+    }
+
+    /// A streamed state transfer's value, into memory (a node without a
+    /// disk tier).
+    pub fn install_value(&mut self, d: &crate::record::OnDiskEntry, value: &[u8], now_ms: u64) {
+        let e = Entry::new(&d.key, &d.version, d.seq, Some(value), d.expires_at_ms, true, Access::new(now_ms));
+        let hash = self.hash(&d.key);
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.cache.insert(hash);
+        }
+        self.put_entry(e);
+    }
+
+    /// Puts `e` in the table, in place of its key's entry if any (the
+    /// replaced entry must be neither on disk nor in the cache).
+    fn put_entry(&mut self, e: Entry) {
+        self.bytes += e.size();
+        let hash = self.hasher.hash_one(e.key());
+        let hasher = &self.hasher;
+        match self.latest.find_entry(hash, |x| x.key() == e.key()) {
+            Ok(mut slot) => {
+                self.bytes -= slot.get().size();
+                *slot.get_mut() = e;
             }
+            Err(_) => {
+                self.latest.insert_unique(hash, e, |x| hasher.hash_one(x.key()));
+            }
+        }
+    }
+
+    /// Work for the tier on this store's behalf (a streamed value to keep,
+    /// a sync); nothing without a tier.
+    pub fn tier_job(&mut self, job: Job) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.jobs.push(job);
         }
     }
 

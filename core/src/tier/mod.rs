@@ -20,7 +20,7 @@
 pub mod cache;
 
 use crate::hlc::Timestamp;
-use crate::ring::PartitionId;
+use crate::ring::{NodeId, PartitionId};
 use crate::version::SiteId;
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -33,7 +33,7 @@ pub use cache::{Cache, CachePolicy};
 pub const HEADER: usize = 10;
 
 /// One version's value, as the tier names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ValueId {
     pub partition: PartitionId,
     pub key: Bytes,
@@ -143,6 +143,12 @@ pub enum Job {
     /// The key no longer has this version (written again, deleted,
     /// expired, or its partition left): its value on disk is garbage.
     Remove(ValueId),
+    /// Read these values for node `to`, which streams a partition's
+    /// values on disk from this one (`Message::Values`).
+    Send { to: NodeId, partition: PartitionId, ids: Vec<ValueId> },
+    /// Make the changes so far durable: a replica that streamed its values
+    /// into the tier logs that it holds them once this is done.
+    Sync(PartitionId),
 }
 
 /// What came of a job.
@@ -151,6 +157,13 @@ pub enum Done {
     /// The value, its length, and whether it is on disk now.
     Written(ValueId, usize, Result<(), TierError>),
     Read(ValueId, Result<Option<Bytes>, TierError>),
+    Sent {
+        to: NodeId,
+        partition: PartitionId,
+        ids: Vec<ValueId>,
+        values: Result<Vec<Option<Bytes>>, TierError>,
+    },
+    Synced(PartitionId, Result<(), TierError>),
 }
 
 /// Runs `jobs` in order on `tier`: consecutive writes and removals go in
@@ -186,6 +199,22 @@ pub fn run(tier: &dyn Tier, jobs: Vec<Job>) -> (Vec<Done>, u64) {
                     failed += 1;
                 }
                 done.push(Done::Read(id, result));
+            }
+            Job::Send { to, partition, ids } => {
+                flush(tier, &mut batch, &mut done, &mut failed);
+                let values = tier.read_many(&ids);
+                if values.is_err() {
+                    failed += 1;
+                }
+                done.push(Done::Sent { to, partition, ids, values });
+            }
+            Job::Sync(partition) => {
+                flush(tier, &mut batch, &mut done, &mut failed);
+                let result = tier.sync();
+                if result.is_err() {
+                    failed += 1;
+                }
+                done.push(Done::Synced(partition, result));
             }
         }
     }
@@ -276,7 +305,7 @@ impl Tier for MemTier {
     }
 
     fn sync(&self) -> Result<(), TierError> {
-        Ok(())
+        self.0.lock().expect("not poisoned").fail()
     }
 
     fn usage(&self) -> Usage {

@@ -226,7 +226,9 @@ impl Worker {
     }
 
     pub fn send(&self, jobs: Vec<Job>) {
-        let (reads, writes): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| matches!(j, Job::Read(_)));
+        // Reads (for a request, or for a node streaming values from here)
+        // name versions already written; a sync waits for the writes.
+        let (reads, writes): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| matches!(j, Job::Read(_) | Job::Send { .. }));
         if !reads.is_empty() {
             let _ = self.reads.send(reads);
         }

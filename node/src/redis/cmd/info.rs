@@ -253,6 +253,8 @@ fn tier_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("tier_moved_out", s.moved_out.to_string()),
         ("tier_read_back", s.read_back.to_string()),
         ("tier_errors", s.errors.to_string()),
+        ("tier_streamed_out", s.streamed_out.to_string()),
+        ("tier_streamed_in", s.streamed_in.to_string()),
         ("tier_disk_reads", t.reads.count.to_string()),
         ("tier_disk_reads_per_sec", format!("{:.0}", t.reads.per_sec)),
         ("tier_disk_read_p99_usec", t.reads.p99_us.to_string()),

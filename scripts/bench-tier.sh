@@ -8,7 +8,7 @@
 # With `memory` first: memory per key whose value is on disk instead.
 # Usage: scripts/bench-tier.sh [records] [value bytes] [budget] [seconds]
 #        scripts/bench-tier.sh memory [records] [value bytes]
-#        scripts/bench-tier.sh join [records]
+#        scripts/bench-tier.sh join [records] [budget]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = memory ]; then
@@ -31,9 +31,10 @@ if [ "${1:-}" = memory ]; then
 fi
 if [ "${1:-}" = join ]; then
   # A node joins a 3-node site (R=3) whose nodes hold most values on disk
-  # (budget 30mb each): how long until it serves its share, and what a
-  # workload on another node sees meanwhile.
-  n=${2:-100000}
+  # (budget 30mb each by default; keys stay in memory, so give 1M keys
+  # some 150mb): how long until it serves its share, and what a workload
+  # on another node sees meanwhile.
+  n=${2:-100000}; budget=${3:-30mb}
   cargo build --release -q -p causeway
   B=./target/release/causeway
   dir=$(mktemp -d); pids=()
@@ -41,14 +42,14 @@ if [ "${1:-}" = join ]; then
   all=0=127.0.0.1:7960,1=127.0.0.1:7961,2=127.0.0.1:7962
   for i in 0 1 2; do
     $B node --id $i --listen 127.0.0.1:796$i --nodes $all --replicas 3 --k 2 --cluster-secret bench \
-      --maxmemory 30mb --disk-tier "$dir/tier$i" >/dev/null 2>&1 & pids+=($!)
+      --maxmemory "$budget" --disk-tier "$dir/tier$i" >/dev/null 2>&1 & pids+=($!)
   done
   sleep 2
   $B bench --target resp --addr 127.0.0.1:7960 --workload c --records "$n" --value-size 1000 --clients 16 --duration 1 >/dev/null
   sleep 5
   for i in 0 1 2; do echo "node $i: $(redis-cli -p 796$i info tier | grep -E 'tier_keys_on_disk|tier_value_bytes_on_disk' | tr -d '\r' | tr '\n' ' ')"; done
   $B node --id 3 --listen 127.0.0.1:7963 --join --nodes $all,3=127.0.0.1:7963 --replicas 3 --k 2 --cluster-secret bench \
-    --maxmemory 30mb --disk-tier "$dir/tier3" >/dev/null 2>&1 & pids+=($!)
+    --maxmemory "$budget" --disk-tier "$dir/tier3" >/dev/null 2>&1 & pids+=($!)
   sleep 1
   $B bench --target resp --addr 127.0.0.1:7961 --workload c --no-load --records "$n" --clients 8 --duration 15 --label during-join \
     > "$dir/during.txt" &

@@ -58,6 +58,9 @@ use std::collections::{BTreeMap, VecDeque};
 /// progress.
 pub const RETRANSMIT_MS: u64 = 200;
 
+/// The longest a joining replica waits before asking for the state again.
+pub const MAX_ASK_MS: u64 = 3_200;
+
 /// A replica's state in brief, to compare replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Digest {
@@ -244,6 +247,10 @@ pub struct ChainReplica {
     /// keep its successor making progress, yet its request may have been
     /// lost, or ignored by a successor not in the new order yet.
     asked_ms: u64,
+    /// How long to wait before asking for the state again: doubles with
+    /// each ask, up to `MAX_ASK_MS` (a big partition's state takes a while
+    /// to build and send, and each ask has the predecessor build it anew).
+    ask_every_ms: u64,
     /// Since when updates have waited behind a gap (see `tick`).
     gap_since_ms: Option<u64>,
 }
@@ -292,6 +299,7 @@ impl ChainReplica {
             reclaim: expiry::Reclaim::default(),
             last_progress_ms: 0,
             asked_ms: 0,
+            ask_every_ms: RETRANSMIT_MS,
             gap_since_ms: None,
             durable: 0,
             told_durable: (0, 0),
@@ -703,8 +711,9 @@ impl ChainReplica {
         self.forget_recent(now_ms);
         if self.stream.is_some() {
             self.stream_tick(now_ms, out);
-        } else if self.joining && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {
+        } else if self.joining && now_ms.saturating_sub(self.asked_ms) >= self.ask_every_ms {
             self.asked_ms = now_ms;
+            self.ask_every_ms = (2 * self.ask_every_ms).min(MAX_ASK_MS);
             self.request_state(out);
         }
         if self.catching_up && now_ms.saturating_sub(self.asked_ms) >= RETRANSMIT_MS {

@@ -13,6 +13,7 @@ impl ChainReplica {
         let chain = topology.chain(self.partition);
         let Some(index) = chain.index_of(me) else { return false };
         let was = self.index;
+        let source = self.predecessor();
         // Recovered from the log: its place now may not be the one it had.
         let recovered = self.epoch == 0;
         self.epoch = topology.epoch;
@@ -22,10 +23,17 @@ impl ChainReplica {
         self.keep_recent = !topology.returning.is_empty();
         self.store.keep_history(index == 0);
         if self.joining {
-            // A stream of values under way starts over: the state comes
-            // anew from whoever precedes this replica now.
+            if self.stream.is_some() && self.predecessor() == source {
+                // Streaming the values of a state from the same
+                // predecessor: it goes on (a site's configuration changes
+                // for other partitions' sake while a big one streams).
+                return true;
+            }
+            // Else the stream starts over: the state comes anew from
+            // whoever precedes this replica now.
             self.abandon_stream();
             self.asked_ms = now_ms;
+            self.ask_every_ms = RETRANSMIT_MS;
             self.request_state(out);
             return true;
         }

@@ -20,15 +20,24 @@ use std::collections::HashMap;
 /// much more on its way into the tier).
 pub const STREAM_CHUNK: usize = 2 << 20;
 
+/// A chunk not answered within this long is asked for again (then after
+/// twice as long, up to `MAX_ASK_MS`): a predecessor sending many
+/// partitions at once reads their chunks one after another.
+pub const STREAM_RETRY_MS: u64 = 1_000;
+
 /// A joining replica's values still to come from its predecessor's disk
 /// tier (`Message::Transfer`'s `on_disk`).
 #[derive(Debug, Default)]
 pub struct Stream {
     /// Not asked for yet, in key order.
     wanted: VecDeque<OnDiskEntry>,
-    /// Asked for, by key, and when (asked again every `RETRANSMIT_MS`).
+    /// Asked for, by key, and when (asked again after `ask_every_ms`).
     asked: BTreeMap<Bytes, OnDiskEntry>,
     asked_ms: u64,
+    /// Asked again after this long without an answer: doubles with each
+    /// ask, up to `MAX_ASK_MS` (a predecessor sending many partitions at
+    /// once answers slowly; asking again only adds to its work).
+    ask_every_ms: u64,
     /// Values on their way into this node's tier, by key, and their bytes.
     writing: HashMap<Bytes, OnDiskEntry>,
     writing_bytes: usize,
@@ -185,7 +194,10 @@ impl ChainReplica {
         now_ms: u64,
         out: &mut Outbox,
     ) -> bool {
-        if epoch != self.epoch {
+        if epoch != self.epoch || self.stream.is_some() {
+            // Streaming the values of a state taken: this is the answer to
+            // an ask made before it arrived (one stream at a time; a new
+            // configuration or a lost value starts it over).
             return false;
         }
         self.cover(clock);
@@ -215,7 +227,7 @@ impl ChainReplica {
                 self.seed_recent(updates, history_before, now_ms);
                 self.early = early.into_iter().map(|u| (u.seq, u)).collect();
                 self.joining = true;
-                self.stream = Some(Box::new(Stream { wanted: on_disk.into(), ..Stream::default() }));
+                self.stream = Some(Box::new(Stream { wanted: on_disk.into(), ask_every_ms: STREAM_RETRY_MS, ..Stream::default() }));
                 self.ask_values(now_ms, out);
                 return true;
             }
@@ -298,6 +310,7 @@ impl ChainReplica {
         let mut lost = false;
         for ((key, ts, site), value) in values {
             let Some(e) = s.asked.remove(&key).filter(|e| (e.version.ts, e.version.site) == (ts, site)) else { continue };
+            s.ask_every_ms = STREAM_RETRY_MS;
             match value {
                 None => lost = true,
                 Some(v) if self.store.has_tier() => {
@@ -312,6 +325,7 @@ impl ChainReplica {
         if lost {
             self.abandon_stream();
             self.asked_ms = now_ms;
+            self.ask_every_ms = RETRANSMIT_MS;
             self.request_state(out);
             return;
         }
@@ -380,7 +394,7 @@ impl ChainReplica {
     /// Asks again for what was not answered, or after the tier failed.
     pub(super) fn stream_tick(&mut self, now_ms: u64, out: &mut Outbox) {
         let Some(s) = self.stream.as_deref_mut() else { return };
-        if now_ms.saturating_sub(s.asked_ms) < RETRANSMIT_MS {
+        if now_ms.saturating_sub(s.asked_ms) < s.ask_every_ms {
             return;
         }
         if s.asked.is_empty() {
@@ -389,6 +403,7 @@ impl ChainReplica {
             return self.ask_values(now_ms, out);
         }
         s.asked_ms = now_ms;
+        s.ask_every_ms = (2 * s.ask_every_ms).min(MAX_ASK_MS);
         let ids = s.asked.values().map(value_ref).collect();
         if let Some(prev) = self.predecessor() {
             send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids });

@@ -1143,4 +1143,51 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_full_disk_refuses_writes_that_add_data_and_loses_nothing() {
+        use crate::tier::{CachePolicy, MemTier};
+        // Room on disk for 20 of the values.
+        let tier = Arc::new(MemTier::with_capacity(20 * 1_000));
+        let mut node = lone_node();
+        node.enable_tier(CachePolicy::Fifo, tier.clone());
+        for i in 0..100 {
+            assert!(matches!(write(&mut node, i + 1, &format!("k{i}"), true, 1_000), Message::PutDone { .. }));
+        }
+        node.set_memory(node.store_memory() as u64 / 2, Policy::NoEviction);
+        for ms in (1_010..1_200).step_by(20) {
+            node.tick(Now::at(ms), &mut Outbox::new());
+            run_tier(&mut node, &tier, ms);
+        }
+        let (_, stats) = node.tier_stats().expect("a tier");
+        assert!(stats.places.keys_on_disk <= 20 && stats.errors > 0, "{stats:?}");
+        let refused = write(&mut node, 200, "more", true, 1_200);
+        assert!(
+            matches!(&refused, Message::Refused { reason: Refusal::Disk(why), .. } if why.contains("the disk tier is full")),
+            "{refused:?}"
+        );
+        let again = write(&mut node, 201, "more", true, 1_201);
+        assert!(matches!(&again, Message::Refused { reason: Refusal::Disk(_), .. }), "refused until the disk takes values: {again:?}");
+        // A delete frees room: values move out again, and writes go in.
+        for i in 0..40 {
+            assert!(matches!(write(&mut node, 300 + i, &format!("k{i}"), false, 1_210), Message::PutDone { .. }));
+        }
+        for ms in (1_220..1_400).step_by(20) {
+            node.tick(Now::at(ms), &mut Outbox::new());
+            run_tier(&mut node, &tier, ms);
+        }
+        assert!(matches!(write(&mut node, 400, "more", true, 1_400), Message::PutDone { .. }));
+        // Every value acknowledged and not deleted reads back as written.
+        for i in 40..100 {
+            let key = format!("k{i}");
+            let mut answer = get(&mut node, 500 + i, &key, 1_400);
+            if answer.is_none() {
+                answer = run_tier(&mut node, &tier, 1_400).into_iter().find(|e| matches!(e.msg, Message::Value { .. })).map(|e| e.msg);
+            }
+            assert!(
+                matches!(&answer, Some(Message::Value { item, .. }) if item.value.as_deref() == Some(&[b'x'; 1000][..])),
+                "{key}: {answer:?}"
+            );
+        }
+    }
 }

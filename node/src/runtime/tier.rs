@@ -180,7 +180,8 @@ pub struct Reads {
 
 /// The threads that run the node's tier jobs: one writes (batches of
 /// values moved out and versions removed, one transaction each), one
-/// reads, so that a read never waits behind a commit. A read is only ever
+/// reads, so that a read never waits behind a commit, and one reads the
+/// chunks of partitions other nodes stream from here. A read is only ever
 /// asked for a version whose write was done (its entry says it is on
 /// disk), so the two need no order between them; a version removed while
 /// its read was on the way reads as absent, and the node then serves the
@@ -188,6 +189,9 @@ pub struct Reads {
 pub struct Worker {
     writes: mpsc::Sender<Vec<Job>>,
     reads: mpsc::Sender<Vec<Job>>,
+    /// Reads for nodes streaming a partition from here: a thread of their
+    /// own, so a client's read never queues behind a stream's chunks.
+    sends: mpsc::Sender<Vec<Job>>,
     pub tier: Arc<dyn Tier>,
     latency: Arc<Mutex<Histogram<u64>>>,
     /// Where the last rate was taken (count, when) and what it was.
@@ -222,18 +226,24 @@ impl Worker {
             tx
         };
         let rate = Mutex::new((0, Instant::now(), 0.0));
-        Worker { writes: thread("disk-tier-write"), reads: thread("disk-tier-read"), tier, latency, rate }
+        Worker { writes: thread("disk-tier-write"), reads: thread("disk-tier-read"), sends: thread("disk-tier-send"), tier, latency, rate }
     }
 
     pub fn send(&self, jobs: Vec<Job>) {
         // Reads (for a request, or for a node streaming values from here)
         // name versions already written; a sync waits for the writes.
-        let (reads, writes): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| matches!(j, Job::Read(_) | Job::Send { .. }));
-        if !reads.is_empty() {
-            let _ = self.reads.send(reads);
+        let (mut reads, mut sends, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+        for job in jobs {
+            match job {
+                Job::Read(_) => reads.push(job),
+                Job::Send { .. } => sends.push(job),
+                _ => writes.push(job),
+            }
         }
-        if !writes.is_empty() {
-            let _ = self.writes.send(writes);
+        for (thread, jobs) in [(&self.reads, reads), (&self.sends, sends), (&self.writes, writes)] {
+            if !jobs.is_empty() {
+                let _ = thread.send(jobs);
+            }
         }
     }
 

@@ -137,6 +137,12 @@ impl Session {
         }
     }
 
+    /// The id of the newest write of its own this session has seen
+    /// acknowledged (the accessed objects restarted with it).
+    pub fn last_write(&self) -> u64 {
+        self.last_write
+    }
+
     fn note_accessed(&mut self, key: &Bytes, dep: Dep) {
         match self.accessed.get(key) {
             Some(d) if d.version >= dep.version => {}

@@ -701,6 +701,38 @@ mod tests {
     }
 
     #[test]
+    fn a_write_after_a_later_write_acknowledged_first_waits_for_that_one_too() {
+        // Writes a, b pipelined; b's acknowledgement (unstable) arrives
+        // while a is still in flight; c starts then. Naming a alone would
+        // let c's head order c before b is stable: a reader of c could
+        // then miss b.
+        let t = site();
+        let mut d = Driver::new(7, t.clone(), Some(0), 5_000);
+        let wa = match &d.start(set("a", "1"), 0).send[..] {
+            [(_, Message::Put(put))] => put.write,
+            other => panic!("{other:?}"),
+        };
+        let [(_, Message::Put(put))] = &d.start(set("b", "2"), 0).send[..] else { panic!("the second write leaves at once") };
+        let ack = Message::PutDone {
+            op: put.op,
+            version: Some(Version::local(0, Timestamp::new(2, 0))),
+            seq: 5,
+            chain_index: 1,
+            stable: false,
+            old: None,
+        };
+        assert!(d.on_message(ack, 1).done.is_empty(), "answers stay in order");
+        let [(_, Message::Put(put))] = &d.start(set("c", "3"), 2).send[..] else { panic!("the third write leaves at once") };
+        assert_eq!(
+            put.deps,
+            vec![
+                WriteDep { partition: t.partition_of(b"a"), on: DepOn::Write(wa), same_key: false },
+                WriteDep { partition: t.partition_of(b"b"), on: DepOn::Seq(5), same_key: false },
+            ]
+        );
+    }
+
+    #[test]
     fn a_write_whose_head_holds_no_replica_of_a_dependency_waits_for_it_first() {
         let nodes = (0..6).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
         let t = Arc::new(Topology::new(1, Shape { partitions: 16, replicas: 2, k: 1 }, nodes).unwrap());

@@ -59,6 +59,16 @@ impl Ctx {
         self.writes.range(..write).next_back().map(|(&w, k)| (w, k))
     }
 
+    /// Whether write `write` must wait for the session's accessed objects
+    /// (§3.3.1) itself, beside the earlier write in flight it names: it
+    /// must unless that write started after them (it waited for them, and
+    /// its head orders `write` after it). A later write of the pipeline may
+    /// be acknowledged first, unstable: the accessed objects then restart
+    /// with it, and nothing in flight waited for it.
+    pub fn waits_for_accessed(&self, write: u64) -> bool {
+        self.earlier_write(write).is_none_or(|(earlier, _)| self.session.last_write() > earlier)
+    }
+
     /// Whether the head of `key`'s chain holds a replica of the partition
     /// of `dep` (so it can wait for `dep` itself).
     pub fn head_holds(&self, key: &[u8], dep: &[u8]) -> bool {
@@ -325,7 +335,7 @@ impl Op {
                 let write = self.write.expect("a write's id is set at its start");
                 let deps: Vec<(Bytes, Dep)> = match self.consistency {
                     Consistency::Linearizable => cx.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect(),
-                    Consistency::Causal if cx.earlier_write(write).is_none() => cx
+                    Consistency::Causal if cx.waits_for_accessed(write) => cx
                         .session
                         .dependencies()
                         .filter(|(k, _)| **k != key && !cx.head_holds(&key, k))
@@ -408,26 +418,28 @@ impl Op {
     /// What the write's head waits for before it orders it (see
     /// `core::node::put`): the session's previous write if it is still in
     /// flight (for an eventual write, only if it wrote the same key: two
-    /// writes of one key must not swap); otherwise, for a causal write, the
-    /// unstable versions of other keys the session accessed (those whose
+    /// writes of one key must not swap); and, for a causal write, the
+    /// unstable versions of other keys the session accessed, unless that
+    /// write waited for them (`Ctx::waits_for_accessed`; those whose
     /// partitions the head holds no replica of were waited for already,
     /// `begin`). A version of the same key needs no wait: the head holds
     /// it, and the new one supersedes it.
     fn write_deps(&self, cx: &Ctx, key: &Bytes, write: u64) -> Vec<WriteDep> {
         let on_key = |k: &Bytes| k == key;
-        match (self.consistency, cx.earlier_write(write)) {
-            (Consistency::Linearizable, _) => Vec::new(),
-            (level, Some((w, k))) if level == Consistency::Causal || on_key(k) => {
+        let mut deps = match cx.earlier_write(write) {
+            Some((w, k)) if self.consistency == Consistency::Causal || (self.consistency == Consistency::Eventual && on_key(k)) => {
                 vec![WriteDep { partition: cx.topology.partition_of(k), on: DepOn::Write(w), same_key: on_key(k) }]
             }
-            (Consistency::Causal, None) => cx
-                .session
-                .dependencies()
-                .filter(|(k, _)| !on_key(k))
-                .map(|(k, d)| WriteDep { partition: cx.topology.partition_of(k), on: DepOn::Seq(d.seq), same_key: false })
-                .collect(),
             _ => Vec::new(),
+        };
+        if self.consistency == Consistency::Causal && cx.waits_for_accessed(write) {
+            deps.extend(cx.session.dependencies().filter(|(k, _)| !on_key(k)).map(|(k, d)| WriteDep {
+                partition: cx.topology.partition_of(k),
+                on: DepOn::Seq(d.seq),
+                same_key: false,
+            }));
         }
+        deps
     }
 
     fn read(&mut self, cx: &mut Ctx, key: &Bytes, at_head: bool, p: &mut Step) {

@@ -69,8 +69,7 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
     rb.reconfigure(&t2k, b, 10, &mut out);
     ra.reconfigure(&t3, a, 20, &mut out);
     rb.reconfigure(&t3, b, 20, &mut out);
-    let mut rd = ChainReplica::joining(&t3, 0, d, 0, None, 20).unwrap();
-    rd.take_turn(20, &mut out);
+    let mut rd = ChainReplica::joining(&t3, 0, d, 0, None, 20, &mut out).unwrap();
     let fetch = take(&mut out, Dest::Node(b));
     out.clear();
     // The client's write arrives at the head, goes to b, and on to d
@@ -202,8 +201,7 @@ fn a_head_that_joined_by_state_transfer_applies_a_resend_twice() {
     out.clear();
     let t2 = topo(2, 2, 1, &[a, d]);
     ra.reconfigure(&t2, a, 20, &mut out);
-    let mut rd = ChainReplica::joining(&t2, 0, d, 0, None, 20).unwrap();
-    rd.take_turn(20, &mut out);
+    let mut rd = ChainReplica::joining(&t2, 0, d, 0, None, 20, &mut out).unwrap();
     ra.fetch(2, d, None, &mut out);
     let Some(Message::Transfer { epoch, state, updates, history_before, clock, on_disk, .. }) = take(&mut out, Dest::Node(d)).pop() else {
         panic!()

@@ -93,8 +93,7 @@ fn join(pred: &mut ChainReplica, pred_id: NodeId, kept: Option<ChainReplica>, me
     let mut out = Outbox::new();
     pred.reconfigure(t, pred_id, 100, &mut out);
     let kept_something = kept.is_some();
-    let mut r = ChainReplica::joining(t, 0, me, 0, kept, 100).unwrap();
-    r.take_turn(100, &mut out);
+    let mut r = ChainReplica::joining(t, 0, me, 0, kept, 100, &mut out).unwrap();
     let Some(Message::Fetch { epoch, from, have, .. }) = take(&mut out, Dest::Node(pred_id)).pop() else { panic!("the joiner fetches") };
     assert_eq!(have.is_some(), kept_something, "it says what it kept");
     pred.fetch(epoch, from, have, &mut out);

@@ -143,9 +143,6 @@ pub struct ChainReplica {
     /// predecessor (the paper's "zombie" node): applies nothing, serves no
     /// reads.
     joining: bool,
-    /// Joining, its node let it fetch the state (`Node::grant_joins`: a
-    /// few at a time).
-    turn: bool,
     /// Got the state, still getting the values its predecessor has on disk
     /// (`transfer::Stream`); `joining` until they are all here.
     stream: Option<Box<transfer::Stream>>,
@@ -279,7 +276,6 @@ impl ChainReplica {
             index,
             k,
             joining: false,
-            turn: false,
             stream: None,
             catching_up: false,
             handoff: Vec::new(),
@@ -715,7 +711,7 @@ impl ChainReplica {
         self.forget_recent(now_ms);
         if self.stream.is_some() {
             self.stream_tick(now_ms, out);
-        } else if self.joining && self.turn && now_ms.saturating_sub(self.asked_ms) >= self.ask_every_ms {
+        } else if self.joining && now_ms.saturating_sub(self.asked_ms) >= self.ask_every_ms {
             self.asked_ms = now_ms;
             self.ask_every_ms = (2 * self.ask_every_ms).min(MAX_ASK_MS);
             self.request_state(out);

@@ -34,9 +34,7 @@ impl ChainReplica {
             self.abandon_stream();
             self.asked_ms = now_ms;
             self.ask_every_ms = RETRANSMIT_MS;
-            if self.turn {
-                self.request_state(out);
-            }
+            self.request_state(out);
             return true;
         }
         // What waits behind a gap, and a promise not passed on yet, came

@@ -118,7 +118,7 @@ fn a_replica_that_returns_keeps_what_it_has_not_reported_to_other_sites() {
     let mut back = t.without(a);
     back.epoch = 3;
     back.chains[0].nodes = vec![b, c, a];
-    let mut returned = ChainReplica::joining(&back, 0, a, 0, Some(head), 20).expect("in the chain");
+    let mut returned = ChainReplica::joining(&back, 0, a, 0, Some(head), 20, &mut out).expect("in the chain");
     returned.enable_geo();
     returned.recovered_on_disk();
     assert_eq!(returned.take_reportable().iter().map(|u| u.seq).collect::<Vec<_>>(), [1], "a new tail reports it");

@@ -52,10 +52,9 @@ fn value_ref(e: &OnDiskEntry) -> ValueRef {
 }
 
 impl ChainReplica {
-    /// A replica for a node that joins `partition`'s chain: once its node
-    /// gives it its turn (`take_turn`), it asks its predecessor for the
-    /// partition's state; meanwhile it keeps the updates that arrive
-    /// (ChainReaction §3.3.3, node join).
+    /// A replica for a node that joins `partition`'s chain: it asks its
+    /// predecessor for the partition's state and meanwhile keeps the updates
+    /// that arrive (ChainReaction §3.3.3, node join).
     ///
     /// `retained` is what this node held of the partition when it last left
     /// the chain (a node removed while paused or partitioned, now back): it
@@ -69,6 +68,7 @@ impl ChainReplica {
         site: SiteId,
         retained: Option<ChainReplica>,
         now_ms: u64,
+        out: &mut Outbox,
     ) -> Option<Self> {
         let mut r = ChainReplica::new(topology, partition, me, site)?;
         if r.index == 0 {
@@ -94,23 +94,8 @@ impl ChainReplica {
         }
         r.joining = true;
         r.asked_ms = now_ms;
+        r.request_state(out);
         Some(r)
-    }
-
-    /// Whether this replica is joining (`Some`), and whether its node gave
-    /// it its turn to fetch the state (`Node::grant_joins`).
-    pub fn join_turn(&self) -> Option<bool> {
-        self.joining.then_some(self.turn)
-    }
-
-    /// Its turn to fetch the state came.
-    pub fn take_turn(&mut self, now_ms: u64, out: &mut Outbox) {
-        if self.joining && !self.turn {
-            self.turn = true;
-            self.asked_ms = now_ms;
-            self.ask_every_ms = RETRANSMIT_MS;
-            self.request_state(out);
-        }
     }
 
     pub(super) fn request_state(&self, out: &mut Outbox) {
@@ -241,9 +226,7 @@ impl ChainReplica {
                 self.restore(state, now_ms);
                 self.seed_recent(updates, history_before, now_ms);
                 self.early = early.into_iter().map(|u| (u.seq, u)).collect();
-                // (A replica that fetched a whole state for a gap joins
-                // again, in a turn it took.)
-                (self.joining, self.turn) = (true, true);
+                self.joining = true;
                 self.stream = Some(Box::new(Stream { wanted: on_disk.into(), ask_every_ms: STREAM_RETRY_MS, ..Stream::default() }));
                 self.ask_values(now_ms, out);
                 return true;

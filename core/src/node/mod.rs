@@ -63,9 +63,6 @@ pub const FOLLOWER_HEARTBEAT_MS: u64 = 1_000;
 /// the timers that fire at rest on one grid, to share wakeups), and a
 /// timer fires up to a millisecond either side of its instant.
 const EARLY_MS: u64 = 5;
-/// At most this many of a node's replicas fetch their state at once
-/// (`Node::grant_joins`).
-pub const JOINS_AT_ONCE: usize = 2;
 
 /// The time, as the node's driver reads it: the wall clock for hybrid
 /// timestamps and expiries, the monotonic clock (which a wall-clock step
@@ -500,7 +497,6 @@ impl Node {
                     t.stats.streamed_in += values.len() as u64;
                 }
                 self.with(partition, |r| r.values(values, now_ms, out));
-                self.grant_joins(now_ms, out);
             }
             Message::Transfer { epoch, partition, state, updates, history_before, clock, on_disk } => {
                 let whole = state.is_some();
@@ -512,7 +508,6 @@ impl Node {
                         false => self.transfers.0 += 1,
                     }
                 }
-                self.grant_joins(now_ms, out);
             }
             Message::StableUpTo { epoch, partition, seq, reported, durable } => {
                 if !stale(epoch) {
@@ -567,7 +562,6 @@ impl Node {
                 self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
             self.tier_replicas();
-            self.grant_joins(now_ms, out);
             self.release_streamed(now_ms);
             self.evict(now_ms, out);
             self.wake_touched(now_ms, out);
@@ -886,7 +880,7 @@ impl Node {
                         continue;
                     }
                 }
-                None => *slot = ChainReplica::joining(&topology, p, me, site, self.retained[p as usize].take(), now_ms),
+                None => *slot = ChainReplica::joining(&topology, p, me, site, self.retained[p as usize].take(), now_ms, out),
             }
             if let Some(r) = &mut self.parts[p as usize] {
                 if !self.logs {
@@ -896,34 +890,6 @@ impl Node {
             }
         }
         self.retained.iter_mut().for_each(|r| *r = None);
-        self.grant_joins(now_ms, out);
-    }
-
-    /// Lets the replicas joining here fetch their state in turns, at most
-    /// `JOINS_AT_ONCE` at a time, in partition order. A node that joins
-    /// many chains would otherwise have every predecessor send every
-    /// partition at once: a backlog on their links that holds their own
-    /// clients back (`wait_for_peers` in the shell), both nodes' CPU taken
-    /// for seconds, and every partition served only at the end, where in
-    /// turns each serves as soon as it is in.
-    fn grant_joins(&mut self, now_ms: u64, out: &mut Outbox) {
-        let mut running = self.parts.iter().flatten().filter(|r| r.join_turn() == Some(true)).count();
-        for p in 0..self.parts.len() {
-            if running >= JOINS_AT_ONCE {
-                break;
-            }
-            if self.parts[p].as_ref().is_some_and(|r| r.join_turn() == Some(false)) {
-                self.with(p as PartitionId, |r| r.take_turn(now_ms, out));
-                running += 1;
-            }
-        }
-    }
-
-    /// This node's replicas fetching their state now, and waiting for
-    /// their turn (`grant_joins`).
-    pub fn joins(&self) -> (usize, usize) {
-        let turns = self.parts.iter().flatten().filter_map(ChainReplica::join_turn);
-        turns.fold((0, 0), |(running, waiting), turn| if turn { (running + 1, waiting) } else { (running, waiting + 1) })
     }
 }
 

@@ -348,7 +348,6 @@ impl Node {
                         self.tier.as_deref_mut().expect("jobs come from a tier").stats.errors += 1;
                     }
                     self.with(partition, |r| r.tier_synced(result.is_ok(), now.wall_ms, out));
-                    self.grant_joins(now.wall_ms, out);
                 }
                 Done::Read(id, result) => {
                     let failed = match result {

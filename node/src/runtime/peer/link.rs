@@ -3,8 +3,7 @@
 //!
 //! Messages queue in two lanes: eager (client requests, replies,
 //! eager-phase forwards, acknowledgements) and lazy (lazy-phase forwards,
-//! ChainReaction §3.3.1, and the chunks of values streamed to a new
-//! member). The writer drains everything queued, eager first,
+//! ChainReaction §3.3.1). The writer drains everything queued, eager first,
 //! into one buffer and writes it with one syscall, so all a node owes a
 //! neighbour at a moment leaves in one write.
 //!
@@ -190,7 +189,7 @@ impl Link {
         q.queued += frame.len();
         *q.sent.kinds.entry(msg.kind()).or_default() += 1;
         q.sent.bytes += frame.len() as u64;
-        if matches!(msg, Message::Forward { lazy: true, .. } | Message::Values { .. }) {
+        if matches!(msg, Message::Forward { lazy: true, .. }) {
             q.lazy.push_back(frame);
         } else {
             q.eager.push_back(frame);

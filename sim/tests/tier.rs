@@ -11,6 +11,7 @@
 //!
 //! `SEED=n` replays one seed.
 
+use causeway_core::node::STREAMS_AT_ONCE;
 use causeway_core::ring::{NodeId, Shape};
 use causeway_core::tier::CachePolicy;
 use causeway_sim::workload::{run_site, seeds, Site};
@@ -32,6 +33,8 @@ struct Checked {
     /// Values streamed from one node's tier to another's by state
     /// transfers.
     streamed: u64,
+    /// Steps where a node had streams waiting for their turn.
+    queued: u64,
 }
 
 /// Runs `seed` with `policy`.
@@ -54,10 +57,17 @@ fn run(seed: u64, policy: CachePolicy, fail_chance: f64) -> Checked {
     let mut step = 0;
     let mut tier = (0, 0, 0);
     let mut next_compaction = 200;
+    let mut queued = 0;
     let run = run_site(
         seed,
         &site,
         |sim| {
+            for n in (0..NODES).filter(|&n| !sim.is_crashed(n)) {
+                if let Some((_, s)) = sim.node(n).tier_stats() {
+                    assert!(s.streams_running <= STREAMS_AT_ONCE, "seed {seed}: node {n} streams {} partitions", s.streams_running);
+                    queued += (s.streams_waiting > 0) as u64;
+                }
+            }
             let t = sim.now_ms - *start.get_or_insert(sim.now_ms);
             if t >= next_compaction {
                 // Checkpoints name values on disk; the restart below
@@ -87,7 +97,7 @@ fn run(seed: u64, policy: CachePolicy, fail_chance: f64) -> Checked {
     let acknowledged = run.checker.acknowledged.len();
     assert!(acknowledged > 100, "seed {seed}: {acknowledged} acknowledged");
     assert!(tier.0 > 0 && tier.1 > 0, "seed {seed}: the tier was not used: {tier:?}");
-    Checked { completed: run.completed, failed: run.failed, acknowledged, misses: tier.0, moved_out: tier.1, streamed: tier.2 }
+    Checked { completed: run.completed, failed: run.failed, acknowledged, misses: tier.0, moved_out: tier.1, streamed: tier.2, queued }
 }
 
 /// Runs the seeds and says what was checked (`--nocapture` shows it).
@@ -102,10 +112,11 @@ fn report(name: &str, policy: CachePolicy, fail_chance: f64, seeds: Vec<u64>) ->
         all.misses += c.misses;
         all.moved_out += c.moved_out;
         all.streamed += c.streamed;
+        all.queued += c.queued;
     }
     eprintln!(
-        "{name}: {runs} runs, {} requests completed ({} failed), {} acknowledged writes checked; {} values moved out, {} requests waited for the disk, {} values streamed by state transfers",
-        all.completed, all.failed, all.acknowledged, all.moved_out, all.misses, all.streamed
+        "{name}: {runs} runs, {} requests completed ({} failed), {} acknowledged writes checked; {} values moved out, {} requests waited for the disk, {} values streamed by state transfers ({} steps with streams waiting their turn)",
+        all.completed, all.failed, all.acknowledged, all.moved_out, all.misses, all.streamed, all.queued
     );
     all
 }

@@ -81,7 +81,7 @@ fn corpus() -> Vec<Vec<u8>> {
             on_disk: Vec::new(),
         },
         Message::Fetch { epoch: 4, partition: 2, from: 1, have: Some((3, 17)) },
-        Message::FetchValues { partition: 2, from: 1, ids: vec![(Bytes::from("cold"), Timestamp::new(9, 0), 1)] },
+        Message::FetchValues { partition: 2, from: 1, ids: vec![(Bytes::from("cold"), Timestamp::new(9, 0), 1)], done: false },
         Message::Values {
             partition: 2,
             values: vec![

@@ -25,6 +25,11 @@ pub const STREAM_CHUNK: usize = 2 << 20;
 /// partitions at once reads their chunks one after another.
 pub const STREAM_RETRY_MS: u64 = 1_000;
 
+/// A stream waiting for its turn (`Node::grant_streams`) tells its
+/// predecessor this often that it still wants the versions kept for it
+/// (well within `node::STREAM_IDLE_MS`).
+pub const STREAM_KEEPALIVE_MS: u64 = 2_000;
+
 /// A joining replica's values still to come from its predecessor's disk
 /// tier (`Message::Transfer`'s `on_disk`).
 #[derive(Debug, Default)]
@@ -45,6 +50,9 @@ pub struct Stream {
     failed: bool,
     /// All here; the tier is making them durable (`Job::Sync`).
     syncing: bool,
+    /// Its turn came: it asks for values (`Node::grant_streams` lets a
+    /// few of a node's streams run at once).
+    go: bool,
 }
 
 fn value_ref(e: &OnDiskEntry) -> ValueRef {
@@ -227,8 +235,10 @@ impl ChainReplica {
                 self.seed_recent(updates, history_before, now_ms);
                 self.early = early.into_iter().map(|u| (u.seq, u)).collect();
                 self.joining = true;
-                self.stream = Some(Box::new(Stream { wanted: on_disk.into(), ask_every_ms: STREAM_RETRY_MS, ..Stream::default() }));
-                self.ask_values(now_ms, out);
+                // It asks for the values in its turn (`start_stream`).
+                let asked_ms = now_ms;
+                self.stream =
+                    Some(Box::new(Stream { wanted: on_disk.into(), ask_every_ms: STREAM_RETRY_MS, asked_ms, ..Stream::default() }));
                 return true;
             }
             Some(state) => {
@@ -267,12 +277,26 @@ impl ChainReplica {
         }
     }
 
+    /// Whether this replica streams values in (`Some`), and whether its
+    /// turn came.
+    pub fn streaming(&self) -> Option<bool> {
+        self.stream.as_deref().map(|s| s.go)
+    }
+
+    /// Its turn to stream came: it starts asking.
+    pub fn start_stream(&mut self, now_ms: u64, out: &mut Outbox) {
+        let Some(s) = self.stream.as_deref_mut() else { return };
+        s.go = true;
+        s.asked_ms = now_ms;
+        self.ask_values(now_ms, out);
+    }
+
     /// Asks the predecessor for the next chunk of values, if none is on
     /// its way and the tier keeps up; once all are here, has the tier
     /// make them durable, then serves (`streamed`).
     fn ask_values(&mut self, now_ms: u64, out: &mut Outbox) {
         let Some(s) = self.stream.as_deref_mut() else { return };
-        if !s.asked.is_empty() || s.syncing || s.failed || s.writing_bytes > STREAM_CHUNK {
+        if !s.go || !s.asked.is_empty() || s.syncing || s.failed || s.writing_bytes > STREAM_CHUNK {
             return;
         }
         let mut bytes = 0;
@@ -297,7 +321,7 @@ impl ChainReplica {
         }
         s.asked_ms = now_ms;
         if let Some(prev) = self.predecessor() {
-            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids });
+            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids, done: false });
         }
     }
 
@@ -385,15 +409,26 @@ impl ChainReplica {
         self.log.extend(records);
         if let Some(prev) = self.predecessor() {
             let from = self.chain[self.index];
-            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from, ids: Vec::new() });
+            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from, ids: Vec::new(), done: true });
         }
         let early: Vec<Update> = std::mem::take(&mut self.early).into_values().collect();
         self.serve_from(early, now_ms, out);
     }
 
-    /// Asks again for what was not answered, or after the tier failed.
+    /// Asks again for what was not answered, or after the tier failed;
+    /// waiting for its turn, says it is still there.
     pub(super) fn stream_tick(&mut self, now_ms: u64, out: &mut Outbox) {
         let Some(s) = self.stream.as_deref_mut() else { return };
+        if !s.go {
+            if now_ms.saturating_sub(s.asked_ms) >= STREAM_KEEPALIVE_MS {
+                s.asked_ms = now_ms;
+                if let Some(prev) = self.predecessor() {
+                    let (partition, from) = (self.partition, self.chain[self.index]);
+                    send(out, Dest::Node(prev), Message::FetchValues { partition, from, ids: Vec::new(), done: false });
+                }
+            }
+            return;
+        }
         if now_ms.saturating_sub(s.asked_ms) < s.ask_every_ms {
             return;
         }
@@ -406,7 +441,7 @@ impl ChainReplica {
         s.ask_every_ms = (2 * s.ask_every_ms).min(MAX_ASK_MS);
         let ids = s.asked.values().map(value_ref).collect();
         if let Some(prev) = self.predecessor() {
-            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids });
+            send(out, Dest::Node(prev), Message::FetchValues { partition: self.partition, from: self.chain[self.index], ids, done: false });
         }
     }
 }

@@ -216,12 +216,14 @@ pub enum Message {
         on_disk: Vec<OnDiskEntry>,
     },
     /// A new member asks its predecessor for the values of these versions
-    /// (a chunk of a `Transfer`'s `on_disk`, in key order); none: it has
-    /// them all (the predecessor may let go of versions it kept for it).
+    /// (a chunk of a `Transfer`'s `on_disk`, in key order); none: it is
+    /// still there, waiting for its turn to stream. `done`: it has them
+    /// all (the predecessor may let go of versions it kept for it).
     FetchValues {
         partition: PartitionId,
         from: NodeId,
         ids: Vec<ValueRef>,
+        done: bool,
     },
     /// The answer: each version's value, `None` if the sender no longer
     /// has it.

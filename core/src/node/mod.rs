@@ -46,7 +46,7 @@ mod memory;
 mod put;
 mod tier;
 
-pub use tier::TierStats;
+pub use tier::{TierStats, STREAMS_AT_ONCE};
 
 use coalesce::{coalesce, is_chain_traffic};
 
@@ -491,12 +491,13 @@ impl Node {
                 self.with(partition, |r| r.fetch(epoch, from, have, out));
                 self.stream_to(partition, from, now_ms);
             }
-            Message::FetchValues { partition, from, ids } => self.fetch_values(partition, from, ids, now_ms, out),
+            Message::FetchValues { partition, from, ids, done } => self.fetch_values(partition, from, ids, done, now_ms, out),
             Message::Values { partition, values } => {
                 if let Some(t) = self.tier.as_deref_mut() {
                     t.stats.streamed_in += values.len() as u64;
                 }
                 self.with(partition, |r| r.values(values, now_ms, out));
+                self.grant_streams(now_ms, out);
             }
             Message::Transfer { epoch, partition, state, updates, history_before, clock, on_disk } => {
                 let whole = state.is_some();
@@ -508,6 +509,7 @@ impl Node {
                         false => self.transfers.0 += 1,
                     }
                 }
+                self.grant_streams(now_ms, out);
             }
             Message::StableUpTo { epoch, partition, seq, reported, durable } => {
                 if !stale(epoch) {
@@ -562,6 +564,7 @@ impl Node {
                 self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
             self.tier_replicas();
+            self.grant_streams(now_ms, out);
             self.release_streamed(now_ms);
             self.evict(now_ms, out);
             self.wake_touched(now_ms, out);

@@ -18,6 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 /// long has given up (died, or started over elsewhere).
 pub const STREAM_IDLE_MS: u64 = 10_000;
 
+/// At most this many of a node's replicas stream values in at once
+/// (`Node::grant_streams`).
+pub const STREAMS_AT_ONCE: usize = 2;
+
 /// INFO `tier`: what the node's tier did so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierStats {
@@ -35,6 +39,10 @@ pub struct TierStats {
     /// (state transfers stream them), and values streamed in here.
     pub streamed_out: u64,
     pub streamed_in: u64,
+    /// Replicas here streaming values in now, and waiting for their turn
+    /// (`Node::grant_streams`).
+    pub streams_running: usize,
+    pub streams_waiting: usize,
     /// Where the values are, over every replica here.
     pub places: crate::store::Places,
 }
@@ -125,6 +133,11 @@ impl Node {
             stats.places.keys_on_disk += p.keys_on_disk;
             stats.places.bytes_on_disk += p.bytes_on_disk;
             stats.places.leaving += p.leaving;
+            match r.streaming() {
+                Some(true) => stats.streams_running += 1,
+                Some(false) => stats.streams_waiting += 1,
+                None => {}
+            }
         }
         Some((t.policy, stats))
     }
@@ -160,15 +173,33 @@ impl Node {
         }
     }
 
-    /// `from` asks for the values of `ids` (none: it has them all).
-    pub(super) fn fetch_values(&mut self, partition: PartitionId, from: NodeId, ids: Vec<ValueRef>, now_ms: u64, out: &mut Outbox) {
+    /// `from` asks for the values of `ids` (none: it waits for its turn;
+    /// `done`: it has them all).
+    pub(super) fn fetch_values(
+        &mut self,
+        partition: PartitionId,
+        from: NodeId,
+        ids: Vec<ValueRef>,
+        done: bool,
+        now_ms: u64,
+        out: &mut Outbox,
+    ) {
         let Some(t) = self.tier.as_deref_mut() else {
-            let values = ids.into_iter().map(|id| (id, None)).collect();
-            return send(out, Dest::Node(from), Message::Values { partition, values });
+            if !ids.is_empty() {
+                let values = ids.into_iter().map(|id| (id, None)).collect();
+                send(out, Dest::Node(from), Message::Values { partition, values });
+            }
+            return;
         };
-        if ids.is_empty() {
+        if done {
             t.streams.remove(&(partition, from));
             return self.release_streamed(now_ms);
+        }
+        if let Some(heard) = t.streams.get_mut(&(partition, from)) {
+            *heard = now_ms;
+        }
+        if ids.is_empty() {
+            return;
         }
         t.streams.insert((partition, from), now_ms);
         let ids = ids.into_iter().map(|(key, ts, site)| ValueId { partition, key, ts, site }).collect();
@@ -314,6 +345,27 @@ impl Node {
         t.waiting.entry(key).or_default().push(msg);
     }
 
+    /// Lets the replicas streaming values in take their turns, so that at
+    /// most `STREAMS_AT_ONCE` ask at a time, in partition order: a node
+    /// joining many chains would otherwise have its predecessors read and
+    /// send every partition's chunks at once (their links backed up, both
+    /// nodes' CPU taken), and every partition would serve only at the end.
+    /// (The state transfers before the streams are not in turns: a
+    /// replica's predecessor may itself be joining, and turns held while
+    /// waiting on each other would never end.)
+    pub(super) fn grant_streams(&mut self, now_ms: u64, out: &mut Outbox) {
+        let mut running = self.parts.iter().flatten().filter(|r| r.streaming() == Some(true)).count();
+        for p in 0..self.parts.len() {
+            if running >= STREAMS_AT_ONCE {
+                break;
+            }
+            if self.parts[p].as_ref().is_some_and(|r| r.streaming() == Some(false)) {
+                self.with(p as PartitionId, |r| r.start_stream(now_ms, out));
+                running += 1;
+            }
+        }
+    }
+
     /// What came of the tier's jobs: values freed or kept, values back
     /// in memory and the requests that waited for them, stepped now.
     pub fn tier_done(&mut self, done: Vec<Done>, now: Now, out: &mut Outbox) {
@@ -348,6 +400,7 @@ impl Node {
                         self.tier.as_deref_mut().expect("jobs come from a tier").stats.errors += 1;
                     }
                     self.with(partition, |r| r.tier_synced(result.is_ok(), now.wall_ms, out));
+                    self.grant_streams(now.wall_ms, out);
                 }
                 Done::Read(id, result) => {
                     let failed = match result {

@@ -255,6 +255,8 @@ fn tier_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("tier_errors", s.errors.to_string()),
         ("tier_streamed_out", s.streamed_out.to_string()),
         ("tier_streamed_in", s.streamed_in.to_string()),
+        ("tier_streams_running", s.streams_running.to_string()),
+        ("tier_streams_waiting", s.streams_waiting.to_string()),
         ("tier_disk_reads", t.reads.count.to_string()),
         ("tier_disk_reads_per_sec", format!("{:.0}", t.reads.per_sec)),
         ("tier_disk_read_p99_usec", t.reads.p99_us.to_string()),

@@ -1,11 +1,13 @@
 //! The outbound link to one peer node: ordered, resent across reconnects,
 //! bounded.
 //!
-//! Messages queue in two lanes: eager (client requests, replies,
-//! eager-phase forwards, acknowledgements) and lazy (lazy-phase forwards,
-//! ChainReaction §3.3.1). The writer drains everything queued, eager first,
-//! into one buffer and writes it with one syscall, so all a node owes a
-//! neighbour at a moment leaves in one write.
+//! Messages queue in three lanes: eager (client requests, replies,
+//! eager-phase forwards, acknowledgements), lazy (lazy-phase forwards,
+//! ChainReaction §3.3.1) and bulk (state transfers and the values streamed
+//! after them, to a node joining a chain). The writer drains everything
+//! queued, eager first, bulk last, into one buffer and writes it with one
+//! syscall, so all a node owes a neighbour at a moment leaves in one
+//! write.
 //!
 //! TCP alone loses what sat in a connection that broke (the write
 //! succeeded into the kernel, the peer never read it). So each frame
@@ -22,9 +24,11 @@
 //! its geo leader), so nothing is relayed inside the site.
 //!
 //! Bounds: what is queued plus what is unacknowledged is the link's
-//! *backlog*. Past `SOFT_LIMIT` the node stops reading new client requests
-//! for a while (`Node::wait_for_peers`), so a slow peer slows its clients
-//! instead of growing memory; past `HARD_LIMIT` (a peer that is down or
+//! *backlog*. Past `SOFT_LIMIT` (not counting bulk still queued: a joining
+//! node's transfers are paced by the join itself, and have no clients to
+//! slow down) the node stops reading new client requests for a while
+//! (`Node::wait_for_peers`), so a slow peer slows its clients instead of
+//! growing memory; past `HARD_LIMIT` (a peer that is down or
 //! stuck) new messages are dropped, counted (`dropped`) and logged, never
 //! silently. The chain retransmits its own traffic and the coordinator
 //! removes a node that stays away.
@@ -79,8 +83,10 @@ struct Shared {
 struct Queue {
     eager: VecDeque<Bytes>,
     lazy: VecDeque<Bytes>,
-    /// Bytes in the two lanes.
+    bulk: VecDeque<Bytes>,
+    /// Bytes in the three lanes, and in `bulk`.
     queued: usize,
+    bulk_queued: usize,
     /// Bytes written but not yet acknowledged (the writer keeps them).
     unacked: usize,
     /// What was queued so far (`Link::sent`).
@@ -113,6 +119,11 @@ impl Sent {
 impl Queue {
     fn backlog(&self) -> usize {
         self.queued + self.unacked
+    }
+
+    /// The backlog that holds clients back (`SOFT_LIMIT`).
+    fn pressing(&self) -> usize {
+        self.backlog() - self.bulk_queued
     }
 }
 
@@ -159,9 +170,10 @@ impl Link {
         self.shared.down.load(Ordering::Relaxed)
     }
 
-    /// Bytes queued or not yet acknowledged by the peer.
+    /// Bytes queued or not yet acknowledged by the peer, but for bulk
+    /// still queued: what `SOFT_LIMIT` bounds.
     pub fn backlog(&self) -> usize {
-        self.shared.queue.lock().backlog()
+        self.shared.queue.lock().pressing()
     }
 
     /// Messages dropped because the peer's backlog was over the limit.
@@ -189,10 +201,13 @@ impl Link {
         q.queued += frame.len();
         *q.sent.kinds.entry(msg.kind()).or_default() += 1;
         q.sent.bytes += frame.len() as u64;
-        if matches!(msg, Message::Forward { lazy: true, .. }) {
-            q.lazy.push_back(frame);
-        } else {
-            q.eager.push_back(frame);
+        match msg {
+            Message::Forward { lazy: true, .. } => q.lazy.push_back(frame),
+            Message::Transfer { .. } | Message::Values { .. } => {
+                q.bulk_queued += frame.len();
+                q.bulk.push_back(frame);
+            }
+            _ => q.eager.push_back(frame),
         }
         drop(q);
         self.shared.wake.notify_one();
@@ -349,12 +364,22 @@ impl Writer {
         Ok(())
     }
 
-    /// Moves what is queued, eager first, into `batch` as sequenced frames
-    /// (up to about `MAX_BATCH_BYTES`). Whether there was anything.
+    /// Moves what is queued, eager first, bulk last, into `batch` as
+    /// sequenced frames (up to about `MAX_BATCH_BYTES`). Whether there was
+    /// anything.
     fn fill(&mut self, batch: &mut BytesMut) -> bool {
         let mut q = self.shared.queue.lock();
         while batch.len() < MAX_BATCH_BYTES {
-            let Some(frame) = q.eager.pop_front().or_else(|| q.lazy.pop_front()) else { break };
+            let frame = match q.eager.pop_front().or_else(|| q.lazy.pop_front()) {
+                Some(frame) => frame,
+                None => match q.bulk.pop_front() {
+                    Some(frame) => {
+                        q.bulk_queued -= frame.len();
+                        frame
+                    }
+                    None => break,
+                },
+            };
             q.queued -= frame.len();
             put_sequenced(self.next, &frame, batch);
             self.next += 1;
@@ -376,7 +401,7 @@ impl Writer {
         if freed > 0 {
             let mut q = self.shared.queue.lock();
             q.unacked -= freed;
-            if q.backlog() <= SOFT_LIMIT {
+            if q.pressing() <= SOFT_LIMIT {
                 self.shared.room.notify_waiters();
             }
         }
@@ -638,6 +663,26 @@ mod tests {
         peer.write_all(&out).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), link.room()).await.expect("room once acknowledged");
         assert_eq!(link.backlog(), 0);
+    }
+
+    #[tokio::test]
+    async fn values_streamed_to_a_joining_node_do_not_hold_clients_back() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // The peer never answers: everything stays queued.
+        let link = Link::spawn(7, listener.local_addr().unwrap().to_string(), None);
+        let chunk = |i: u64| Message::Values {
+            partition: 3,
+            values: vec![(
+                (Bytes::from(format!("k{i}")), causeway_core::hlc::Timestamp::new(i, 0), 0),
+                Some(Bytes::from(vec![0u8; 1 << 20])),
+            )],
+        };
+        for i in 1..=(SOFT_LIMIT >> 20) as u64 + 4 {
+            link.send(&chunk(i));
+        }
+        assert!(link.shared.queue.lock().backlog() > SOFT_LIMIT, "all of it queued");
+        assert!(link.backlog() <= SOFT_LIMIT);
+        tokio::time::timeout(Duration::from_millis(100), link.room()).await.expect("clients go on");
     }
 
     #[test]

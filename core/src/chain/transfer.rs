@@ -124,15 +124,12 @@ impl ChainReplica {
     /// replica's recent updates reach back there and its history at that
     /// position is the same (the successor did not apply updates that were
     /// later lost, like a head's unforwarded writes); else the whole state.
-    /// How many keys the whole state it built holds (0: none built).
-    pub fn fetch(&self, epoch: u64, from: NodeId, have: Option<(u64, u64)>, out: &mut Outbox) -> usize {
+    pub fn fetch(&self, epoch: u64, from: NodeId, have: Option<(u64, u64)>, out: &mut Outbox) {
         if epoch != self.epoch || self.joining || self.successor() != Some(from) {
-            return 0;
+            return;
         }
         let (partition, clock) = (self.partition, self.clock.last());
-        let suffix = have.and_then(|(applied, history)| Some((self.updates_after(applied, history)?, history)));
-        let mut keys = 0;
-        let msg = match suffix {
+        let msg = match have.and_then(|(applied, history)| Some((self.updates_after(applied, history)?, history))) {
             Some((updates, history_before)) => {
                 Message::Transfer { epoch, partition, state: None, updates, history_before, clock, on_disk: Vec::new() }
             }
@@ -142,7 +139,6 @@ impl ChainReplica {
                 let history_before = self.recent.front().map_or(self.history, |(_, h, _)| *h);
                 let updates = self.recent.iter().map(|(u, _, _)| u.clone()).collect();
                 let (state, mut on_disk) = self.state_named();
-                keys = state.entries.len() + on_disk.len();
                 // Streamed in key order: the tier keeps a partition's
                 // values in key order, so reading them back is sequential.
                 on_disk.sort_unstable_by(|a, b| a.key.cmp(&b.key));
@@ -150,7 +146,6 @@ impl ChainReplica {
             }
         };
         send(out, Dest::Node(from), msg);
-        keys
     }
 
     /// Takes `updates` (the sender's recent updates, ending at this

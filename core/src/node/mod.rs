@@ -37,7 +37,7 @@ pub use crate::message::{Beat, Recovered};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::version::{SiteId, VersionVector};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 mod coalesce;
@@ -63,10 +63,6 @@ pub const FOLLOWER_HEARTBEAT_MS: u64 = 1_000;
 /// the timers that fire at rest on one grid, to share wakeups), and a
 /// timer fires up to a millisecond either side of its instant.
 const EARLY_MS: u64 = 5;
-/// A node puts about this many keys in whole states for its successors
-/// every `STATE_EVERY_MS` at most (`Node::answer_fetches`).
-const STATE_KEYS: usize = 20_000;
-const STATE_EVERY_MS: u64 = 20;
 
 /// The time, as the node's driver reads it: the wall clock for hybrid
 /// timestamps and expiries, the monotonic clock (which a wall-clock step
@@ -138,11 +134,6 @@ pub struct Node {
     retained: Vec<Option<ChainReplica>>,
     /// State transfers received: (only the missing updates, the whole state).
     transfers: (u64, u64),
-    /// Successors' asks for a partition's state not answered yet
-    /// (`answer_fetches`): (epoch, partition, from, have). And since when,
-    /// and how many keys, this node put in whole states lately.
-    fetches: VecDeque<(u64, PartitionId, NodeId, Option<(u64, u64)>)>,
-    states_built: (u64, usize),
     /// Records to make durable before this step's messages leave.
     log: Vec<LogRecord>,
     /// Whether the driver keeps a log (`without_log`).
@@ -196,8 +187,6 @@ impl Node {
             parts: (0..partitions).map(|_| None).collect(),
             retained: (0..partitions).map(|_| None).collect(),
             transfers: (0, 0),
-            fetches: VecDeque::new(),
-            states_built: (0, 0),
             log: Vec::new(),
             logs: true,
             logged: 0,
@@ -499,12 +488,8 @@ impl Node {
                 self.with(partition, |r| r.suffix(epoch, updates, applied, state.map(|s| *s), clock, now_ms, out));
             }
             Message::Fetch { epoch, partition, from, have } => {
-                // An ask again keeps its place in the line.
-                match self.fetches.iter_mut().find(|f| (f.1, f.2) == (partition, from)) {
-                    Some(f) => *f = (epoch, partition, from, have),
-                    None => self.fetches.push_back((epoch, partition, from, have)),
-                }
-                self.answer_fetches(now_ms, out);
+                self.with(partition, |r| r.fetch(epoch, from, have, out));
+                self.stream_to(partition, from, now_ms);
             }
             Message::FetchValues { partition, from, ids, done } => self.fetch_values(partition, from, ids, done, now_ms, out),
             Message::Values { partition, values } => {
@@ -579,7 +564,6 @@ impl Node {
                 self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
             }
             self.tier_replicas();
-            self.answer_fetches(now_ms, out);
             self.grant_streams(now_ms, out);
             self.release_streamed(now_ms);
             self.evict(now_ms, out);
@@ -614,7 +598,6 @@ impl Node {
             && !self.evicting()
             && self.parked.is_empty()
             && self.waiting.is_empty()
-            && self.fetches.is_empty()
             && self.parts.iter().flatten().all(ChainReplica::idle)
     }
 
@@ -885,27 +868,6 @@ impl Node {
             self.log.push(LogRecord::Dropped { partition });
         }
         replica
-    }
-
-    /// Answers successors' asks for a partition's state, in order, with
-    /// whole states of at most about `STATE_KEYS` keys every
-    /// `STATE_EVERY_MS` (the rest wait for the tick). Building one reads
-    /// every key of the partition under the node's lock: a node joining
-    /// many chains asks every predecessor for many at once, and built back
-    /// to back (a million keys) they kept the predecessors' own clients
-    /// waiting for a second.
-    fn answer_fetches(&mut self, now_ms: u64, out: &mut Outbox) {
-        loop {
-            let (since, keys) = &mut self.states_built;
-            if now_ms.saturating_sub(*since) >= STATE_EVERY_MS {
-                (*since, *keys) = (now_ms, 0);
-            } else if *keys >= STATE_KEYS {
-                return;
-            }
-            let Some((epoch, partition, from, have)) = self.fetches.pop_front() else { return };
-            self.states_built.1 += self.with(partition, |r| r.fetch(epoch, from, have, out)).unwrap_or(0);
-            self.stream_to(partition, from, now_ms);
-        }
     }
 
     /// Puts every replica where the configuration says (see `install`).

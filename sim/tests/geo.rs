@@ -15,13 +15,14 @@ use causeway_core::geo::Replication;
 use causeway_core::hlc::Timestamp;
 use causeway_core::message::Change;
 use causeway_core::ring::{PartitionId, Shape};
+use causeway_core::tier::CachePolicy;
 use causeway_core::version::SiteId;
 use causeway_core::version::Version;
 use causeway_sim::check::CausalChecker;
 use causeway_sim::workload::seeds;
 use causeway_sim::world::{Wan, World};
 use causeway_sim::TICK_MS;
-use causeway_sim::{Completed, Fsync, Network, Rng, Straggler};
+use causeway_sim::{Completed, Fsync, Network, Rng, SimTier, Straggler};
 use std::collections::{BTreeMap, HashMap};
 
 const SITES: usize = 3;
@@ -34,6 +35,8 @@ struct Geo {
     network: Network,
     duration_ms: u64,
     faults: Faults,
+    /// A disk tier on every node of every site.
+    tier: Option<SimTier>,
 }
 
 /// Which faults strike while clients run.
@@ -115,6 +118,11 @@ impl Striking {
 fn run(seed: u64, geo: &Geo) -> Vec<String> {
     let shape = Shape { partitions: 8, replicas: 3, k: 2 };
     let mut world = World::new(seed, SITES, geo.replication, 3, shape, CLIENTS, geo.network.clone(), geo.wan.clone());
+    if let Some(tier) = geo.tier {
+        world.sites = std::mem::take(&mut world.sites).into_iter().map(|s| s.with_tier(tier)).collect();
+    }
+    // With a tier, values big enough that the budget's pulses move them.
+    let pad = if geo.tier.is_some() { "-".repeat(100) } else { String::new() };
     if geo.faults.unsynced_disks {
         for s in &mut world.sites {
             s.fsync = Fsync::EverySec;
@@ -168,7 +176,7 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
                 let request = match rng.below(10) {
                     0..=3 => {
                         writes += 1;
-                        let value = Bytes::from(format!("s{site}c{client}w{writes}"));
+                        let value = Bytes::from(format!("s{site}c{client}w{writes}{pad}"));
                         checker.issued_write(global(site, client), &value);
                         Request::Put { key: key(rng.below(KEYS)), change: Change::set(value) }
                     }
@@ -253,6 +261,17 @@ fn run(seed: u64, geo: &Geo) -> Vec<String> {
         checker.acknowledged.retain(|(_, v)| !lost(v));
     }
     let data = identical(&world, seed, &checker);
+    if geo.tier.is_some() {
+        let (mut moved_out, mut misses) = (0, 0);
+        for s in &world.sites {
+            for n in 0..s.node_count() as u16 {
+                let (_, stats) = s.node(n).tier_stats().expect("every node has a tier");
+                (moved_out, misses) = (moved_out + stats.moved_out, misses + stats.misses);
+            }
+        }
+        assert!(moved_out > 0 && misses > 0, "seed {seed}: the tier was not used: {moved_out} moved out, {misses} misses");
+        println!("seed {seed}: {moved_out} values moved out, {misses} requests waited for the disk");
+    }
     assert!(checker.acknowledged.len() > 50, "seed {seed}: only {} writes acknowledged", checker.acknowledged.len());
     let conflicts: u64 = world.sites.iter().map(|s| (0..s.node_count() as u16).map(|n| s.node(n).conflicts()).sum::<u64>()).sum();
     println!(
@@ -317,6 +336,7 @@ fn three_sites_converge_causally() {
         network: Network::default(),
         duration_ms: 2_000,
         faults: Faults::default(),
+        tier: None,
     };
     for seed in seeds(0..5) {
         run(seed, &geo);
@@ -330,7 +350,14 @@ fn three_sites_converge_causally() {
 fn a_write_waits_for_its_dependency_from_a_third_site() {
     let mut wan = Wan::paper(SITES);
     wan.delay_ms = vec![vec![0, 10, 300], vec![10, 0, 10], vec![300, 10, 0]];
-    let geo = Geo { replication: Replication::Causal, wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
+    let geo = Geo {
+        replication: Replication::Causal,
+        wan,
+        network: Network::default(),
+        duration_ms: 2_000,
+        faults: Faults::default(),
+        tier: None,
+    };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -345,13 +372,35 @@ fn a_write_waits_for_its_dependency_from_a_third_site() {
 fn the_eventual_baseline_converges_but_breaks_causality() {
     let mut wan = Wan::paper(SITES);
     wan.delay_ms = vec![vec![0, 10, 300], vec![10, 0, 10], vec![300, 10, 0]];
-    let geo = Geo { replication: Replication::Eventual, wan, network: Network::default(), duration_ms: 2_000, faults: Faults::default() };
+    let geo = Geo {
+        replication: Replication::Eventual,
+        wan,
+        network: Network::default(),
+        duration_ms: 2_000,
+        faults: Faults::default(),
+        tier: None,
+    };
     let violations: usize = seeds(0..3).into_iter().map(|seed| run(seed, &geo).len()).sum();
     println!("eventual: {violations} causal+ violations");
     assert!(violations > 0, "the eventual baseline showed no effect before its cause: the checker or the baseline is broken");
 }
 
 /// Messages lost inside sites and between them, links between sites cut.
+/// Every node of every site with a disk tier whose budget keeps moving
+/// values out and back (`SimTier`; one batch of its work in ten fails),
+/// under cuts, crashes and a site restarted whole: remote writes land on
+/// keys whose values are on disk, reads bring them back, and every check
+/// holds as without the tier.
+#[test]
+fn three_sites_with_values_on_disk() {
+    let faults = Faults { cuts: true, crashes: true, site_restart: true, ..Faults::default() };
+    let tier = Some(SimTier { policy: CachePolicy::Lru, fail_chance: 0.1 });
+    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, tier };
+    for seed in seeds(0..4) {
+        run(seed, &geo);
+    }
+}
+
 #[test]
 fn lossy_links_and_cuts() {
     let geo = Geo {
@@ -360,6 +409,7 @@ fn lossy_links_and_cuts() {
         network: lossy_network(),
         duration_ms: 4_000,
         faults: Faults { cuts: true, ..Faults::default() },
+        tier: None,
     };
     for seed in seeds(0..5) {
         run(seed, &geo);
@@ -371,7 +421,7 @@ fn lossy_links_and_cuts() {
 #[test]
 fn crashes_and_a_site_restart() {
     let faults = Faults { cuts: true, crashes: true, site_restart: true, ..Faults::default() };
-    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
+    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, tier: None };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }
@@ -388,7 +438,7 @@ fn crashes_and_a_site_restart() {
 #[test]
 fn a_site_restarted_whole_loses_only_its_own_unsynced_writes_and_gets_back_the_others() {
     let faults = Faults { cuts: true, crashes: true, site_restart: true, unsynced_disks: true, ..Faults::default() };
-    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
+    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, tier: None };
     for seed in seeds(0..27) {
         run(seed, &geo);
     }
@@ -402,7 +452,8 @@ fn a_site_restarted_whole_loses_only_its_own_unsynced_writes_and_gets_back_the_o
 #[test]
 fn the_sequenced_baseline_under_crashes() {
     let faults = Faults { cuts: true, crashes: true, site_restart: true, ..Faults::default() };
-    let geo = Geo { replication: Replication::Sequenced, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
+    let geo =
+        Geo { replication: Replication::Sequenced, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, tier: None };
     for seed in seeds(0..3) {
         run(seed, &geo);
     }
@@ -414,7 +465,7 @@ fn the_sequenced_baseline_under_crashes() {
 #[test]
 fn skewed_clocks() {
     let faults = Faults { cuts: true, crashes: true, site_restart: true, skews: true, ..Faults::default() };
-    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults };
+    let geo = Geo { replication: Replication::Causal, wan: lossy_wan(), network: lossy_network(), duration_ms: 4_000, faults, tier: None };
     for seed in seeds(0..5) {
         run(seed, &geo);
     }

@@ -117,6 +117,12 @@ struct NodeArgs {
     /// sequencer in the write path). The same at every site.
     #[arg(long, default_value = "causal")]
     replication: Replication,
+    /// Identifier-first disaster recovery between two sites: PRIMARY=BACKUP
+    /// (site ids, the same at both). The primary's writes are acknowledged
+    /// once the backup has noted their keys; after `causeway cluster
+    /// failover` the backup refuses keys whose value never arrived.
+    #[arg(long, value_name = "PRIMARY=BACKUP")]
+    dr: Option<causeway_core::message::geo::DrPair>,
     /// Like Redis's maxmemory: past this much memory (bytes, or 100mb,
     /// 2gb, ...), refuse writes or evict by --maxmemory-policy (0: no limit).
     #[arg(long, default_value = "0", value_parser = causeway_node::config::parse_memory)]
@@ -157,6 +163,7 @@ impl NodeArgs {
             remote_sites,
             wan_jitter_ms: self.wan_jitter_ms,
             replication: self.replication,
+            dr: self.dr,
             requirepass: self.requirepass,
             cluster_secret: self.cluster_secret,
             max_bulk_len: self.max_value_bytes,

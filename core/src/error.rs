@@ -29,6 +29,11 @@ pub enum Error {
     OutOfMemory,
     /// A node's disk tier failed (why); nothing acknowledged is lost.
     Disk(String),
+    /// After a failover to this backup site (identifier-first disaster
+    /// recovery): the primary acknowledged write `missing` of `key`, whose
+    /// value never arrived. The key is refused, never served older, until
+    /// it is written again (Redis's `-LOST`).
+    Lost { key: bytes::Bytes, missing: crate::version::Version },
 }
 
 impl fmt::Display for Error {
@@ -41,6 +46,12 @@ impl fmt::Display for Error {
             Error::InvalidInput(why) | Error::InvalidData(why) => f.write_str(why),
             Error::OutOfMemory => f.write_str("command not allowed when used memory > 'maxmemory'."),
             Error::Disk(why) => write!(f, "disk tier: {why}"),
+            Error::Lost { key, missing } => write!(
+                f,
+                "key '{}': its write {missing} was acknowledged by site {} and its value never reached this site; write the key to clear this",
+                String::from_utf8_lossy(key),
+                missing.site
+            ),
             Error::Behind { sites } => {
                 let sites: Vec<String> = sites.iter().map(|s| s.to_string()).collect();
                 write!(f, "the session depends on writes of site(s) {} this site has not applied yet; try again later", sites.join(","))

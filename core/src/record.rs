@@ -46,6 +46,10 @@ pub enum LogRecord {
     /// the tier keeps each such version until a later checkpoint replaces
     /// this one, `node::tier`).
     OnDisk { partition: PartitionId, entries: Vec<OnDiskEntry> },
+    /// After a failover of this backup site (`geo::dr`): keys whose
+    /// primary's last noted write never arrived, with its timestamp.
+    /// Belongs to no partition.
+    Lost { keys: Vec<(bytes::Bytes, Timestamp)> },
 }
 
 impl LogRecord {
@@ -57,6 +61,7 @@ impl LogRecord {
             | LogRecord::Behind { partition, .. }
             | LogRecord::Clock { partition, .. }
             | LogRecord::OnDisk { partition, .. } => *partition,
+            LogRecord::Lost { .. } => 0,
         }
     }
 

@@ -39,6 +39,12 @@ pub struct NodeConfig {
     /// at every site.
     #[serde(default)]
     pub replication: Replication,
+    /// Identifier-first disaster recovery: `PRIMARY=BACKUP` (site ids; the
+    /// same at both sites). The primary's writes are acknowledged once the
+    /// backup has noted their keys; after `causeway cluster failover` the
+    /// backup refuses keys whose value never arrived.
+    #[serde(default)]
+    pub dr: Option<causeway_core::message::geo::DrPair>,
     /// Like Redis' `requirepass`: clients must AUTH first.
     #[serde(default)]
     pub requirepass: Option<String>,

@@ -24,6 +24,7 @@ pub mod world;
 use causeway_core::driver::{Driver, Progress, Request, Response, Sends, Transport};
 use causeway_core::error::Error;
 use causeway_core::geo::{GeoMsg, Replication};
+use causeway_core::message::geo::DrPair;
 use causeway_core::message::{Dest, Envelope, Item, Message, Outbox};
 use causeway_core::node::{Identity, Node, Now};
 use causeway_core::record::LogRecord;
@@ -302,6 +303,8 @@ pub struct Sim {
     site: SiteId,
     sites: Vec<SiteId>,
     replication: Replication,
+    /// Identifier-first disaster recovery (`with_dr`).
+    dr: Option<DrPair>,
     /// Messages for other sites, for `world::World` to carry.
     pub outgoing: Vec<(SiteId, Message)>,
     /// A disk tier on every node (`with_tier`), and what the tiers did
@@ -387,6 +390,7 @@ impl Sim {
             site,
             sites: sites.to_vec(),
             replication,
+            dr: None,
             outgoing: Vec::new(),
             tier: None,
             tier_done: Vec::new(),
@@ -443,19 +447,29 @@ impl Sim {
         (t.at_ms < before_ms).then_some(i)
     }
 
+    /// Identifier-first disaster recovery between `pair`'s sites: this
+    /// site's nodes take part, and if it is the primary its clients'
+    /// writes are acknowledged once the backup noted them.
+    pub fn with_dr(mut self, pair: DrPair) -> Sim {
+        self.dr = Some(pair);
+        for n in &mut self.nodes {
+            n.core.enable_dr(pair);
+        }
+        for c in &mut self.clients {
+            c.driver.set_noted(pair.primary == self.site);
+        }
+        self
+    }
+
     /// A new client session, on node `local` (a Redis connection's proxy
     /// session, which prefers its own node for reads) or native (`None`).
     /// Returns its index.
     pub fn add_client(&mut self, local: Option<NodeId>) -> usize {
         let i = self.clients.len();
         let id = causeway_core::message::session_id(local.unwrap_or(0), i as u64);
-        self.clients.push(SimClient {
-            driver: Driver::new(id, self.topology.clone(), local, CLIENT_TIMEOUT_MS),
-            pending: Default::default(),
-            ops: Default::default(),
-            serial: 0,
-            gone: false,
-        });
+        let mut driver = Driver::new(id, self.topology.clone(), local, CLIENT_TIMEOUT_MS);
+        driver.set_noted(self.dr.is_some_and(|p| p.primary == self.site));
+        self.clients.push(SimClient { driver, pending: Default::default(), ops: Default::default(), serial: 0, gone: false });
         i
     }
 
@@ -915,6 +929,9 @@ impl Sim {
         let n = &mut self.nodes[node as usize];
         assert!(n.crashed, "restart a crashed node");
         let mut core = Node::new(identity, n.saved.clone());
+        if let Some(pair) = self.dr {
+            core.enable_dr(pair);
+        }
         if let Some(t) = self.tier {
             // Before the log's replay, as the real node: checkpoints name
             // values in the tier.
@@ -960,8 +977,11 @@ impl Sim {
         let id = self.nodes.len() as NodeId;
         self.incarnations += 1;
         let saved = (*self.topology).clone();
-        let core =
+        let mut core =
             Node::new(identity(id, self.incarnations, self.site, &self.sites, self.replication, self.nodes.len() as u16), saved.clone());
+        if let Some(pair) = self.dr {
+            core.enable_dr(pair);
+        }
         self.nodes.push(SimNode {
             core,
             disk: Vec::new(),
@@ -1128,5 +1148,5 @@ impl Sim {
 /// coordinator's members, and so the stabilizer's replicas.
 fn identity(me: NodeId, incarnation: u64, site: SiteId, sites: &[SiteId], replication: Replication, nodes: u16) -> Identity {
     let coordinators = if sites.len() > 1 { (0..nodes.min(3)).collect() } else { vec![COORDINATOR] };
-    Identity { me, site, addr: format!("sim-{me}"), incarnation, coordinators, sites: sites.to_vec(), replication }
+    Identity { me, site, addr: format!("sim-{me}"), incarnation, coordinators, sites: sites.to_vec(), replication, dr: None }
 }

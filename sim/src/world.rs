@@ -75,6 +75,13 @@ impl World {
         World { sites, wan, cut_until: vec![vec![0; n]; n], rng: Rng::new(seed ^ 0x6E0), carried: 0, lost: 0 }
     }
 
+    /// Identifier-first disaster recovery: site `pair.backup` backs up
+    /// site `pair.primary`.
+    pub fn with_dr(mut self, pair: causeway_core::message::geo::DrPair) -> World {
+        self.sites = self.sites.into_iter().map(|s| s.with_dr(pair)).collect();
+        self
+    }
+
     pub fn now_ms(&self) -> u64 {
         self.sites[0].now_ms
     }

@@ -72,6 +72,7 @@ fn run(writes: usize, pipeline: usize) -> (u64, usize) {
         coordinators: vec![0],
         sites: vec![0],
         replication: Replication::Causal,
+        dr: None,
     };
     // No disk, as `causeway dev` runs without `--data-dir`.
     let mut nodes: Vec<Node> = (0..3)

@@ -774,6 +774,18 @@ impl ChainReplica {
         Ok((item(latest, stable, now_ms), index))
     }
 
+    /// The version of `key`'s latest write here (a delete or an expiry
+    /// included), in last-writer-wins order.
+    pub fn newest(&self, key: &[u8]) -> Option<(Timestamp, SiteId)> {
+        self.store.latest(key).map(|v| (v.ts(), v.site()))
+    }
+
+    /// Orders the next writes after `ts` (a write here over a lost write
+    /// of another site, `geo::dr`, must win over it).
+    pub fn observe(&mut self, ts: Timestamp) {
+        self.clock.observe(ts);
+    }
+
     fn item_of(&self, stored: Option<Stored>, now_ms: u64) -> Item {
         match stored {
             None => Item { value: None, version: None, seq: 0, stable: true, expires_at_ms: None },

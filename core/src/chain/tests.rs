@@ -298,7 +298,8 @@ fn logged(r: &mut ChainReplica) -> Vec<Update> {
             | LogRecord::Dropped { .. }
             | LogRecord::Behind { .. }
             | LogRecord::Clock { .. }
-            | LogRecord::OnDisk { .. } => Vec::new(),
+            | LogRecord::OnDisk { .. }
+            | LogRecord::Lost { .. } => Vec::new(),
         })
         .collect()
 }

@@ -161,6 +161,10 @@ pub enum Request {
     /// writes the session saw (ChainReaction §3.4.2), so it never reads
     /// older than it did there. Until the timeout; then `Error::Behind`.
     Resume(Box<Session>),
+    /// Fail this backup site over from its primary (`geo::dr`): answered
+    /// once every node of the site refuses the keys whose last write never
+    /// arrived (`Response::FailedOver` counts them).
+    Failover,
 }
 
 /// What a client gets back.
@@ -188,6 +192,8 @@ pub enum Response {
     Flushed,
     Topology(Arc<Topology>),
     Resumed,
+    /// `Failover`: the keys refused until written again.
+    FailedOver(u64),
 }
 
 /// Messages to send, each to its node (inline: a step usually sends one).
@@ -300,6 +306,7 @@ impl Driver {
             rng: id ^ 0x9E37_79B9_7F4A_7C15,
             down: AHashMap::new(),
             writes: Default::default(),
+            noted: false,
         };
         Driver { cx, consistency: Consistency::Causal, timeout_ms, queue: VecDeque::new(), rechecked_ms: 0, replies: Vec::new() }
     }
@@ -318,6 +325,13 @@ impl Driver {
 
     pub fn consistency(&self) -> Consistency {
         self.consistency
+    }
+
+    /// The session's site is the primary of a disaster-recovery pair
+    /// (`geo::dr`): its writes are acknowledged once the backup has noted
+    /// them too.
+    pub fn set_noted(&mut self, noted: bool) {
+        self.cx.noted = noted;
     }
 
     pub fn set_consistency(&mut self, c: Consistency) {

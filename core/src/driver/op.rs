@@ -44,6 +44,10 @@ pub(super) struct Ctx {
     pub down: AHashMap<NodeId, u64>,
     /// The session's writes not finished yet, by id, and their keys.
     pub writes: BTreeMap<u64, Bytes>,
+    /// The site is the primary of a disaster-recovery pair (`geo::dr`): a
+    /// write is acknowledged once its backup has noted it too
+    /// (`Message::Noted`).
+    pub noted: bool,
 }
 
 impl Ctx {
@@ -191,6 +195,10 @@ pub(super) struct Op {
     /// `Request::Resume`: the sites whose writes the session saw and this
     /// site had not applied at the last look.
     behind: Vec<crate::version::SiteId>,
+    /// A write's backup noted it (`Ctx::noted`).
+    noted: bool,
+    /// A write's answer, held until its backup noted it.
+    held: Option<Response>,
 }
 
 impl Op {
@@ -207,6 +215,8 @@ impl Op {
             write: None,
             resends: 0,
             behind: Vec::new(),
+            noted: false,
+            held: None,
         });
         if let Request::Put { key, .. } = &op.request {
             let write = cx.reserve();
@@ -228,7 +238,8 @@ impl Op {
         // The write's acknowledgement answers its first attempt even after
         // a resend. A "not written" answer (NX/XX) counts only from the
         // attempt in flight: an earlier attempt's may be stale.
-        self.outstanding.contains(&seq) || (matches!(msg, Message::PutDone { version: Some(_), .. }) && self.write == Some(seq))
+        self.outstanding.contains(&seq)
+            || (matches!(msg, Message::PutDone { version: Some(_), .. } | Message::Noted { .. }) && self.write == Some(seq))
     }
 
     /// When `tick` next has something to do for this request.
@@ -389,6 +400,12 @@ impl Op {
                 let op = self.next_op(cx);
                 p.send.push((node, Message::GetSiteTime { op }));
                 self.phase = Phase::Resuming;
+            }
+            Request::Failover => {
+                let node = cx.local.unwrap_or_else(|| cx.any_node());
+                let op = self.next_op(cx);
+                p.send.push((node, Message::Failover { op }));
+                self.phase = Phase::Reading;
             }
         }
         p
@@ -609,6 +626,20 @@ impl Op {
             Message::Refused { reason: Refusal::Disk(why), .. } => {
                 p.done = Some(Err(Error::Disk(why)));
             }
+            Message::Refused { reason: Refusal::Lost { key, missing }, .. } => {
+                // A tail may not have a write of the key that is on its
+                // way down the chain (say, the one that cleared it): the
+                // head knows. A linearizable read goes by the tail.
+                let head = cx.topology.chain(cx.topology.partition_of(&key)).head();
+                let at_head = self.targets.iter().any(|&(s, to)| s == seq && to == head);
+                match &self.request {
+                    Request::Get(k) if !at_head && self.consistency != Consistency::Linearizable => {
+                        let k = k.clone();
+                        self.read(cx, &k, true, &mut p);
+                    }
+                    _ => p.done = Some(Err(Error::Lost { key, missing })),
+                }
+            }
             Message::Refused { reason: Refusal::Behind | Refusal::NoLease, .. } => {
                 if self.consistency == Consistency::Linearizable {
                     // The tail is still joining (fetching the partition's
@@ -678,11 +709,23 @@ impl Op {
                     }
                 }
                 let written = version.is_some();
-                p.done = Some(Ok(match change.get {
+                let response = match change.get {
                     true => Response::Replaced { written, old: old.map(|o| *o) },
                     false => Response::Written(written),
-                }));
+                };
+                match written && cx.noted && !self.noted {
+                    // Its backup has not noted it yet (`geo::dr`).
+                    true => self.held = Some(response),
+                    false => p.done = Some(Ok(response)),
+                }
             }
+            Message::Noted { .. } => {
+                self.noted = true;
+                if let Some(response) = self.held.take() {
+                    p.done = Some(Ok(response));
+                }
+            }
+            Message::FailedOver { lost, .. } => p.done = Some(Ok(Response::FailedOver(lost))),
             Message::Value { item, .. } if matches!(self.phase, Phase::Collect { .. }) => {
                 let Phase::Collect { items, parts, previous } = &mut self.phase else { unreachable!("matched above") };
                 let Some(pos) = parts.remove(&seq) else {

@@ -8,7 +8,10 @@
 //!   by timestamp once stable and ships them to the other sites.
 //! * `receiver`: applies other sites' updates once their dependencies are
 //!   stable here.
+//! * `dr`: identifier-first disaster recovery between a primary site and
+//!   its backup.
 
+pub mod dr;
 pub mod receiver;
 pub mod reporter;
 pub mod sequencer;
@@ -268,6 +271,8 @@ pub struct Geo {
     probes: Vec<(NodeId, u64)>,
     /// While leading: the last of its probes each node answered.
     synced: BTreeMap<NodeId, u64>,
+    /// Identifier-first disaster recovery, if this site is in the pair.
+    dr: Option<dr::Dr>,
 }
 
 impl Geo {
@@ -309,7 +314,31 @@ impl Geo {
             next_tag: 0,
             probes: Vec::new(),
             synced: BTreeMap::new(),
+            dr: None,
         }
+    }
+
+    /// Identifier-first disaster recovery between `pair`'s sites (nothing
+    /// if this site is neither).
+    pub fn set_dr(&mut self, pair: crate::message::geo::DrPair) {
+        if pair.primary == self.site || pair.backup == self.site {
+            self.dr = Some(dr::Dr::new(pair, self.site, self.me, &self.replicas));
+        }
+    }
+
+    /// This node's part in disaster recovery, if its site has one.
+    pub fn dr(&self) -> Option<&dr::Dr> {
+        self.dr.as_ref()
+    }
+
+    pub fn dr_mut(&mut self) -> Option<&mut dr::Dr> {
+        self.dr.as_mut()
+    }
+
+    /// Starts a failover of this backup site (`Message::Failover`); false
+    /// if this site is no backup.
+    pub fn failover(&mut self, op: OpId, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
+        self.dr.as_mut().is_some_and(|d| d.start_failover(op, topology, now_ms, out))
     }
 
     /// The leader `topology` names: its first admitted stabilizer replica.
@@ -532,6 +561,9 @@ impl Geo {
             send(out, Dest::Node(tail), Message::geo(GeoMsg::IdsAcks(acks)));
         }
         self.ask_promises(topology, now_ms, out);
+        if let Some(d) = &mut self.dr {
+            d.tick(topology, now_ms, out);
+        }
         if let Some(r) = &mut self.receiver {
             let mut rout = Vec::new();
             r.tick(now_ms, &mut rout);
@@ -546,6 +578,7 @@ impl Geo {
             }
             self.receiver_out(topology, rout, out);
             self.visibility.summarize(now_ms);
+            self.prune_dr();
             // At rest only promises move it, and nothing waits on that.
             let every = if self.receiver.as_ref().is_some_and(Receiver::idle) { REST_MS } else { SITE_TIME_MS };
             if now_ms.saturating_sub(self.site_time_sent_ms) >= every {
@@ -686,6 +719,19 @@ impl Geo {
                 self.seen_by.merge(&seen_by);
                 self.probes.push(probe);
                 self.visibility.adopt(visible);
+                self.prune_dr();
+            }
+            GeoMsg::Note { .. }
+            | GeoMsg::Noted { .. }
+            | GeoMsg::Mirror { .. }
+            | GeoMsg::Mirrored { .. }
+            | GeoMsg::Failover { .. }
+            | GeoMsg::Unfinished { .. }
+            | GeoMsg::Lost { .. }
+            | GeoMsg::LostTaken { .. } => {
+                if let Some(d) = &mut self.dr {
+                    d.step(msg, relayed, self.leader, topology, now_ms, out);
+                }
             }
             GeoMsg::Synced { from, probe: (leader, probe) } => {
                 let Some(r) = self.receiver.as_mut().filter(|_| leader == self.me) else { return };
@@ -737,6 +783,14 @@ impl Geo {
                 send(out, Dest::Node(leader), Message::geo(GeoMsg::Relayed(Box::new(msg))));
             }
             _ => {}
+        }
+    }
+
+    /// Notes of the primary's writes the site has applied are done.
+    fn prune_dr(&mut self) {
+        if let Some(d) = &mut self.dr {
+            let primary = d.pair().primary;
+            d.prune(self.site_time.get(primary));
         }
     }
 
@@ -819,6 +873,7 @@ impl Geo {
             && self.sequencing.is_empty()
             && self.stabilizer.as_ref().is_none_or(Stabilizer::idle)
             && self.receiver.as_ref().is_none_or(Receiver::idle)
+            && self.dr.as_ref().is_none_or(dr::Dr::idle)
     }
 
     /// The state of every reporter here, one line each (diagnostics).

@@ -63,6 +63,17 @@ impl Change {
         self.get || self.value == NewValue::Keep
     }
 
+    /// Whether the change is decided without anything of what the key
+    /// holds: a plain SET (with or without a fresh expiry), or a DEL.
+    pub fn is_blind(&self) -> bool {
+        !self.get
+            && match self.value {
+                NewValue::Set(_) => self.condition == Condition::Always && self.expiry != Expiry::Keep,
+                NewValue::Delete => true,
+                NewValue::Keep => false,
+            }
+    }
+
     /// The new value, if the change sets one.
     pub fn new_value(&self) -> Option<&Bytes> {
         match &self.value {
@@ -193,6 +204,9 @@ pub enum Refusal {
     /// The node's disk tier failed: a value could not be read back, or
     /// values could not move out and the node is over its budget (why).
     Disk(String),
+    /// After a failover (`geo::dr`): the primary site acknowledged a write
+    /// of `key`, `missing`, whose value never arrived here.
+    Lost { key: Bytes, missing: Version },
 }
 
 /// `ack_at` for a write answered only by the tail (linearizable): a

@@ -9,6 +9,7 @@
 //! `Promise`, `Sequenced`) and hands every other to `geo::Geo::step`.
 
 use crate::hlc::Timestamp;
+use crate::message::client::OpId;
 use crate::ring::{NodeId, PartitionId};
 use crate::version::{SiteId, Version, VersionVector};
 use bytes::Bytes;
@@ -30,19 +31,34 @@ pub enum GeoMsg {
     SiteAck(SiteAck),
     /// A node's tails -> another site, for its receiver: each partition's
     /// values (data and metadata travel apart, Eunomia §5).
-    Values { origin: SiteId, batches: Vec<Batch<RemoteValue>> },
+    Values {
+        origin: SiteId,
+        batches: Vec<Batch<RemoteValue>>,
+    },
     /// A receiver -> the origin site, for the tail of each `ack.partition`.
     ValuesAcks(Vec<ValuesAck>),
     /// A receiver -> the head of the local chain of `write.partition`.
-    Apply { epoch: u64, write: RemoteWrite, from: NodeId },
+    Apply {
+        epoch: u64,
+        write: RemoteWrite,
+        from: NodeId,
+    },
     /// A head -> the receiver on `from` of `Apply`: the write (or a later
     /// version of its key) is stable in the local chain.
-    Applied { origin: SiteId, partition: PartitionId, ts: Timestamp },
+    Applied {
+        origin: SiteId,
+        partition: PartitionId,
+        ts: Timestamp,
+    },
     /// Down a chain, batched per successor: (partition, seq, ts) promises
     /// (`ChainReplica::make_promise`). `asked`: made because the leader
     /// asked for promises past this time (`Promise`), so tails send them on
     /// as soon as they all have it (`Geo::flush`).
-    Promises { epoch: u64, items: Vec<(PartitionId, u64, Timestamp)>, asked: Option<Timestamp> },
+    Promises {
+        epoch: u64,
+        items: Vec<(PartitionId, u64, Timestamp)>,
+        asked: Option<Timestamp>,
+    },
     /// The leader -> every node of its site: what the site has applied of
     /// each other site (for get-transactions, `Message::SnapshotRead`), and
     /// what each other site has applied of this one (`seen_by`, from its
@@ -51,13 +67,21 @@ pub enum GeoMsg {
     /// this arrived (`Geo::take_probes`).
     /// `visible`: the leader's summary of remote visibility per origin
     /// (`visibility`).
-    SiteTime { applied: VersionVector, seen_by: VersionVector, probe: (NodeId, u64), visible: BTreeMap<SiteId, Delays> },
+    SiteTime {
+        applied: VersionVector,
+        seen_by: VersionVector,
+        probe: (NodeId, u64),
+        visible: BTreeMap<SiteId, Delays>,
+    },
     /// A node -> the leader that sent `probe`: everything it had logged
     /// when the probe arrived is synced. Once every node of the site says
     /// so, what the receiver had applied when it sent the probe survives
     /// the site crashing whole, and the origins may forget it
     /// (`Receiver::synced`).
-    Synced { from: NodeId, probe: (NodeId, u64) },
+    Synced {
+        from: NodeId,
+        probe: (NodeId, u64),
+    },
     /// Passed on inside a site by the node that received it from another
     /// site: handled where it lands, never passed on again.
     Relayed(Box<GeoMsg>),
@@ -69,9 +93,64 @@ pub enum GeoMsg {
     Promise(Timestamp),
     /// `Replication::Sequenced`: a head -> the stabilizer leader, for the
     /// write's number before the head orders it.
-    Sequence { from: NodeId, req: SeqRequest },
+    Sequence {
+        from: NodeId,
+        req: SeqRequest,
+    },
     /// The leader's answer.
     Sequenced(SeqReply),
+    /// Identifier-first disaster recovery (`geo::dr`): heads of the primary
+    /// site -> its backup site: the writes they ordered, by key and
+    /// identifier, without their values. Their clients are answered once
+    /// the backup has noted them (`Noted`).
+    Note {
+        origin: SiteId,
+        notes: Vec<Note>,
+    },
+    /// The backup -> its primary: these writes are noted on a majority of
+    /// the backup's stabilizer replicas (each op is a write's id: its
+    /// session and `Put::write`).
+    Noted {
+        from: SiteId,
+        ops: Vec<OpId>,
+    },
+    /// The backup's leader -> its other stabilizer replicas: keep these
+    /// notes too, and answer `Mirrored` with `tag`.
+    Mirror {
+        from: NodeId,
+        tag: u64,
+        notes: Vec<Note>,
+    },
+    Mirrored {
+        from: NodeId,
+        tag: u64,
+    },
+    /// A failover at the backup: the node running it (`from`) -> every node
+    /// of its site: send me the notes you keep (`Unfinished`).
+    Failover {
+        from: NodeId,
+        tag: u64,
+    },
+    /// `last`: the last of the node's messages for this failover.
+    Unfinished {
+        from: NodeId,
+        tag: u64,
+        notes: Vec<Note>,
+        last: bool,
+    },
+    /// The node running the failover -> every node of its site: the keys
+    /// whose noted write never arrived; serve none of them older than its
+    /// note, and answer `LostTaken`.
+    Lost {
+        from: NodeId,
+        tag: u64,
+        notes: Vec<Note>,
+        last: bool,
+    },
+    LostTaken {
+        from: NodeId,
+        tag: u64,
+    },
 }
 
 impl GeoMsg {
@@ -87,8 +166,44 @@ impl GeoMsg {
             GeoMsg::Values { origin, .. } => *origin == from,
             GeoMsg::SiteAck(a) => a.from == from && a.origin == me,
             GeoMsg::ValuesAcks(acks) => acks.iter().all(|a| a.from == from && a.origin == me),
+            GeoMsg::Note { origin, .. } => *origin == from,
+            GeoMsg::Noted { from: f, .. } => *f == from,
             _ => false,
         }
+    }
+}
+
+/// A write of the primary site as its backup notes it before the write is
+/// acknowledged (identifier-first, `geo::dr`): its key and identifier (the
+/// partition and the version's timestamp; the site is the primary), no
+/// value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Note {
+    pub partition: PartitionId,
+    pub ts: Timestamp,
+    pub key: Bytes,
+    /// The write's id (its session and `Put::write`): whom to answer.
+    pub op: OpId,
+}
+
+/// Which site backs up which (`causeway node --dr PRIMARY=BACKUP`): the
+/// primary's writes are acknowledged once the backup has noted them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrPair {
+    pub primary: SiteId,
+    pub backup: SiteId,
+}
+
+impl std::str::FromStr for DrPair {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DrPair, String> {
+        let bad = || format!("--dr takes PRIMARY=BACKUP (two site ids), not '{s}'");
+        let (p, b) = s.split_once('=').ok_or_else(bad)?;
+        let (primary, backup) = (p.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+        if primary == backup {
+            return Err(format!("--dr {s}: a site cannot be its own backup"));
+        }
+        Ok(DrPair { primary, backup })
     }
 }
 

@@ -103,6 +103,13 @@ pub enum Message {
     GetSiteTime {
         op: OpId,
     },
+    /// Fail this backup site over from its primary (`geo::dr`): from now on
+    /// serve no key older than the primary's last noted write of it.
+    /// Answered with `FailedOver` once every node of the site knows the
+    /// keys whose value never arrived.
+    Failover {
+        op: OpId,
+    },
 
     // ---- node -> client -------------------------------------------------
     /// The write reached chain position `chain_index`. `version` is `None`
@@ -123,6 +130,17 @@ pub enum Message {
     },
     Stable {
         op: OpId,
+    },
+    /// Identifier-first disaster recovery: the backup site has noted write
+    /// `op` (its session and `Put::write`), which may be acknowledged once
+    /// its `PutDone` is in too.
+    Noted {
+        op: OpId,
+    },
+    /// The failover is done: `lost` keys are refused until written again.
+    FailedOver {
+        op: OpId,
+        lost: u64,
     },
     Snapshot {
         op: OpId,
@@ -319,10 +337,13 @@ impl Message {
             | KeyMemory { op, .. }
             | Flush { op }
             | GetTopology { op }
-            | GetSiteTime { op } => Some(*op),
+            | GetSiteTime { op }
+            | Failover { op } => Some(*op),
             PutDone { op, .. }
             | Value { op, .. }
             | Stable { op }
+            | Noted { op }
+            | FailedOver { op, .. }
             | Snapshot { op, .. }
             | Counted { op, .. }
             | KeyMemoryIs { op, .. }
@@ -353,6 +374,8 @@ impl Message {
             PutDone { .. }
                 | Value { .. }
                 | Stable { .. }
+                | Noted { .. }
+                | FailedOver { .. }
                 | Snapshot { .. }
                 | Counted { .. }
                 | KeyMemoryIs { .. }

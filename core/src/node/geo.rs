@@ -182,15 +182,63 @@ impl Node {
             | GeoMsg::SiteTime { .. }
             | GeoMsg::Synced { .. }
             | GeoMsg::Relayed(_)
-            | GeoMsg::Sequence { .. }) => {
+            | GeoMsg::Sequence { .. }
+            | GeoMsg::Note { .. }
+            | GeoMsg::Noted { .. }
+            | GeoMsg::Mirror { .. }
+            | GeoMsg::Mirrored { .. }
+            | GeoMsg::Failover { .. }
+            | GeoMsg::Unfinished { .. }
+            | GeoMsg::Lost { .. }
+            | GeoMsg::LostTaken { .. }) => {
                 let topology = self.topology.clone();
                 if let Some(geo) = &mut self.geo {
                     geo.step(msg, false, &topology, now_ms, out);
+                    // Lost keys a failover handed here are durable before
+                    // this node says it took them.
+                    self.log.extend(geo.dr_mut().map(|d| d.take_log()).unwrap_or_default());
                 }
                 self.promise_if_asked(now_ms, out);
                 self.answer_probes(now_ms, out);
             }
         }
+    }
+
+    /// Identifier-first disaster recovery at a head of the primary: the
+    /// client write `op` (its session and write id) of `partition` is
+    /// noted at the backup, whose answer lets its session acknowledge it.
+    /// Every attempt of the write is noted (a session that heard nothing
+    /// sends it again), so nothing here waits or resends.
+    pub(super) fn note_write(&mut self, partition: PartitionId, op: crate::message::OpId, out: &mut Outbox) {
+        let Some(backup) = self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.backup_of_primary()) else { return };
+        let Some(last) = self.parts.get(partition as usize).and_then(Option::as_ref).and_then(|r| r.written(op.client, op.seq)) else {
+            return;
+        };
+        let note = crate::message::geo::Note { partition, ts: last.version.ts, key: last.key.clone(), op };
+        send(out, Dest::Site(backup), Message::geo(GeoMsg::Note { origin: self.id.site, notes: vec![note] }));
+    }
+
+    /// After a failover of this backup: the primary's write of `key` that
+    /// never arrived, if any, when `partition`'s replica here holds only
+    /// older versions of the key.
+    pub(super) fn lost_write(&self, partition: PartitionId, key: &[u8]) -> Option<Version> {
+        let missing = self.geo.as_ref()?.dr()?.lost(key)?;
+        let r = self.parts.get(partition as usize)?.as_ref()?;
+        r.newest(key).is_none_or(|v| v < (missing.ts, missing.site)).then_some(missing)
+    }
+
+    /// Identifier-first disaster recovery between `pair`'s sites (set at
+    /// start, like `Identity::dr`).
+    pub fn enable_dr(&mut self, pair: crate::message::geo::DrPair) {
+        self.id.dr = Some(pair);
+        if let Some(geo) = &mut self.geo {
+            geo.set_dr(pair);
+        }
+    }
+
+    /// The version of `key`'s latest write in `partition`'s replica here.
+    pub fn newest(&self, partition: PartitionId, key: &[u8]) -> Option<(Timestamp, SiteId)> {
+        self.parts.get(partition as usize)?.as_ref()?.newest(key)
     }
 
     /// This node's part in geo-replication, if the deployment has several

@@ -36,7 +36,7 @@ use crate::message::{send, Dest, Envelope, Keyspace, Message, OpId, Outbox, Refu
 pub use crate::message::{Beat, Recovered};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
-use crate::version::{SiteId, VersionVector};
+use crate::version::{SiteId, Version, VersionVector};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -95,6 +95,8 @@ pub struct Identity {
     pub sites: Vec<SiteId>,
     /// How sites replicate to each other (the same at every site).
     pub replication: Replication,
+    /// Identifier-first disaster recovery: which site backs up which.
+    pub dr: Option<crate::message::geo::DrPair>,
 }
 
 /// What `recover` found in the log.
@@ -206,6 +208,9 @@ impl Node {
         };
         if node.id.sites.len() > 1 {
             let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32, node.id.replication);
+            if let Some(pair) = node.id.dr {
+                geo.set_dr(pair);
+            }
             geo.configure(&node.topology, 0);
             node.geo = Some(geo);
         }
@@ -272,6 +277,11 @@ impl Node {
                 LogRecord::Clock { partition, ceiling } => {
                     let c = ceilings.entry(partition).or_insert(ceiling);
                     *c = (*c).max(ceiling);
+                }
+                LogRecord::Lost { keys } => {
+                    if let Some(d) = self.geo.as_mut().and_then(Geo::dr_mut) {
+                        d.restore(keys);
+                    }
                 }
             }
         }
@@ -410,6 +420,9 @@ impl Node {
                 if stale(epoch) {
                     return self.not_responsible(op, out);
                 }
+                if self.refuse_lost(op, partition, &key, out) {
+                    return;
+                }
                 match self.with(partition, |r| r.get(&key, min.as_deref(), now_ms)) {
                     None => self.not_responsible(op, out),
                     Some(Err(reason)) => send(out, Dest::Client(op.client), Message::Refused { op, reason }),
@@ -435,6 +448,9 @@ impl Node {
                 let mut items = Vec::with_capacity(keys.len());
                 let mut needs = Needs::with_capacity(keys.len());
                 for (partition, key) in keys {
+                    if self.parts.get(partition as usize).is_some_and(Option::is_some) && self.refuse_lost(op, partition, &key, out) {
+                        return;
+                    }
                     match self.with(partition, |r| r.snapshot_read(&key, at, &remote, now_ms)) {
                         Some(Ok(item)) => {
                             needs.push((partition, item.seq));
@@ -527,6 +543,12 @@ impl Node {
             }
             // Heartbeats are for the coordinator, which the node's driver
             // runs; configurations and topology requests were handled above.
+            Message::Failover { op } => {
+                let topology = self.topology.clone();
+                if let Some(geo) = &mut self.geo {
+                    geo.failover(op, &topology, now_ms, out);
+                }
+            }
             Message::GetSiteTime { op } => {
                 let site_time = self.geo.as_ref().map_or_else(VersionVector::default, |g| g.site_time().clone());
                 send(out, Dest::Client(op.client), Message::SiteTimeIs { op, site: self.id.site, site_time });
@@ -536,6 +558,8 @@ impl Node {
             Message::PutDone { .. }
             | Message::Value { .. }
             | Message::Stable { .. }
+            | Message::Noted { .. }
+            | Message::FailedOver { .. }
             | Message::Snapshot { .. }
             | Message::Counted { .. }
             | Message::KeyMemoryIs { .. }
@@ -549,9 +573,32 @@ impl Node {
     /// A client write at the head of `partition`, to order now.
     fn put(&mut self, partition: PartitionId, req: PutRequest, now_ms: u64, out: &mut Outbox) {
         let op = req.op;
-        if self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
-            self.not_responsible(op, out);
+        let write = OpId { client: op.client, seq: req.write };
+        if let Some(missing) = self.lost_write(partition, &req.key) {
+            // After a failover, over a write of the primary that never
+            // arrived: a change that depends on what the key holds cannot
+            // be decided; one that does not replaces it, so it must win.
+            if !req.change.is_blind() {
+                let reason = Refusal::Lost { key: req.key, missing };
+                return send(out, Dest::Client(op.client), Message::Refused { op, reason });
+            }
+            self.with(partition, |r| r.observe(missing.ts));
         }
+        if self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
+            return self.not_responsible(op, out);
+        }
+        self.note_write(partition, write, out);
+    }
+
+    /// After a failover: refuses a read of a key whose replica here is
+    /// older than the primary's last noted write of it. The head and the
+    /// tail know (`Lost`); a replica between them may only be behind.
+    fn refuse_lost(&self, op: OpId, partition: PartitionId, key: &[u8], out: &mut Outbox) -> bool {
+        let Some(missing) = self.lost_write(partition, key) else { return false };
+        let ends = self.parts[partition as usize].as_ref().is_some_and(|r| r.is_head() || r.next().is_none());
+        let reason = if ends { Refusal::Lost { key: bytes::Bytes::copy_from_slice(key), missing } } else { Refusal::Behind };
+        send(out, Dest::Client(op.client), Message::Refused { op, reason });
+        true
     }
 
     /// Periodic work: retransmissions, and the heartbeat when it is due.
@@ -737,7 +784,8 @@ impl Node {
 
     /// Every replica as log records (compaction).
     pub fn checkpoint(&self) -> Vec<LogRecord> {
-        self.parts.iter().flatten().flat_map(|r| r.checkpoint()).collect()
+        let lost = self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.checkpoint());
+        self.parts.iter().flatten().flat_map(|r| r.checkpoint()).chain(lost).collect()
     }
 
     /// Replicas still waiting for a state transfer.
@@ -931,6 +979,7 @@ mod tests {
             coordinators: vec![0],
             sites: vec![0],
             replication: Replication::Causal,
+            dr: None,
         };
         let mut node = Node::new(id, topology);
         node.without_log();
@@ -953,6 +1002,7 @@ mod tests {
             coordinators: vec![0],
             sites: vec![0],
             replication: Replication::Causal,
+            dr: None,
         };
         let mut node = Node::new(id, topology);
         node.without_log();

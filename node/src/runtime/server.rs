@@ -441,6 +441,7 @@ pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio
         coordinators: config.coordinators(),
         sites: config.sites(),
         replication: config.replication,
+        dr: config.dr,
     };
     let secret: Option<Arc<str>> = config.cluster_secret.as_deref().map(Arc::from);
     if secret.is_none() {

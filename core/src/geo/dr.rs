@@ -1,0 +1,550 @@
+//! Identifier-first disaster recovery (Wicaksono and Aikoh, §3.2-3.3): a
+//! primary site's writes are acknowledged once their key and identifier are
+//! noted at its backup site, whatever the size of the value; the values
+//! follow on the ordinary site shipping (`reporter`, `receiver`). After a
+//! failover the backup refuses the keys whose last noted write never
+//! arrived, instead of serving an older value.
+//!
+//! The parts, one `Dr` per node of either site:
+//! * a head of the primary notes every client write it orders (`node::put`
+//!   sends a `GeoMsg::Note`); the write's session waits for `Noted` as well
+//!   as for its chain's acknowledgement (`driver`), and a session that
+//!   hears nothing sends its write again, which its head notes again.
+//! * the backup's stabilizer replicas keep the notes (`ledger`): the leader
+//!   (the receiver's node, where the primary's link lands) mirrors them to
+//!   the others and answers `Noted` once a majority holds them. A note is
+//!   forgotten once the site has applied the primary up to its timestamp
+//!   (`prune`, from the leader's `SiteTime`): its value, or a later version
+//!   of its key, is in the site's chains.
+//! * a failover (`start_failover`, on any node of the backup) gathers the
+//!   notes every node of the site keeps (`Unfinished`), and hands the
+//!   newest per key to every node (`Lost`); answered once all have them. A
+//!   node then serves no version of such a key older than its note
+//!   (`lost`): a later value (the primary's, once it is back, or a write
+//!   here) clears it.
+//!
+//! The lost keys are in every node's log (`LogRecord::Lost`), and a node
+//! that has them sends them to any admitted incarnation not known to hold
+//! them (one that restarted without its log, or joined later).
+//!
+//! Not yet: the ledger is in memory only (on a majority of the stabilizer
+//! replicas): a backup site that restarts whole forgets its notes.
+
+use crate::hlc::Timestamp;
+use crate::message::geo::{DrPair, Note};
+use crate::message::{send, Dest, GeoMsg, Message, OpId, Outbox};
+use crate::record::LogRecord;
+use crate::ring::{NodeId, PartitionId, Topology};
+use crate::version::{SiteId, Version};
+use ahash::AHashMap;
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A mirror no majority answered in this long is given up: the writes'
+/// sessions send them again, and their heads note them again.
+const MIRROR_MS: u64 = 5_000;
+/// A failover asks the nodes that have not answered again this often.
+const FAILOVER_RESEND_MS: u64 = 200;
+/// After a failover, nodes not known to hold the lost keys get them this
+/// often.
+const TELL_MS: u64 = 1_000;
+/// At most this many notes in one message (a failover moves every note
+/// the site keeps).
+const NOTES_PER_MESSAGE: usize = 10_000;
+
+/// A node's part in identifier-first disaster recovery.
+#[derive(Debug)]
+pub struct Dr {
+    pair: DrPair,
+    site: SiteId,
+    me: NodeId,
+    /// The backup's stabilizer replicas: where notes are kept.
+    replicas: Vec<NodeId>,
+    /// Notes kept here (a stabilizer replica of the backup), by timestamp.
+    ledger: BTreeMap<(Timestamp, PartitionId), Note>,
+    ledger_bytes: usize,
+    /// The primary is applied here up to this time: older notes are done.
+    applied: Timestamp,
+    /// While leading the backup: notes mirrored, by tag, until a majority
+    /// of the replicas hold them.
+    mirroring: BTreeMap<u64, Mirroring>,
+    next_tag: u64,
+    /// The failover this node runs.
+    failover: Option<Failover>,
+    /// After a failover: the newest lost write of each key.
+    lost: Option<AHashMap<Bytes, Timestamp>>,
+    /// Writes noted here (the backup's leader) so far.
+    noted: u64,
+    /// After a failover: the incarnation of each node known to hold the
+    /// lost keys, and when they were last sent to the others (a node that
+    /// restarted without its log, or was not admitted at the failover,
+    /// gets them from every node that has them).
+    told: BTreeMap<NodeId, u64>,
+    told_ms: u64,
+    /// Lost keys to make durable (`take_log`) before what the step sends
+    /// (`LostTaken`) leaves.
+    log: Vec<LogRecord>,
+}
+
+#[derive(Debug)]
+struct Mirroring {
+    ops: Vec<OpId>,
+    holders: BTreeSet<NodeId>,
+    since_ms: u64,
+}
+
+#[derive(Debug)]
+struct Failover {
+    op: OpId,
+    tag: u64,
+    /// Nodes whose notes are in.
+    heard: BTreeSet<NodeId>,
+    /// The newest note of each key heard so far.
+    notes: AHashMap<Bytes, Note>,
+    /// Once every node answered: the lost notes, sent to every node, and
+    /// the nodes that have taken them.
+    lost: Option<Vec<Note>>,
+    taken: BTreeSet<NodeId>,
+    sent_ms: u64,
+}
+
+/// What `CW.DR STATUS` shows of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrStatus {
+    /// "primary" or "backup".
+    pub role: &'static str,
+    pub pair: Option<DrPair>,
+    /// Notes kept here: writes noted whose value has not been applied.
+    pub unfinished: usize,
+    pub unfinished_bytes: usize,
+    /// The oldest of them.
+    pub oldest: Option<Timestamp>,
+    /// Writes noted by this node while leading the backup.
+    pub noted: u64,
+    /// Keys refused after a failover, if it failed over.
+    pub lost: Option<usize>,
+}
+
+impl Dr {
+    /// `me`'s part, in `site`, of the pair; `replicas` are the site's
+    /// stabilizer replicas.
+    pub fn new(pair: DrPair, site: SiteId, me: NodeId, replicas: &[NodeId]) -> Dr {
+        Dr {
+            pair,
+            site,
+            me,
+            replicas: replicas.to_vec(),
+            ledger: BTreeMap::new(),
+            ledger_bytes: 0,
+            applied: Timestamp::ZERO,
+            mirroring: BTreeMap::new(),
+            next_tag: 0,
+            failover: None,
+            lost: None,
+            noted: 0,
+            told: BTreeMap::new(),
+            told_ms: 0,
+            log: Vec::new(),
+        }
+    }
+
+    /// Lost keys read back from the log at start.
+    pub fn restore(&mut self, keys: Vec<(Bytes, Timestamp)>) {
+        self.take_lost(keys.into_iter());
+        self.log.clear();
+    }
+
+    /// What must be durable before this step's messages leave.
+    pub fn take_log(&mut self) -> Vec<LogRecord> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// The lost keys as one log record, for a compacted log.
+    pub fn checkpoint(&self) -> Option<LogRecord> {
+        let lost = self.lost.as_ref()?;
+        Some(LogRecord::Lost { keys: lost.iter().map(|(k, &ts)| (k.clone(), ts)).collect() })
+    }
+
+    /// Adds lost keys (the newest write of each wins), logged.
+    fn take_lost(&mut self, keys: impl Iterator<Item = (Bytes, Timestamp)>) {
+        let lost = self.lost.get_or_insert_with(AHashMap::new);
+        let mut logged = Vec::new();
+        for (key, ts) in keys {
+            let had = lost.entry(key.clone()).or_insert(ts);
+            *had = (*had).max(ts);
+            logged.push((key, ts));
+        }
+        self.log.push(LogRecord::Lost { keys: logged });
+    }
+
+    pub fn pair(&self) -> DrPair {
+        self.pair
+    }
+
+    /// The backup site, if this is the primary: heads here note their writes there.
+    pub fn backup_of_primary(&self) -> Option<SiteId> {
+        (self.site == self.pair.primary).then_some(self.pair.backup)
+    }
+
+    pub fn is_backup(&self) -> bool {
+        self.site == self.pair.backup
+    }
+
+    fn majority(&self) -> usize {
+        self.replicas.len() / 2 + 1
+    }
+
+    fn keep(&mut self, notes: Vec<Note>) {
+        for n in notes {
+            if n.ts <= self.applied {
+                continue; // its value (or a later one) is already here
+            }
+            let bytes = n.key.len();
+            if self.ledger.insert((n.ts, n.partition), n).is_none() {
+                self.ledger_bytes += bytes;
+            }
+        }
+    }
+
+    /// The site has applied the primary up to `applied` (its `SiteTime`):
+    /// the notes up to it are done.
+    pub fn prune(&mut self, applied: Timestamp) {
+        if applied <= self.applied {
+            return;
+        }
+        self.applied = applied;
+        let later = self.ledger.split_off(&(applied, PartitionId::MAX));
+        for n in std::mem::replace(&mut self.ledger, later).into_values() {
+            self.ledger_bytes -= n.key.len();
+        }
+    }
+
+    /// A note batch from the primary at the backup's leader.
+    fn note(&mut self, notes: Vec<Note>, now_ms: u64, out: &mut Outbox) {
+        let ops: Vec<OpId> = notes.iter().map(|n| n.op).collect();
+        self.noted += ops.len() as u64;
+        let others: Vec<NodeId> = self.replicas.iter().copied().filter(|&r| r != self.me).collect();
+        if self.replicas.contains(&self.me) {
+            self.keep(notes.clone());
+        }
+        if self.majority() <= usize::from(self.replicas.contains(&self.me)) || others.is_empty() {
+            return send(out, Dest::Site(self.pair.primary), Message::geo(GeoMsg::Noted { from: self.site, ops }));
+        }
+        self.next_tag += 1;
+        let tag = self.next_tag;
+        for r in others {
+            send(out, Dest::Node(r), Message::geo(GeoMsg::Mirror { from: self.me, tag, notes: notes.clone() }));
+        }
+        let holders = if self.replicas.contains(&self.me) { BTreeSet::from([self.me]) } else { BTreeSet::new() };
+        self.mirroring.insert(tag, Mirroring { ops, holders, since_ms: now_ms });
+    }
+
+    /// A geo message of disaster recovery. `leader`: this node leads its
+    /// site (where another site's messages land); `None` when it does not
+    /// and does not know who does.
+    pub fn step(&mut self, msg: GeoMsg, relayed: bool, leader: Option<NodeId>, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        match msg {
+            GeoMsg::Note { origin, notes } => {
+                if !self.is_backup() || origin != self.pair.primary {
+                    return;
+                }
+                match leader {
+                    Some(l) if l == self.me => self.note(notes, now_ms, out),
+                    Some(l) if !relayed => {
+                        send(out, Dest::Node(l), Message::geo(GeoMsg::Relayed(Box::new(GeoMsg::Note { origin, notes }))))
+                    }
+                    _ => {}
+                }
+            }
+            GeoMsg::Noted { from, ops } => {
+                if from != self.pair.backup || self.site != self.pair.primary {
+                    return;
+                }
+                for op in ops {
+                    send(out, Dest::Client(op.client), Message::Noted { op });
+                }
+            }
+            GeoMsg::Mirror { from, tag, notes } if self.is_backup() && self.replicas.contains(&self.me) => {
+                self.keep(notes);
+                send(out, Dest::Node(from), Message::geo(GeoMsg::Mirrored { from: self.me, tag }));
+            }
+            GeoMsg::Mirrored { from, tag } => {
+                let majority = self.majority();
+                let Some(m) = self.mirroring.get_mut(&tag) else { return };
+                m.holders.insert(from);
+                if m.holders.len() >= majority {
+                    let m = self.mirroring.remove(&tag).expect("just seen");
+                    send(out, Dest::Site(self.pair.primary), Message::geo(GeoMsg::Noted { from: self.site, ops: m.ops }));
+                }
+            }
+            GeoMsg::Failover { from, tag } => {
+                let notes: Vec<Note> = self.ledger.values().cloned().collect();
+                for (notes, last) in chunks(&notes) {
+                    send(out, Dest::Node(from), Message::geo(GeoMsg::Unfinished { from: self.me, tag, notes, last }));
+                }
+            }
+            GeoMsg::Unfinished { from, tag, notes, last } => {
+                let Some(f) = self.failover.as_mut().filter(|f| f.tag == tag && f.lost.is_none()) else { return };
+                if last {
+                    f.heard.insert(from);
+                }
+                for n in notes {
+                    match f.notes.get(&n.key) {
+                        Some(had) if had.ts >= n.ts => {}
+                        _ => {
+                            f.notes.insert(n.key.clone(), n);
+                        }
+                    }
+                }
+                self.failover_step(topology, now_ms, out);
+            }
+            GeoMsg::Lost { from, tag, notes, last } => {
+                self.take_lost(notes.into_iter().map(|n| (n.key, n.ts)));
+                if last {
+                    send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, tag }));
+                }
+            }
+            GeoMsg::LostTaken { from, tag: 0 } => {
+                if let Some(&incarnation) = topology.admitted.get(&from) {
+                    self.told.insert(from, incarnation);
+                }
+            }
+            GeoMsg::LostTaken { from, tag } => {
+                if let Some(&incarnation) = topology.admitted.get(&from) {
+                    self.told.insert(from, incarnation);
+                }
+                let Some(f) = self.failover.as_mut().filter(|f| f.tag == tag && f.lost.is_some()) else { return };
+                f.taken.insert(from);
+                self.failover_step(topology, now_ms, out);
+            }
+            _ => {}
+        }
+    }
+
+    /// Starts failing this backup over from its primary (`Message::Failover`
+    /// from client `op`); `FailedOver` answers once every node of the site
+    /// has the lost keys. Only at the backup.
+    pub fn start_failover(&mut self, op: OpId, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
+        if !self.is_backup() {
+            return false;
+        }
+        self.next_tag += 1;
+        let tag = self.next_tag;
+        self.failover =
+            Some(Failover { op, tag, heard: BTreeSet::new(), notes: AHashMap::new(), lost: None, taken: BTreeSet::new(), sent_ms: 0 });
+        self.failover_step(topology, now_ms, out);
+        true
+    }
+
+    /// Moves the failover on: asks (again) those not heard, hands out the
+    /// lost notes once every node answered, answers once all took them.
+    fn failover_step(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        let majority = self.majority();
+        let Some(f) = self.failover.as_mut() else { return };
+        let nodes: Vec<NodeId> = topology.admitted.keys().copied().collect();
+        let resend = now_ms.saturating_sub(f.sent_ms) >= FAILOVER_RESEND_MS;
+        // A majority of the stabilizer replicas must answer: every
+        // acknowledged write was noted on one of any majority.
+        let replicas_heard = self.replicas.iter().filter(|r| f.heard.contains(r)).count();
+        let all_heard = nodes.iter().all(|n| f.heard.contains(n)) && replicas_heard >= majority;
+        if f.lost.is_none() && !all_heard {
+            if resend || f.sent_ms == 0 {
+                f.sent_ms = now_ms.max(1);
+                for &n in nodes.iter().filter(|n| !f.heard.contains(n)) {
+                    send(out, Dest::Node(n), Message::geo(GeoMsg::Failover { from: self.me, tag: f.tag }));
+                }
+            }
+            return;
+        }
+        if f.lost.is_none() {
+            let mut lost: Vec<Note> = f.notes.drain().map(|(_, n)| n).collect();
+            lost.sort_by(|a, b| (a.partition, &a.key).cmp(&(b.partition, &b.key)));
+            f.lost = Some(lost);
+            f.sent_ms = 0;
+        }
+        let all_taken = nodes.iter().all(|n| f.taken.contains(n));
+        if all_taken {
+            let f = self.failover.take().expect("running");
+            let lost = f.lost.map_or(0, |l| l.len() as u64);
+            return send(out, Dest::Client(f.op.client), Message::FailedOver { op: f.op, lost });
+        }
+        if resend || f.sent_ms == 0 {
+            f.sent_ms = now_ms.max(1);
+            let lost = f.lost.as_ref().expect("set above");
+            for &n in nodes.iter().filter(|n| !f.taken.contains(n)) {
+                for (notes, last) in chunks(lost) {
+                    send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: f.tag, notes, last }));
+                }
+            }
+        }
+    }
+
+    /// Periodic work: mirrors no majority answered are given up; a
+    /// failover asks again; after one, nodes not known to hold the lost
+    /// keys get them.
+    pub fn tick(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        self.mirroring.retain(|_, m| now_ms.saturating_sub(m.since_ms) < MIRROR_MS);
+        if self.failover.is_some() {
+            self.failover_step(topology, now_ms, out);
+        }
+        let Some(lost) = &self.lost else { return };
+        if self.failover.is_some() || now_ms.saturating_sub(self.told_ms) < TELL_MS {
+            return;
+        }
+        let untold: Vec<NodeId> =
+            topology.admitted.iter().filter(|&(&n, &inc)| n != self.me && self.told.get(&n) != Some(&inc)).map(|(&n, _)| n).collect();
+        if untold.is_empty() {
+            return;
+        }
+        self.told_ms = now_ms;
+        let notes: Vec<Note> =
+            lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 } }).collect();
+        for n in untold {
+            for (notes, last) in chunks(&notes) {
+                send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes, last }));
+            }
+        }
+    }
+
+    /// Whether nothing here waits on time.
+    pub fn idle(&self) -> bool {
+        self.mirroring.is_empty() && self.failover.is_none()
+    }
+
+    /// After a failover: the primary's write of `key` this node must not
+    /// serve an older version than (its note's).
+    pub fn lost(&self, key: &[u8]) -> Option<Version> {
+        let ts = *self.lost.as_ref()?.get(key)?;
+        Some(Version::local(self.pair.primary, ts))
+    }
+
+    /// Whether this backup has failed over.
+    pub fn failed_over(&self) -> bool {
+        self.lost.is_some()
+    }
+
+    /// The lost keys, in key order, from `cursor` on, at most `count`, and
+    /// the cursor after them (`CW.DR MISSING`).
+    pub fn missing(&self, cursor: &[u8], count: usize) -> (Vec<(Bytes, Version)>, Option<Bytes>) {
+        let Some(lost) = &self.lost else { return (Vec::new(), None) };
+        let mut keys: Vec<(&Bytes, &Timestamp)> = lost.iter().filter(|(k, _)| k.as_ref() >= cursor).collect();
+        keys.sort_unstable();
+        let next = keys.get(count).map(|(k, _)| (*k).clone());
+        let page = keys.into_iter().take(count).map(|(k, &ts)| (k.clone(), Version::local(self.pair.primary, ts))).collect();
+        (page, next)
+    }
+
+    pub fn status(&self) -> DrStatus {
+        DrStatus {
+            role: if self.is_backup() { "backup" } else { "primary" },
+            pair: Some(self.pair),
+            unfinished: self.ledger.len(),
+            unfinished_bytes: self.ledger_bytes,
+            oldest: self.ledger.keys().next().map(|(ts, _)| *ts),
+            noted: self.noted,
+            lost: self.lost.as_ref().map(|l| l.len()),
+        }
+    }
+}
+
+/// `notes` in messages of at most `NOTES_PER_MESSAGE`, the last one marked
+/// (one empty message when there are none).
+fn chunks(notes: &[Note]) -> Vec<(Vec<Note>, bool)> {
+    if notes.is_empty() {
+        return vec![(Vec::new(), true)];
+    }
+    let n = notes.len().div_ceil(NOTES_PER_MESSAGE);
+    notes.chunks(NOTES_PER_MESSAGE).enumerate().map(|(i, c)| (c.to_vec(), i + 1 == n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::{NodeInfo, Shape};
+
+    fn topology(nodes: u16) -> Topology {
+        let infos = (0..nodes).map(|i| NodeInfo { id: i, addr: format!("n{i}") }).collect();
+        let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2 }, infos).unwrap();
+        t.admitted = (0..nodes).map(|i| (i, 1)).collect();
+        t
+    }
+
+    fn note(p: PartitionId, ts: u64, key: &str, seq: u64) -> Note {
+        Note { partition: p, ts: Timestamp::new(ts, 0), key: Bytes::from(key.to_string()), op: OpId { client: 7, seq } }
+    }
+
+    const PAIR: DrPair = DrPair { primary: 0, backup: 1 };
+
+    /// Runs messages between the backup's nodes until none is left;
+    /// returns what left the site or went to clients.
+    fn settle(nodes: &mut [Dr], t: &Topology, mut out: Outbox) -> Outbox {
+        let mut away = Vec::new();
+        while let Some(e) = out.pop() {
+            match (e.to, e.msg) {
+                (Dest::Node(n), Message::Geo(g)) => nodes[n as usize].step(*g, true, Some(0), t, 0, &mut out),
+                (to, msg) => away.push(crate::message::Envelope { to, msg }),
+            }
+        }
+        away
+    }
+
+    #[test]
+    fn a_note_is_answered_once_a_majority_of_the_replicas_keep_it() {
+        let t = topology(4);
+        let mut nodes: Vec<Dr> = (0..4).map(|i| Dr::new(PAIR, 1, i, &[0, 1, 2])).collect();
+        let mut out = Vec::new();
+        nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
+        assert!(out.iter().all(|e| matches!(e.to, Dest::Node(_))), "not answered before a majority: {out:?}");
+        let away = settle(&mut nodes, &t, out);
+        assert!(
+            matches!(&away[..], [crate::message::Envelope { to: Dest::Site(0), msg: Message::Geo(g) }] if matches!(&**g, GeoMsg::Noted { ops, .. } if ops.len() == 1)),
+            "{away:?}"
+        );
+        assert_eq!((nodes[0].status().unfinished, nodes[1].status().unfinished, nodes[3].status().unfinished), (1, 1, 0));
+        // Applied past it: done.
+        nodes[1].prune(Timestamp::new(10, 0));
+        assert_eq!(nodes[1].status().unfinished, 0);
+    }
+
+    #[test]
+    fn a_failover_refuses_the_newest_unfinished_write_of_each_key() {
+        let t = topology(3);
+        let mut nodes: Vec<Dr> = (0..3).map(|i| Dr::new(PAIR, 1, i, &[0, 1, 2])).collect();
+        let mut out = Vec::new();
+        let notes = vec![note(0, 10, "a", 1), note(0, 12, "a", 2), note(1, 11, "b", 3), note(2, 5, "c", 4)];
+        nodes[0].step(GeoMsg::Note { origin: 0, notes }, false, Some(0), &t, 0, &mut out);
+        settle(&mut nodes, &t, out);
+        // "c" arrived; the leader's replica is gone and only one other
+        // replica kept the rest (a majority of 3 holds each note).
+        for n in nodes.iter_mut() {
+            n.prune(Timestamp::new(5, 0));
+        }
+        nodes[0].ledger.clear();
+        let mut out = Vec::new();
+        assert!(nodes[2].start_failover(OpId { client: 9, seq: 1 }, &t, 0, &mut out));
+        let away = settle(&mut nodes, &t, out);
+        assert!(matches!(&away[..], [crate::message::Envelope { msg: Message::FailedOver { lost: 2, .. }, .. }]), "{away:?}");
+        for n in &nodes {
+            assert_eq!(n.lost(b"a"), Some(Version::local(0, Timestamp::new(12, 0))));
+            assert_eq!(n.lost(b"b"), Some(Version::local(0, Timestamp::new(11, 0))));
+            assert_eq!(n.lost(b"c"), None);
+        }
+        let (page, next) = nodes[1].missing(b"", 1);
+        assert_eq!((page.len(), next), (1, Some(Bytes::from_static(b"b"))));
+    }
+
+    #[test]
+    fn a_primary_node_answers_the_sessions_of_noted_writes() {
+        let t = topology(3);
+        let mut primary = Dr::new(PAIR, 0, 0, &[0, 1, 2]);
+        assert_eq!(primary.backup_of_primary(), Some(1));
+        let mut out = Vec::new();
+        let op = OpId { client: 5, seq: 3 };
+        primary.step(GeoMsg::Noted { from: 1, ops: vec![op] }, false, Some(0), &t, 0, &mut out);
+        assert!(matches!(&out[..], [crate::message::Envelope { to: Dest::Client(5), msg: Message::Noted { op: o } }] if *o == op));
+        // Not from its backup: ignored.
+        out.clear();
+        primary.step(GeoMsg::Noted { from: 2, ops: vec![op] }, false, Some(0), &t, 0, &mut out);
+        assert!(out.is_empty());
+    }
+}

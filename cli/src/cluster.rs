@@ -10,6 +10,12 @@
 //!
 //! `causeway cluster clock skew MS`: every node of the site's wall clock
 //! put MS ahead (negative: behind; 0: right again), `CW.CLOCK`.
+//!
+//! `causeway cluster failover`: at the backup site of a disaster-recovery
+//! pair (`--dr`), serve on without the primary: keys whose last
+//! acknowledged write never arrived are refused (`-LOST`) until written
+//! again (`CW.DR FAILOVER`). `causeway cluster missing` lists them
+//! (`CW.DR MISSING`); `causeway cluster dr` shows the pair's state.
 
 use crate::resp_client::RespConn;
 use causeway_resp::Frame;
@@ -37,6 +43,13 @@ enum Action {
         #[command(subcommand)]
         change: Link,
     },
+    /// At the backup of a disaster-recovery pair: serve without the
+    /// primary; keys whose value never arrived are refused until written.
+    Failover,
+    /// After a failover: every key refused, with the write it misses.
+    Missing,
+    /// The disaster-recovery pair as this node sees it (CW.DR STATUS).
+    Dr,
     /// Emulated clock faults of the whole site.
     Clock {
         #[command(subcommand)]
@@ -90,6 +103,22 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
                 };
                 return every_node(&status, &command).await;
             }
+            Action::Failover => {
+                let mut c = RespConn::connect(&args.addr).await?;
+                return match c.call(&[b"CW.DR", b"FAILOVER"]).await? {
+                    Frame::Integer(n) => {
+                        println!("failed over: {n} keys whose last write never arrived are refused until written again (`causeway cluster missing` lists them)");
+                        Ok(())
+                    }
+                    Frame::Error(e) => Err(e.to_string()),
+                    other => Err(format!("unexpected answer {other:?}")),
+                };
+            }
+            Action::Missing => return missing(&args.addr).await,
+            Action::Dr => {
+                println!("{}", call(&args.addr, &[b"CW.DR", b"STATUS"]).await?.replace("\r\n", "\n").trim_end());
+                return Ok(());
+            }
             Action::Clock { change: Clock::Skew { ms } } => {
                 return every_node(&status, &["CW.CLOCK".into(), "SKEW".into(), ms.to_string()]).await;
             }
@@ -118,6 +147,35 @@ async fn every_node(status: &str, command: &[String]) -> Result<(), String> {
         call(&addr, &request).await.map_err(|e| format!("{addr}: {e}"))?;
     }
     println!("OK (every node of the site)");
+    Ok(())
+}
+
+/// Prints every refused key and the write it misses, page by page.
+async fn missing(addr: &str) -> Result<(), String> {
+    let mut c = RespConn::connect(addr).await?;
+    let mut cursor = b"0".to_vec();
+    let mut total = 0;
+    loop {
+        let page = c.call(&[b"CW.DR", b"MISSING", &cursor, b"COUNT", b"1000"]).await?;
+        let Frame::Array(parts) = page else {
+            return Err(match page {
+                Frame::Error(e) => e.to_string(),
+                other => format!("unexpected answer {other:?}"),
+            });
+        };
+        let [Frame::Bulk(next), Frame::Array(items)] = &parts[..] else { return Err(format!("unexpected answer {parts:?}")) };
+        for pair in items.chunks(2) {
+            if let [Frame::Bulk(key), Frame::Bulk(write)] = pair {
+                println!("{}\t{}", String::from_utf8_lossy(key), String::from_utf8_lossy(write));
+                total += 1;
+            }
+        }
+        if next.as_ref() == b"0" {
+            break;
+        }
+        cursor = next.to_vec();
+    }
+    eprintln!("{total} keys refused");
     Ok(())
 }
 

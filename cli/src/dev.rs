@@ -31,6 +31,12 @@ pub struct DevArgs {
     /// between two others).
     #[arg(long)]
     wan: Option<String>,
+    /// Identifier-first disaster recovery between two of the sites,
+    /// PRIMARY=BACKUP: the primary's writes are acknowledged once the
+    /// backup has noted their keys (`causeway cluster failover` at the
+    /// backup serves on without the primary).
+    #[arg(long, value_name = "PRIMARY=BACKUP")]
+    dr: Option<causeway_core::message::geo::DrPair>,
     /// Up to this much more delay, at random, on each message between sites.
     #[arg(long, default_value_t = 2)]
     wan_jitter_ms: u64,
@@ -51,6 +57,13 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         return Err("with several sites, at most 10 nodes per site (site s uses ports port+10*s ..)".into());
     }
     let delays = wan_delays(args.sites, args.wan.as_deref())?;
+    let mut node_args = args.node_args.clone();
+    if let Some(pair) = args.dr {
+        if pair.primary >= args.sites || pair.backup >= args.sites {
+            return Err(format!("--dr {}={}: both must be sites of this deployment (0..{})", pair.primary, pair.backup, args.sites));
+        }
+        node_args.extend(["--dr".to_string(), format!("{}={}", pair.primary, pair.backup)]);
+    }
     let ports: Vec<Vec<u16>> = (0..args.sites).map(|s| (0..args.nodes).map(|i| args.port + 10 * s + i).collect()).collect();
     let shape = Shape {
         nodes: args.nodes,
@@ -59,7 +72,7 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         partitions: args.partitions,
         data_dir: args.data_dir.clone(),
         disk_tier: args.disk_tier.clone(),
-        node_args: args.node_args.clone(),
+        node_args,
         logs: None,
     };
     let mut sites = start_sites(&shape, &ports, &delays, args.wan_jitter_ms)?;
@@ -92,6 +105,15 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     if args.sites > 1 {
         println!("Wide-area links (one-way ms): {}", describe(&delays));
         println!("Each site takes reads and writes; CW.SITES (or INFO geo) shows how far it has applied the others.");
+        if let Some(pair) = args.dr {
+            println!(
+                "Site {} backs up site {}: its writes are acknowledged once site {} has noted them (CW.DR STATUS); `causeway cluster failover --addr {}` fails over.",
+                pair.backup,
+                pair.primary,
+                pair.backup,
+                sites[pair.backup as usize].addr(0)
+            );
+        }
     }
     println!("Connect with any Redis client, e.g.  redis-cli -p {}   or   causeway cli --addr {}", args.port, sites[0].addr(0));
     println!("Ctrl-C stops everything.");

@@ -20,7 +20,7 @@ use ahash::AHashMap;
 use bytes::{Bytes, BytesMut};
 use causeway_core::driver::{Consistency, Driver, Progress, Request, Response, Sends, Transport};
 use causeway_core::error::Error as CoreError;
-use causeway_core::message::{Change, ClientId, Hello, Message, OpId, Welcome, BINARY_MAGIC};
+use causeway_core::message::{Change, ClientId, Greeting, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::session::Session;
 use causeway_core::wire::{put_frame, take_frame};
@@ -107,13 +107,15 @@ impl Client {
     pub async fn connect_with_password(addr: &str, password: Option<&str>) -> Result<Client, Error> {
         let id: ClientId = (rand::random::<u64>() & ((1 << 48) - 1)).max(1);
         let (tx, replies) = mpsc::unbounded_channel();
-        let mut seed = open(addr, None, id, password, tx.clone()).await?;
+        let (mut seed, greeting) = open(addr, None, id, password, tx.clone()).await?;
         let mut out = BytesMut::new();
         put_frame(&Message::GetTopology { op: OpId { client: id, seq: 0 } }, &mut out);
         seed.write_all(&out).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
         out.clear();
+        let mut driver = Driver::new(id, Arc::new(placeholder()), None, DEFAULT_TIMEOUT.as_millis() as u64);
+        driver.set_noted(greeting.noted);
         let mut client = Client {
-            driver: Driver::new(id, Arc::new(placeholder()), None, DEFAULT_TIMEOUT.as_millis() as u64),
+            driver,
             writers: AHashMap::new(),
             password: password.map(str::to_string),
             replies,
@@ -141,7 +143,7 @@ impl Client {
         for n in nodes {
             if !self.writers.contains_key(&n.id) {
                 // A node that is down is skipped; requests that need it time out.
-                if let Ok(w) = open(&n.addr, Some(n.id), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
+                if let Ok((w, _)) = open(&n.addr, Some(n.id), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
                     self.writers.insert(n.id, w);
                 }
             }
@@ -278,7 +280,7 @@ impl Client {
     async fn deliver(&mut self, node: NodeId, msg: &Message) -> bool {
         if !self.writers.contains_key(&node) {
             if let Some(addr) = self.driver.topology().node(node).map(|n| n.addr.clone()) {
-                if let Ok(w) = open(&addr, Some(node), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
+                if let Ok((w, _)) = open(&addr, Some(node), self.driver.id(), self.password.as_deref(), self.tx.clone()).await {
                     self.writers.insert(node, w);
                 }
             }
@@ -392,7 +394,7 @@ async fn open(
     id: ClientId,
     password: Option<&str>,
     tx: mpsc::UnboundedSender<Incoming>,
-) -> Result<OwnedWriteHalf, Error> {
+) -> Result<(OwnedWriteHalf, Greeting), Error> {
     let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
         .await
         .map_err(|_| Error::Connect(format!("{addr}: timed out")))?
@@ -419,7 +421,7 @@ async fn open(
     })
     .await
     .map_err(|_| Error::Connect(format!("{addr}: no answer to the handshake")))??;
-    welcome.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
+    let greeting = welcome.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
     tokio::spawn(async move {
         loop {
             loop {
@@ -445,5 +447,5 @@ async fn open(
             }
         }
     });
-    Ok(wr)
+    Ok((wr, greeting))
 }

@@ -14,7 +14,16 @@ pub const BINARY_MAGIC: u8 = 0xCA;
 /// The node's answer to a native client's `Hello`, sent once the client is
 /// registered (so replies from any node of the site reach it from then on):
 /// `Err` says why the connection is refused.
-pub type Welcome = Result<(), String>;
+pub type Welcome = Result<Greeting, String>;
+
+/// What a node tells a native client it accepts about the site.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Greeting {
+    /// The site is the primary of a disaster-recovery pair (`geo::dr`): a
+    /// write is acknowledged once its backup has noted it too
+    /// (`driver::Driver::set_noted`).
+    pub noted: bool,
+}
 
 /// The first frame of a binary connection: who is speaking.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -30,7 +30,7 @@ pub use client::{
 };
 pub use coordinator::{Beat, Recovered};
 pub use geo::GeoMsg;
-pub use link::{Hello, LinkReply, Welcome, BINARY_MAGIC};
+pub use link::{Greeting, Hello, LinkReply, Welcome, BINARY_MAGIC};
 
 use crate::hlc::Timestamp;
 use crate::ring::{NodeId, PartitionId, Topology};

@@ -237,7 +237,10 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
     let id = node.new_session();
     let (tx, replies) = mpsc::unbounded_channel();
     node.register(id, tx.clone());
-    let driver = Driver::new(id, node.topology(), Some(node.me()), node.config().request_timeout_ms);
+    let mut driver = Driver::new(id, node.topology(), Some(node.me()), node.config().request_timeout_ms);
+    // The primary of a disaster-recovery pair acknowledges a write once its
+    // backup has noted it (`geo::dr`).
+    driver.set_noted(node.config().dr.is_some_and(|p| p.primary == node.config().site));
     let authed = node.config().requirepass.is_none();
     let mut conn = Conn {
         node: node.clone(),
@@ -318,6 +321,9 @@ pub fn client_error(e: Error) -> Frame {
     match e {
         // Redis's own prefix: clients tell it from other errors.
         Error::OutOfMemory => Frame::error(format!("OOM {e}")),
+        // After a failover: the key's last acknowledged write never
+        // arrived; never served older (`CW.DR MISSING` lists such keys).
+        Error::Lost { .. } => Frame::error(format!("LOST {e}")),
         e => Frame::error(format!("ERR {e}")),
     }
 }

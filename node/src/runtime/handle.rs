@@ -7,13 +7,14 @@ use super::clock::Clock;
 use super::peer::link::Sent;
 use super::server::Node;
 use crate::config::NodeConfig;
+use bytes::Bytes;
 use causeway_core::chain::{Conflict, Digest};
 use causeway_core::geo::visibility::Delays;
 use causeway_core::geo::Replication;
 use causeway_core::message::{ClientId, Message};
 use causeway_core::ring::{NodeId, NodeInfo, PartitionId, Topology};
 use causeway_core::supervisor::NodeReport;
-use causeway_core::version::{SiteId, VersionVector};
+use causeway_core::version::{SiteId, Version, VersionVector};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -115,6 +116,8 @@ pub struct GeoStatus {
     pub out_of_order: u64,
     /// Every other site, by site.
     pub sites: Vec<SiteStatus>,
+    /// Identifier-first disaster recovery, if this site is in a pair.
+    pub dr: Option<causeway_core::geo::dr::DrStatus>,
 }
 
 /// One other site, as this node sees it.
@@ -241,6 +244,13 @@ impl Handle {
         self.node.site_links().iter().map(|l| l.site).collect()
     }
 
+    /// After a failover of this backup site: the keys refused because
+    /// their last write never arrived, from `cursor` on (at most `count`),
+    /// with the write each misses, and where the next page starts.
+    pub fn dr_missing(&self, cursor: &[u8], count: usize) -> (Vec<(Bytes, Version)>, Option<Bytes>) {
+        self.node.with_core(|core| core.geo().and_then(|g| g.dr()).map(|d| d.missing(cursor, count)).unwrap_or_default())
+    }
+
     /// The node's status, now.
     pub fn status(&self) -> Status {
         let node = &self.node;
@@ -259,6 +269,7 @@ impl Handle {
                 remote_backlog: geo.backlog(),
                 unreported: geo.unreported(),
                 out_of_order: geo.out_of_order(),
+                dr: geo.dr().map(|d| d.status()),
                 sites: node
                     .site_links()
                     .iter()

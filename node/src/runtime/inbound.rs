@@ -150,7 +150,8 @@ async fn serve_client(
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
     node.register(id, tx.clone());
-    put_frame(&Welcome::Ok(()), &mut out);
+    let noted = node.config.dr.is_some_and(|p| p.primary == node.config.site);
+    put_frame(&Welcome::Ok(causeway_core::message::Greeting { noted }), &mut out);
     if wr.write_all(&out).await.is_err() {
         node.unregister(id, &tx);
         return;

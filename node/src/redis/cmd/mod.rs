@@ -154,6 +154,7 @@ pub static COMMANDS: &[Command] = &[
     command!("cw.clock", 3, false, cw::sites::clock),
     command!("cw.wait", -3, false, cw::sites::wait),
     command!("cw.conflicts", -1, false, cw::sites::conflicts),
+    command!("cw.dr", -2, false, cw::dr::run),
 ];
 
 /// A command's index in `COMMANDS`.

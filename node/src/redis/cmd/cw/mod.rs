@@ -6,6 +6,7 @@ pub mod chain;
 pub mod cluster;
 pub mod consistency;
 pub mod digest;
+pub mod dr;
 pub mod keyrange;
 pub mod session;
 pub mod sites;

@@ -13,6 +13,7 @@
 //! errors, and the longest stretch any client went without a successful
 //! write: the write unavailability when a node is killed during the run.
 
+pub mod dr;
 pub mod report;
 pub mod visibility;
 pub mod workload;
@@ -92,6 +93,23 @@ pub struct BenchArgs {
     /// Writes measured by --visible-at.
     #[arg(long, default_value_t = 200)]
     samples: usize,
+    /// Measure the time until a write is protected instead (identifier-
+    /// first disaster recovery, see `dr`): SETs of each of `--sizes` at
+    /// --addr, `--samples` each.
+    #[arg(long)]
+    protection: bool,
+    /// With --protection: value sizes in bytes, comma-separated.
+    #[arg(long, default_value = "1024,10240,102400,1048576,10485760", value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// With --protection: after each SET, CW.WAIT SITE this site
+    /// (synchronous replication, the baseline).
+    #[arg(long)]
+    wait_site: Option<u16>,
+    /// Write at --addr, cut the link to this node's site, fail it over
+    /// (if it is a disaster-recovery backup) and count the acknowledged
+    /// keys it serves complete, refuses or lost (see `dr`).
+    #[arg(long, value_name = "BACKUP_ADDR")]
+    disaster: Option<String>,
 }
 
 /// One benchmark connection.
@@ -140,6 +158,12 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 async fn bench(args: BenchArgs) -> Result<(), String> {
     if let Some(to) = &args.visible_at {
         return visibility::run(&args.addr, to, args.link_ms, args.samples).await;
+    }
+    if args.protection {
+        return dr::protection(&args.addr, &args.sizes, args.samples, args.wait_site).await;
+    }
+    if let Some(backup) = &args.disaster {
+        return dr::disaster(&args.addr, backup, args.clients, args.duration, args.value_size).await;
     }
     if args.clients == 0 || args.records == 0 {
         return Err("--clients and --records must be at least 1".into());

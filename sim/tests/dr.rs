@@ -7,6 +7,9 @@
 //! acknowledged version, or be refused as lost (`Error::Lost`) naming a
 //! write at least that new. Writing a refused key clears it.
 //!
+//! Then the old primary's link comes back: what the backup never got
+//! arrives, and every key reads complete.
+//!
 //! The same schedule without disaster recovery (sites replicating
 //! asynchronously, as before) shows what the check catches: there, reads
 //! of keys whose last acknowledged write never arrived return older values.
@@ -168,7 +171,32 @@ fn run(seed: u64, dr: bool) -> (Tally, Vec<String>) {
     if dr && tally.refused > 0 {
         refused_keys_clear_on_write(&mut world, seed, &reads);
     }
+    if dr {
+        failback(&mut world, seed, &acked);
+    }
     (tally, stale)
+}
+
+/// The old primary comes back (its link heals, its nodes kept their
+/// logs): what the backup never got is shipped as usual, and every key
+/// the backup refused reads complete again, everywhere.
+fn failback(world: &mut World, seed: u64, acked: &HashMap<Bytes, Version>) {
+    world.cut(0, 1, 0);
+    let until = world.now_ms() + 60_000;
+    while !world.quiet() {
+        world.run_until(world.now_ms() + 10);
+        assert!(world.now_ms() < until, "seed {seed}: the sites did not settle after the link came back");
+    }
+    let mut reads = Vec::new();
+    for node in 0..4u16 {
+        let c = world.sites[1].add_client(Some(node));
+        for key in acked.keys() {
+            reads.push(request(world, seed, c, Request::Get(key.clone())));
+        }
+    }
+    let (tally, stale) = judge(acked, &reads);
+    assert!(stale.is_empty(), "seed {seed}: after failback:\n{}", stale.join("\n"));
+    assert_eq!(tally.refused, 0, "seed {seed}: keys still refused after failback");
 }
 
 /// Runs `request` of client `c` at the backup to its end. One that times

@@ -50,6 +50,10 @@ pub enum LogRecord {
     /// primary's last noted write never arrived, with its timestamp.
     /// Belongs to no partition.
     Lost { keys: Vec<(bytes::Bytes, Timestamp)> },
+    /// At a stabilizer replica of a disaster-recovery backup (`geo::dr`):
+    /// writes of the primary it noted, kept until their values are applied
+    /// here. Belongs to no partition.
+    Noted { notes: Vec<crate::message::geo::Note> },
 }
 
 impl LogRecord {
@@ -61,7 +65,7 @@ impl LogRecord {
             | LogRecord::Behind { partition, .. }
             | LogRecord::Clock { partition, .. }
             | LogRecord::OnDisk { partition, .. } => *partition,
-            LogRecord::Lost { .. } => 0,
+            LogRecord::Lost { .. } | LogRecord::Noted { .. } => 0,
         }
     }
 

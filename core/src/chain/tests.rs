@@ -299,7 +299,8 @@ fn logged(r: &mut ChainReplica) -> Vec<Update> {
             | LogRecord::Behind { .. }
             | LogRecord::Clock { .. }
             | LogRecord::OnDisk { .. }
-            | LogRecord::Lost { .. } => Vec::new(),
+            | LogRecord::Lost { .. }
+            | LogRecord::Noted { .. } => Vec::new(),
         })
         .collect()
 }

@@ -27,8 +27,9 @@
 //! that has them sends them to any admitted incarnation not known to hold
 //! them (one that restarted without its log, or joined later).
 //!
-//! Not yet: the ledger is in memory only (on a majority of the stabilizer
-//! replicas): a backup site that restarts whole forgets its notes.
+//! The notes are in the logs of the stabilizer replicas that keep them
+//! (`LogRecord::Noted`, written before the replica answers), so a backup
+//! site that restarts whole still knows them.
 
 use crate::hlc::Timestamp;
 use crate::message::geo::{DrPair, Note};
@@ -159,10 +160,12 @@ impl Dr {
         std::mem::take(&mut self.log)
     }
 
-    /// The lost keys as one log record, for a compacted log.
-    pub fn checkpoint(&self) -> Option<LogRecord> {
-        let lost = self.lost.as_ref()?;
-        Some(LogRecord::Lost { keys: lost.iter().map(|(k, &ts)| (k.clone(), ts)).collect() })
+    /// The notes kept and the lost keys as log records, for a compacted
+    /// log.
+    pub fn checkpoint(&self) -> Vec<LogRecord> {
+        let notes = (!self.ledger.is_empty()).then(|| LogRecord::Noted { notes: self.ledger.values().cloned().collect() });
+        let lost = self.lost.as_ref().map(|lost| LogRecord::Lost { keys: lost.iter().map(|(k, &ts)| (k.clone(), ts)).collect() });
+        notes.into_iter().chain(lost).collect()
     }
 
     /// Adds lost keys (the newest write of each wins), logged.
@@ -194,16 +197,28 @@ impl Dr {
         self.replicas.len() / 2 + 1
     }
 
+    /// Keeps notes, logged (`take_log`) before this step's answers leave.
     fn keep(&mut self, notes: Vec<Note>) {
+        let fresh: Vec<Note> = notes.into_iter().filter(|n| n.ts > self.applied).collect();
+        if fresh.is_empty() {
+            return;
+        }
+        self.log.push(LogRecord::Noted { notes: fresh.clone() });
+        self.remember(fresh);
+    }
+
+    fn remember(&mut self, notes: Vec<Note>) {
         for n in notes {
-            if n.ts <= self.applied {
-                continue; // its value (or a later one) is already here
-            }
             let bytes = n.key.len();
             if self.ledger.insert((n.ts, n.partition), n).is_none() {
                 self.ledger_bytes += bytes;
             }
         }
+    }
+
+    /// Notes read back from the log at start.
+    pub fn restore_notes(&mut self, notes: Vec<Note>) {
+        self.remember(notes);
     }
 
     /// The site has applied the primary up to `applied` (its `SiteTime`):

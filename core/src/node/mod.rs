@@ -283,6 +283,11 @@ impl Node {
                         d.restore(keys);
                     }
                 }
+                LogRecord::Noted { notes } => {
+                    if let Some(d) = self.geo.as_mut().and_then(Geo::dr_mut) {
+                        d.restore_notes(notes);
+                    }
+                }
             }
         }
         report.behind = behind.into_iter().filter(|p| segments.get(p).is_some_and(|(s, _)| s.is_some())).collect();
@@ -784,8 +789,8 @@ impl Node {
 
     /// Every replica as log records (compaction).
     pub fn checkpoint(&self) -> Vec<LogRecord> {
-        let lost = self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.checkpoint());
-        self.parts.iter().flatten().flat_map(|r| r.checkpoint()).chain(lost).collect()
+        let dr = self.geo.as_ref().and_then(Geo::dr).map(|d| d.checkpoint()).unwrap_or_default();
+        self.parts.iter().flatten().flat_map(|r| r.checkpoint()).chain(dr).collect()
     }
 
     /// Replicas still waiting for a state transfer.

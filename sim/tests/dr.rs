@@ -145,7 +145,7 @@ fn run(seed: u64, dr: bool) -> (Tally, Vec<String>) {
     if let Some((_, node)) = crashed {
         world.sites[1].restart(node);
     }
-    if seed % 3 == 0 {
+    if seed.is_multiple_of(3) {
         // The backup site restarts whole before it fails over: its nodes
         // come back from their logs, the notes with them.
         world.run_until(world.now_ms() + 50);

@@ -28,7 +28,12 @@
 //! final read-back still failed with errors after a minute and none came
 //! back wrong. Each node's log (stderr, `node-i.log` in the run's
 //! directory) keeps every incarnation, one after the other.
+//!
+//! With `--sites 2 --dr`, site 1 is site 0's disaster-recovery backup, and
+//! the run ends with a disaster: site 0 is lost under writers and site 1
+//! fails over (`disaster`).
 
+mod disaster;
 mod readback;
 mod rng;
 
@@ -75,6 +80,11 @@ pub struct TortureArgs {
     /// (values of a few hundred bytes), so they keep moving to disk and back.
     #[arg(long)]
     disk_tier: bool,
+    /// With --sites 2: site 1 is site 0's disaster-recovery backup
+    /// (`--dr 0=1`); after the campaign site 0 is lost while clients
+    /// write, site 1 fails over, and what it serves is checked (`disaster`).
+    #[arg(long)]
+    dr: bool,
 }
 
 /// With `--disk-tier`: each node's budget, and the bytes each value is
@@ -137,6 +147,9 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
     if args.sites == 0 || (args.sites > 1 && args.port != 0 && args.nodes > 10) {
         return Err("--sites must be at least 1, and fixed ports leave room for 10 nodes per site".into());
     }
+    if args.dr && args.sites != 2 {
+        return Err("--dr needs --sites 2 (site 1 backs up site 0)".into());
+    }
     let shape = Shape {
         nodes: args.nodes,
         replicas: 3.min(args.nodes as usize),
@@ -155,6 +168,7 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
                     .into_iter()
                     .flatten(),
             )
+            .chain(args.dr.then(|| ["--dr", "0=1"].map(String::from)).into_iter().flatten())
             .collect(),
         logs: Some(dir.clone()),
     };
@@ -292,8 +306,12 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
     }
     let total: u32 = faults.values().sum();
     let list: Vec<String> = faults.iter().map(|(f, n)| format!("{n} x {f}")).collect();
+    let disaster = match args.dr {
+        true => format!("; disaster: {}", disaster::run(sites, args.clients).await?),
+        false => String::new(),
+    };
     Ok(format!(
-        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes in {n} site(s): {read_back}; {partitions} partitions with identical replicas; longest write gap {:.2} s",
+        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes in {n} site(s): {read_back}; {partitions} partitions with identical replicas; longest write gap {:.2} s{disaster}",
         list.join(", "),
         writes.tried,
         writes.acknowledged,

@@ -408,10 +408,10 @@ impl Dr {
         }
         let untold: Vec<NodeId> =
             topology.admitted.iter().filter(|&(&n, &inc)| n != self.me && self.told.get(&n) != Some(&inc)).map(|(&n, _)| n).collect();
+        self.told_ms = now_ms.max(1);
         if untold.is_empty() {
             return;
         }
-        self.told_ms = now_ms;
         let notes: Vec<Note> =
             lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 } }).collect();
         for n in untold {
@@ -421,9 +421,18 @@ impl Dr {
         }
     }
 
+    /// A new configuration: nodes it admits anew (a restart, a join) hear
+    /// the lost keys at the next tick rather than after `TELL_MS`.
+    pub fn reconfigured(&mut self, topology: &Topology) {
+        if self.lost.is_some() && topology.admitted.iter().any(|(n, inc)| *n != self.me && self.told.get(n) != Some(inc)) {
+            self.told_ms = 0;
+        }
+    }
+
     /// Whether nothing here waits on time.
     pub fn idle(&self) -> bool {
-        self.mirroring.is_empty() && self.failover.is_none()
+        // A node newly admitted waits to hear the lost keys (`reconfigured`).
+        self.mirroring.is_empty() && self.failover.is_none() && !(self.lost.is_some() && self.told_ms == 0)
     }
 
     /// After a failover: the primary's write of `key` this node must not

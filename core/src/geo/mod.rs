@@ -350,6 +350,9 @@ impl Geo {
     /// receiver (a new one, from scratch: the other sites ship again what
     /// it has not applied, and applying twice is harmless).
     pub fn configure(&mut self, topology: &Topology, now_ms: u64) {
+        if let Some(d) = &mut self.dr {
+            d.reconfigured(topology);
+        }
         let leader = self.leader_of(topology);
         if let (Some(s), Some(l)) = (&mut self.stabilizer, leader) {
             s.step(StabilizerMsg::Leader { leader: l, term: topology.epoch }, now_ms, &mut Vec::new());

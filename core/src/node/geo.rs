@@ -208,14 +208,28 @@ impl Node {
     /// client write `op` (its session and write id) of `partition` is
     /// noted at the backup, whose answer lets its session acknowledge it.
     /// Every attempt of the write is noted (a session that heard nothing
-    /// sends it again), so nothing here waits or resends.
-    pub(super) fn note_write(&mut self, partition: PartitionId, op: crate::message::OpId, out: &mut Outbox) {
-        let Some(backup) = self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.backup_of_primary()) else { return };
+    /// sends it again), so nothing here waits or resends. The notes of a
+    /// burst of steps leave together (`flush_notes`).
+    pub(super) fn note_write(&mut self, partition: PartitionId, op: crate::message::OpId) {
+        if self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.backup_of_primary()).is_none() {
+            return;
+        }
         let Some(last) = self.parts.get(partition as usize).and_then(Option::as_ref).and_then(|r| r.written(op.client, op.seq)) else {
             return;
         };
-        let note = crate::message::geo::Note { partition, ts: last.version.ts, key: last.key.clone(), op };
-        send(out, Dest::Site(backup), Message::geo(GeoMsg::Note { origin: self.id.site, notes: vec![note] }));
+        self.notes.push(crate::message::geo::Note { partition, ts: last.version.ts, key: last.key.clone(), op });
+    }
+
+    /// Sends the notes of the steps since the last flush to the backup, in
+    /// one message.
+    pub(super) fn flush_notes(&mut self, out: &mut Outbox) {
+        if self.notes.is_empty() {
+            return;
+        }
+        let notes = std::mem::take(&mut self.notes);
+        if let Some(backup) = self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.backup_of_primary()) {
+            send(out, Dest::Site(backup), Message::geo(GeoMsg::Note { origin: self.id.site, notes }));
+        }
     }
 
     /// After a failover of this backup: the primary's write of `key` that

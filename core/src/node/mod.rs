@@ -162,6 +162,9 @@ pub struct Node {
     parked: Vec<(Needs, Envelope)>,
     /// Chain traffic of the steps since the last `flush`.
     chain_out: Outbox,
+    /// Disaster recovery at the primary: notes of the writes ordered here
+    /// since the last `flush`, sent to the backup in one message.
+    notes: Vec<crate::message::geo::Note>,
     /// Client writes parked at heads here until what they depend on is in
     /// (`put`), and the partitions touched by the step under way that
     /// such writes wait on.
@@ -201,6 +204,7 @@ impl Node {
             geo: None,
             parked: Vec::new(),
             chain_out: Outbox::new(),
+            notes: Vec::new(),
             waiting: put::Waiting::default(),
             memory: memory::Memory::default(),
             tier: None,
@@ -379,6 +383,7 @@ impl Node {
     /// stabilizer and other sites (`Geo::flush`).
     pub fn flush(&mut self, now_ms: u64, out: &mut Outbox) {
         coalesce(std::mem::take(&mut self.chain_out), out);
+        self.flush_notes(out);
         self.flush_geo(now_ms, out);
     }
 
@@ -592,7 +597,7 @@ impl Node {
         if self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
             return self.not_responsible(op, out);
         }
-        self.note_write(partition, write, out);
+        self.note_write(partition, write);
     }
 
     /// After a failover: refuses a read of a key whose replica here is

@@ -106,6 +106,18 @@ fn after_a_failover_the_backup_serves_no_acknowledged_key_older_and_names_the_lo
     let acked: usize = written.iter().map(|w| w.acked.len()).sum();
     assert!(acked > 0, "no write was acknowledged before the cut");
 
+    // What the backup's replicas know and have not got (CW.DR STATUS, and
+    // INFO's geo section).
+    let field = |text: &str, name: &str| -> u64 { text.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim().parse().unwrap() };
+    let (mut keys, mut bytes) = (0, 0);
+    for n in 0..sites[1].len() {
+        let status: String = redis::cmd("CW.DR").arg("STATUS").query(&mut sites[1].conn(n)).unwrap();
+        keys += field(&status, "unfinished_keys:");
+        bytes += field(&status, "unfinished_bytes:");
+        let info: String = redis::cmd("INFO").arg("geo").query(&mut sites[1].conn(n)).unwrap();
+        assert!(info.contains("dr_role:backup"), "{info}");
+    }
+    assert!(keys > 0 && bytes > keys * 8, "the backlog: {keys} keys, {bytes} bytes");
     // The backup fails over: every node then refuses the lost keys.
     let lost: i64 = redis::cmd("CW.DR").arg("FAILOVER").query(&mut sites[1].conn(1)).unwrap();
     let mut refused = BTreeSet::new();

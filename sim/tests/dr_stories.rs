@@ -164,6 +164,7 @@ impl goldenscript::Runner for Story {
                     ts: ts(*t),
                     key: key.clone().into(),
                     op: OpId { client: 7, seq: self.writes },
+                    value_len: 100,
                 };
                 writeln!(out, "w{}: {key}@{t} noted at node {}", self.writes, at.unwrap_or(0))?;
                 // Landing from the other site: not relayed.

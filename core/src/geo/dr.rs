@@ -115,7 +115,8 @@ pub struct DrStatus {
     /// "primary" or "backup".
     pub role: &'static str,
     pub pair: Option<DrPair>,
-    /// Notes kept here: writes noted whose value has not been applied.
+    /// Notes kept here: writes noted whose value has not been applied, and
+    /// the bytes of their keys and values.
     pub unfinished: usize,
     pub unfinished_bytes: usize,
     /// The oldest of them.
@@ -209,7 +210,7 @@ impl Dr {
 
     fn remember(&mut self, notes: Vec<Note>) {
         for n in notes {
-            let bytes = n.key.len();
+            let bytes = n.bytes();
             if self.ledger.insert((n.ts, n.partition), n).is_none() {
                 self.ledger_bytes += bytes;
             }
@@ -230,7 +231,7 @@ impl Dr {
         self.applied = applied;
         let later = self.ledger.split_off(&(applied, PartitionId::MAX));
         for n in std::mem::replace(&mut self.ledger, later).into_values() {
-            self.ledger_bytes -= n.key.len();
+            self.ledger_bytes -= n.bytes();
         }
     }
 
@@ -413,7 +414,7 @@ impl Dr {
             return;
         }
         let notes: Vec<Note> =
-            lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 } }).collect();
+            lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 }, value_len: 0 }).collect();
         for n in untold {
             for (notes, last) in chunks(&notes) {
                 send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes, last }));
@@ -494,7 +495,7 @@ mod tests {
     }
 
     fn note(p: PartitionId, ts: u64, key: &str, seq: u64) -> Note {
-        Note { partition: p, ts: Timestamp::new(ts, 0), key: Bytes::from(key.to_string()), op: OpId { client: 7, seq } }
+        Note { partition: p, ts: Timestamp::new(ts, 0), key: Bytes::from(key.to_string()), op: OpId { client: 7, seq }, value_len: 10 }
     }
 
     const PAIR: DrPair = DrPair { primary: 0, backup: 1 };

@@ -184,6 +184,16 @@ pub struct Note {
     pub key: Bytes,
     /// The write's id (its session and `Put::write`): whom to answer.
     pub op: OpId,
+    /// The size of its value, which follows on the site shipping (what
+    /// the backup would miss: `CW.DR STATUS`).
+    pub value_len: u32,
+}
+
+impl Note {
+    /// Its key's and value's bytes.
+    pub fn bytes(&self) -> usize {
+        self.key.len() + self.value_len as usize
+    }
 }
 
 /// Which site backs up which (`causeway node --dr PRIMARY=BACKUP`): the

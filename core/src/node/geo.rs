@@ -210,14 +210,15 @@ impl Node {
     /// Every attempt of the write is noted (a session that heard nothing
     /// sends it again), so nothing here waits or resends. The notes of a
     /// burst of steps leave together (`flush_notes`).
-    pub(super) fn note_write(&mut self, partition: PartitionId, op: crate::message::OpId) {
+    pub(super) fn note_write(&mut self, partition: PartitionId, op: crate::message::OpId, value_len: usize) {
         if self.geo.as_ref().and_then(Geo::dr).and_then(|d| d.backup_of_primary()).is_none() {
             return;
         }
         let Some(last) = self.parts.get(partition as usize).and_then(Option::as_ref).and_then(|r| r.written(op.client, op.seq)) else {
             return;
         };
-        self.notes.push(crate::message::geo::Note { partition, ts: last.version.ts, key: last.key.clone(), op });
+        let value_len = value_len.min(u32::MAX as usize) as u32;
+        self.notes.push(crate::message::geo::Note { partition, ts: last.version.ts, key: last.key.clone(), op, value_len });
     }
 
     /// Sends the notes of the steps since the last flush to the backup, in

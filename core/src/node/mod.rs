@@ -584,6 +584,7 @@ impl Node {
     fn put(&mut self, partition: PartitionId, req: PutRequest, now_ms: u64, out: &mut Outbox) {
         let op = req.op;
         let write = OpId { client: op.client, seq: req.write };
+        let value_len = req.change.new_value().map_or(0, |v| v.len());
         if let Some(missing) = self.lost_write(partition, &req.key) {
             // After a failover, over a write of the primary that never
             // arrived: a change that depends on what the key holds cannot
@@ -597,7 +598,7 @@ impl Node {
         if self.with(partition, |r| r.put(req, now_ms, out)).is_none() {
             return self.not_responsible(op, out);
         }
-        self.note_write(partition, write);
+        self.note_write(partition, write, value_len);
     }
 
     /// After a failover: refuses a read of a key whose replica here is

@@ -6,7 +6,8 @@
 //! * STATUS: `field:value` lines: this site's role, the pair, the backlog
 //!   this node keeps as a stabilizer replica of the backup (writes noted
 //!   whose value has not arrived: `unfinished_keys`, `unfinished_bytes` of
-//!   keys, `unfinished_oldest_ms` since the oldest was written), writes it
+//!   their keys and values, `unfinished_oldest_ms` since the oldest was
+//!   written), writes it
 //!   noted while leading, and after a failover the keys it refuses.
 //! * MISSING: after a failover, the refused keys (their last acknowledged
 //!   write never arrived), as SCAN pages: the next cursor (`0` at the end)

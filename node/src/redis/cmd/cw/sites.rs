@@ -54,6 +54,13 @@ pub fn fields(config: &NodeConfig, geo: Option<&GeoStatus>, now: u64) -> Vec<(St
     // Local updates a tail could not report in timestamp order, so never
     // shipped: always 0 unless a bug loses writes for other sites.
     f.push(("out_of_order".into(), geo.out_of_order.to_string()));
+    if let Some(dr) = &geo.dr {
+        // Disaster recovery (`CW.DR STATUS` has it all).
+        f.push(("dr_role".into(), dr.role.to_string()));
+        f.push(("dr_unfinished_keys".into(), dr.unfinished.to_string()));
+        f.push(("dr_unfinished_bytes".into(), dr.unfinished_bytes.to_string()));
+        f.push(("dr_lost_keys".into(), dr.lost.map_or("-".to_string(), |n| n.to_string())));
+    }
     for site in &geo.sites {
         let state = match site.link {
             LinkState::Cut => "cut",

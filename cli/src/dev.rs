@@ -107,7 +107,7 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         println!("Each site takes reads and writes; CW.SITES (or INFO geo) shows how far it has applied the others.");
         if let Some(pair) = args.dr {
             println!(
-                "Site {} backs up site {}: its writes are acknowledged once site {} has noted them (CW.DR STATUS); `causeway cluster failover --addr {}` fails over.",
+                "Site {} backs up site {}: its writes are acknowledged once site {} has noted them (CW.DR STATUS); `causeway cluster --addr {} failover` fails over.",
                 pair.backup,
                 pair.primary,
                 pair.backup,

@@ -34,6 +34,10 @@ pub enum Error {
     /// value never arrived. The key is refused, never served older, until
     /// it is written again (Redis's `-LOST`).
     Lost { key: bytes::Bytes, missing: crate::version::Version },
+    /// Disaster recovery at the primary: the write was applied here, but
+    /// the backup site did not note it in time, so it is not acknowledged
+    /// (the backup is unreachable or slow).
+    NotNoted,
 }
 
 impl fmt::Display for Error {
@@ -46,6 +50,9 @@ impl fmt::Display for Error {
             Error::InvalidInput(why) | Error::InvalidData(why) => f.write_str(why),
             Error::OutOfMemory => f.write_str("command not allowed when used memory > 'maxmemory'."),
             Error::Disk(why) => write!(f, "disk tier: {why}"),
+            Error::NotNoted => f.write_str(
+                "timed out waiting for the backup site to note the write (disaster recovery): it is applied here but not acknowledged; retry, or check the link to the backup (CW.DR STATUS)",
+            ),
             Error::Lost { key, missing } => write!(
                 f,
                 "key '{}': its write {missing} was acknowledged by site {} and its value never reached this site; write the key to clear this",

@@ -589,6 +589,39 @@ mod tests {
         assert!(matches!(&p.send[..], [(n, Message::Put { .. })] if *n == new_head));
     }
 
+    /// Disaster recovery at the primary: a write is answered once both its
+    /// chain and its backup site have it, in either order; without the
+    /// backup's note it fails as not acknowledged, never as written.
+    #[test]
+    fn a_write_at_a_primary_waits_for_its_backup_note_too() {
+        for noted_first in [false, true] {
+            let mut d = Driver::new(7, site(), Some(0), 5_000);
+            d.set_noted(true);
+            let put = Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) };
+            let p = d.start(put, 0);
+            let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
+            let write = OpId { client: 7, seq: put.write };
+            let version = Version::local(0, Timestamp::new(1, 0));
+            let acked = Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, old: None };
+            let (first, second) = match noted_first {
+                true => (Message::Noted { op: write }, acked),
+                false => (acked, Message::Noted { op: write }),
+            };
+            assert!(d.on_message(first, 1).done.is_empty(), "one of the two is not an acknowledgement");
+            assert_eq!(d.on_message(second, 2).done[..], [Ok(Response::Written(true))]);
+        }
+        let mut d = Driver::new(7, site(), Some(0), 5_000);
+        d.set_noted(true);
+        let put = Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) };
+        let p = d.start(put, 0);
+        let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
+        let write = OpId { client: 7, seq: put.write };
+        let version = Version::local(0, Timestamp::new(1, 0));
+        let acked = Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, old: None };
+        assert!(d.on_message(acked, 1).done.is_empty());
+        assert_eq!(d.tick(5_001).done[..], [Err(Error::NotNoted)]);
+    }
+
     #[test]
     fn a_request_can_run_at_its_own_level() {
         let t = site();

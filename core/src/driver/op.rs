@@ -259,9 +259,11 @@ impl Op {
         let waited = now_ms.saturating_sub(self.started_ms);
         match self.phase {
             _ if waited >= timeout_ms => {
-                let error = match self.behind.is_empty() {
-                    true => Error::Timeout,
-                    false => Error::Behind { sites: self.behind.clone() },
+                let error = match (self.behind.is_empty(), self.held.is_some()) {
+                    (false, _) => Error::Behind { sites: self.behind.clone() },
+                    // Written here; its backup never noted it (`geo::dr`).
+                    (true, true) => Error::NotNoted,
+                    (true, false) => Error::Timeout,
                 };
                 Step { send: SmallVec::new(), done: Some(Err(error)) }
             }

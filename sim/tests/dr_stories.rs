@@ -116,12 +116,12 @@ impl Story {
                     }
                     (Dest::Site(0), Message::Geo(g)) => {
                         let GeoMsg::Noted { ops, .. } = &*g else { return Err(format!("to the primary: {g:?}").into()) };
-                        let writes: Vec<String> = ops.iter().map(|op| format!("w{}", op.seq)).collect();
+                        let writes: Vec<String> = ops.iter().map(|(op, _)| format!("w{}", op.seq)).collect();
                         writeln!(text, "primary: noted [{}]", writes.join(" "))?;
                         let mut answers = Outbox::new();
                         self.primary.as_mut().expect("a primary").step(*g, false, Some(0), &topology, self.now, &mut answers);
                         for a in answers {
-                            if let Message::Noted { op } = a.msg {
+                            if let Message::Noted { op, .. } = a.msg {
                                 writeln!(text, "primary: the session of w{} is answered", op.seq)?;
                             }
                         }

@@ -603,9 +603,10 @@ mod tests {
             let write = OpId { client: 7, seq: put.write };
             let version = Version::local(0, Timestamp::new(1, 0));
             let acked = Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, old: None };
+            let noted = Message::Noted { op: write, ts: Timestamp::new(1, 0) };
             let (first, second) = match noted_first {
-                true => (Message::Noted { op: write }, acked),
-                false => (acked, Message::Noted { op: write }),
+                true => (noted, acked),
+                false => (acked, noted),
             };
             assert!(d.on_message(first, 1).done.is_empty(), "one of the two is not an acknowledgement");
             assert_eq!(d.on_message(second, 2).done[..], [Ok(Response::Written(true))]);
@@ -618,6 +619,9 @@ mod tests {
         let write = OpId { client: 7, seq: put.write };
         let version = Version::local(0, Timestamp::new(1, 0));
         let acked = Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, old: None };
+        // A note of another version (an earlier attempt, ordered by a head
+        // that failed) does not acknowledge this one.
+        assert!(d.on_message(Message::Noted { op: write, ts: Timestamp::new(0, 5) }, 1).done.is_empty());
         assert!(d.on_message(acked, 1).done.is_empty());
         assert_eq!(d.tick(5_001).done[..], [Err(Error::NotNoted)]);
     }

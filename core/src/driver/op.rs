@@ -195,10 +195,13 @@ pub(super) struct Op {
     /// `Request::Resume`: the sites whose writes the session saw and this
     /// site had not applied at the last look.
     behind: Vec<crate::version::SiteId>,
-    /// A write's backup noted it (`Ctx::noted`).
-    noted: bool,
-    /// A write's answer, held until its backup noted it.
-    held: Option<Response>,
+    /// The versions (timestamps) of this write its backup noted
+    /// (`Ctx::noted`): an attempt ordered again by another head after its
+    /// first head failed has another.
+    noted: SmallVec<[Timestamp; 1]>,
+    /// A write's answer and its version, held until its backup noted that
+    /// version.
+    held: Option<(Response, Timestamp)>,
 }
 
 impl Op {
@@ -215,7 +218,7 @@ impl Op {
             write: None,
             resends: 0,
             behind: Vec::new(),
-            noted: false,
+            noted: SmallVec::new(),
             held: None,
         });
         if let Request::Put { key, .. } = &op.request {
@@ -710,21 +713,21 @@ impl Op {
                         cx.session.observe_write(key, version, seq, chain_index, stable, write);
                     }
                 }
-                let written = version.is_some();
+                let written = version.as_ref().map(|v| v.ts);
                 let response = match change.get {
-                    true => Response::Replaced { written, old: old.map(|o| *o) },
-                    false => Response::Written(written),
+                    true => Response::Replaced { written: written.is_some(), old: old.map(|o| *o) },
+                    false => Response::Written(written.is_some()),
                 };
-                match written && cx.noted && !self.noted {
-                    // Its backup has not noted it yet (`geo::dr`).
-                    true => self.held = Some(response),
-                    false => p.done = Some(Ok(response)),
+                match written.filter(|ts| cx.noted && !self.noted.contains(ts)) {
+                    // Its backup has not noted this version yet (`geo::dr`).
+                    Some(ts) => self.held = Some((response, ts)),
+                    None => p.done = Some(Ok(response)),
                 }
             }
-            Message::Noted { .. } => {
-                self.noted = true;
-                if let Some(response) = self.held.take() {
-                    p.done = Some(Ok(response));
+            Message::Noted { ts, .. } => {
+                self.noted.push(ts);
+                if self.held.as_ref().is_some_and(|(_, held)| *held == ts) {
+                    p.done = self.held.take().map(|(response, _)| Ok(response));
                 }
             }
             Message::FailedOver { lost, .. } => p.done = Some(Ok(Response::FailedOver(lost))),

@@ -49,9 +49,6 @@ const FAILOVER_RESEND_MS: u64 = 200;
 /// After a failover, nodes not known to hold the lost keys get them this
 /// often.
 const TELL_MS: u64 = 1_000;
-/// At most this many notes in one message (a failover moves every note
-/// the site keeps).
-const NOTES_PER_MESSAGE: usize = 10_000;
 
 /// A node's part in identifier-first disaster recovery.
 #[derive(Debug)]
@@ -89,7 +86,7 @@ pub struct Dr {
 
 #[derive(Debug)]
 struct Mirroring {
-    ops: Vec<OpId>,
+    ops: Vec<(OpId, Timestamp)>,
     holders: BTreeSet<NodeId>,
     since_ms: u64,
 }
@@ -236,8 +233,14 @@ impl Dr {
     }
 
     /// A note batch from the primary at the backup's leader.
+    ///
+    /// Once this node took part in a failover it notes nothing more: what
+    /// it answered must be in what it gave the failover.
     fn note(&mut self, notes: Vec<Note>, now_ms: u64, out: &mut Outbox) {
-        let ops: Vec<OpId> = notes.iter().map(|n| n.op).collect();
+        if self.lost.is_some() {
+            return;
+        }
+        let ops: Vec<(OpId, Timestamp)> = notes.iter().map(|n| (n.op, n.ts)).collect();
         self.noted += ops.len() as u64;
         let others: Vec<NodeId> = self.replicas.iter().copied().filter(|&r| r != self.me).collect();
         if self.replicas.contains(&self.me) {
@@ -276,11 +279,11 @@ impl Dr {
                 if from != self.pair.backup || self.site != self.pair.primary {
                     return;
                 }
-                for op in ops {
-                    send(out, Dest::Client(op.client), Message::Noted { op });
+                for (op, ts) in ops {
+                    send(out, Dest::Client(op.client), Message::Noted { op, ts });
                 }
             }
-            GeoMsg::Mirror { from, tag, notes } if self.is_backup() && self.replicas.contains(&self.me) => {
+            GeoMsg::Mirror { from, tag, notes } if self.is_backup() && self.replicas.contains(&self.me) && self.lost.is_none() => {
                 self.keep(notes);
                 send(out, Dest::Node(from), Message::geo(GeoMsg::Mirrored { from: self.me, tag }));
             }
@@ -293,17 +296,17 @@ impl Dr {
                     send(out, Dest::Site(self.pair.primary), Message::geo(GeoMsg::Noted { from: self.site, ops: m.ops }));
                 }
             }
-            GeoMsg::Failover { from, tag } => {
+            GeoMsg::Failover { from, tag } if self.is_backup() => {
+                // From now on this node notes nothing more (`note`; a mirror
+                // is not kept either): every write acknowledged through it
+                // is in what it answers. Logged, as the lost keys are.
+                self.take_lost(std::iter::empty());
                 let notes: Vec<Note> = self.ledger.values().cloned().collect();
-                for (notes, last) in chunks(&notes) {
-                    send(out, Dest::Node(from), Message::geo(GeoMsg::Unfinished { from: self.me, tag, notes, last }));
-                }
+                send(out, Dest::Node(from), Message::geo(GeoMsg::Unfinished { from: self.me, tag, notes }));
             }
-            GeoMsg::Unfinished { from, tag, notes, last } => {
+            GeoMsg::Unfinished { from, tag, notes } => {
                 let Some(f) = self.failover.as_mut().filter(|f| f.tag == tag && f.lost.is_none()) else { return };
-                if last {
-                    f.heard.insert(from);
-                }
+                f.heard.insert(from);
                 for n in notes {
                     match f.notes.get(&n.key) {
                         Some(had) if had.ts >= n.ts => {}
@@ -314,11 +317,9 @@ impl Dr {
                 }
                 self.failover_step(topology, now_ms, out);
             }
-            GeoMsg::Lost { from, tag, notes, last } => {
+            GeoMsg::Lost { from, tag, notes } => {
                 self.take_lost(notes.into_iter().map(|n| (n.key, n.ts)));
-                if last {
-                    send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, tag }));
-                }
+                send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, tag }));
             }
             GeoMsg::LostTaken { from, tag: 0 } => {
                 if let Some(&incarnation) = topology.admitted.get(&from) {
@@ -388,9 +389,7 @@ impl Dr {
             f.sent_ms = now_ms.max(1);
             let lost = f.lost.as_ref().expect("set above");
             for &n in nodes.iter().filter(|n| !f.taken.contains(n)) {
-                for (notes, last) in chunks(lost) {
-                    send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: f.tag, notes, last }));
-                }
+                send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: f.tag, notes: lost.clone() }));
             }
         }
     }
@@ -416,9 +415,7 @@ impl Dr {
         let notes: Vec<Note> =
             lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 }, value_len: 0 }).collect();
         for n in untold {
-            for (notes, last) in chunks(&notes) {
-                send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes, last }));
-            }
+            send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes: notes.clone() }));
         }
     }
 
@@ -470,16 +467,6 @@ impl Dr {
             lost: self.lost.as_ref().map(|l| l.len()),
         }
     }
-}
-
-/// `notes` in messages of at most `NOTES_PER_MESSAGE`, the last one marked
-/// (one empty message when there are none).
-fn chunks(notes: &[Note]) -> Vec<(Vec<Note>, bool)> {
-    if notes.is_empty() {
-        return vec![(Vec::new(), true)];
-    }
-    let n = notes.len().div_ceil(NOTES_PER_MESSAGE);
-    notes.chunks(NOTES_PER_MESSAGE).enumerate().map(|(i, c)| (c.to_vec(), i + 1 == n)).collect()
 }
 
 #[cfg(test)]
@@ -556,6 +543,22 @@ mod tests {
         }
         let (page, next) = nodes[1].missing(b"", 1);
         assert_eq!((page.len(), next), (1, Some(Bytes::from_static(b"b"))));
+        // The primary's link comes back with a write in flight: a backup
+        // that failed over notes nothing more, so that write is never
+        // acknowledged without being among the refused keys.
+        for leader in [1, 2] {
+            let mut out = Vec::new();
+            nodes[leader].step(
+                GeoMsg::Note { origin: 0, notes: vec![note(3, 30, "d", 9)] },
+                false,
+                Some(leader as NodeId),
+                &t,
+                0,
+                &mut out,
+            );
+            let away = settle(&mut nodes, &t, out);
+            assert!(away.is_empty(), "noted after the failover: {away:?}");
+        }
     }
 
     #[test]
@@ -565,11 +568,14 @@ mod tests {
         assert_eq!(primary.backup_of_primary(), Some(1));
         let mut out = Vec::new();
         let op = OpId { client: 5, seq: 3 };
-        primary.step(GeoMsg::Noted { from: 1, ops: vec![op] }, false, Some(0), &t, 0, &mut out);
-        assert!(matches!(&out[..], [crate::message::Envelope { to: Dest::Client(5), msg: Message::Noted { op: o } }] if *o == op));
+        let ts = Timestamp::new(10, 0);
+        primary.step(GeoMsg::Noted { from: 1, ops: vec![(op, ts)] }, false, Some(0), &t, 0, &mut out);
+        assert!(
+            matches!(&out[..], [crate::message::Envelope { to: Dest::Client(5), msg: Message::Noted { op: o, ts: t } }] if *o == op && *t == ts)
+        );
         // Not from its backup: ignored.
         out.clear();
-        primary.step(GeoMsg::Noted { from: 2, ops: vec![op] }, false, Some(0), &t, 0, &mut out);
+        primary.step(GeoMsg::Noted { from: 2, ops: vec![(op, ts)] }, false, Some(0), &t, 0, &mut out);
         assert!(out.is_empty());
     }
 }

@@ -108,11 +108,12 @@ pub enum GeoMsg {
         notes: Vec<Note>,
     },
     /// The backup -> its primary: these writes are noted on a majority of
-    /// the backup's stabilizer replicas (each op is a write's id: its
-    /// session and `Put::write`).
+    /// the backup's stabilizer replicas: each a write's id (its session and
+    /// `Put::write`) and the timestamp noted (an attempt ordered again by
+    /// another head has another).
     Noted {
         from: SiteId,
-        ops: Vec<OpId>,
+        ops: Vec<(OpId, Timestamp)>,
     },
     /// The backup's leader -> its other stabilizer replicas: keep these
     /// notes too, and answer `Mirrored` with `tag`.
@@ -131,12 +132,10 @@ pub enum GeoMsg {
         from: NodeId,
         tag: u64,
     },
-    /// `last`: the last of the node's messages for this failover.
     Unfinished {
         from: NodeId,
         tag: u64,
         notes: Vec<Note>,
-        last: bool,
     },
     /// The node running the failover -> every node of its site: the keys
     /// whose noted write never arrived; serve none of them older than its
@@ -145,7 +144,6 @@ pub enum GeoMsg {
         from: NodeId,
         tag: u64,
         notes: Vec<Note>,
-        last: bool,
     },
     LostTaken {
         from: NodeId,

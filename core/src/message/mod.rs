@@ -132,10 +132,11 @@ pub enum Message {
         op: OpId,
     },
     /// Identifier-first disaster recovery: the backup site has noted write
-    /// `op` (its session and `Put::write`), which may be acknowledged once
-    /// its `PutDone` is in too.
+    /// `op` (its session and `Put::write`) as ordered at `ts`; it may be
+    /// acknowledged once its `PutDone` for that version is in too.
     Noted {
         op: OpId,
+        ts: Timestamp,
     },
     /// The failover is done: `lost` keys are refused until written again.
     FailedOver {
@@ -342,7 +343,7 @@ impl Message {
             PutDone { op, .. }
             | Value { op, .. }
             | Stable { op }
-            | Noted { op }
+            | Noted { op, .. }
             | FailedOver { op, .. }
             | Snapshot { op, .. }
             | Counted { op, .. }

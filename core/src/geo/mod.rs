@@ -226,6 +226,9 @@ pub struct Geo {
     site_time: VersionVector,
     /// What each other site has applied of this one, as last heard.
     seen_by: VersionVector,
+    /// What this site has applied of each other site and synced on every
+    /// node, as last heard from the leader.
+    site_durable: VersionVector,
     site_time_sent_ms: u64,
     /// Remote visibility delays per origin: recorded here while this node
     /// runs the receiver, else the leader's summary.
@@ -298,6 +301,7 @@ impl Geo {
             tails: BTreeMap::new(),
             site_time: VersionVector::default(),
             seen_by: VersionVector::default(),
+            site_durable: VersionVector::default(),
             site_time_sent_ms: 0,
             visibility: Visibility::default(),
             promised_ms: 0,
@@ -571,6 +575,7 @@ impl Geo {
             let mut rout = Vec::new();
             r.tick(now_ms, &mut rout);
             self.site_time.merge(r.applied());
+            self.site_durable.merge(&r.durable());
             if let Some(s) = &self.stabilizer {
                 for &other in &self.others {
                     let seen = s.seen(other).map_or(Timestamp::ZERO, |p| p.time());
@@ -593,8 +598,8 @@ impl Geo {
                 self.probes.push(probe);
                 for n in topology.nodes.iter().map(|n| n.id).filter(|&n| n != self.me) {
                     let (applied, seen_by) = (self.site_time.clone(), self.seen_by.clone());
-                    let visible = self.visibility.summary().clone();
-                    send(out, Dest::Node(n), Message::geo(GeoMsg::SiteTime { applied, seen_by, probe, visible }));
+                    let (durable, visible) = (self.site_durable.clone(), self.visibility.summary().clone());
+                    send(out, Dest::Node(n), Message::geo(GeoMsg::SiteTime { applied, durable, seen_by, probe, visible }));
                 }
             }
         }
@@ -717,8 +722,9 @@ impl Geo {
                     self.step(*inner, true, topology, now_ms, out);
                 }
             }
-            GeoMsg::SiteTime { applied, seen_by, probe, visible } => {
+            GeoMsg::SiteTime { applied, durable, seen_by, probe, visible } => {
                 self.site_time.merge(&applied);
+                self.site_durable.merge(&durable);
                 self.seen_by.merge(&seen_by);
                 self.probes.push(probe);
                 self.visibility.adopt(visible);
@@ -789,11 +795,13 @@ impl Geo {
         }
     }
 
-    /// Notes of the primary's writes the site has applied are done.
+    /// Notes of the primary's writes the site has applied, and synced on
+    /// every node (so that they survive the site crashing whole, whatever
+    /// `--fsync`), are done.
     fn prune_dr(&mut self) {
         if let Some(d) = &mut self.dr {
             let primary = d.pair().primary;
-            d.prune(self.site_time.get(primary));
+            d.prune(self.site_durable.get(primary));
         }
     }
 

@@ -464,6 +464,16 @@ impl Receiver {
         &self.site_time
     }
 
+    /// What this site has applied of each origin and synced on every node
+    /// (survives the site crashing whole).
+    pub fn durable(&self) -> VersionVector {
+        let mut vv = VersionVector::default();
+        for (&origin, o) in &self.origins {
+            vv.set(origin, o.durable.time());
+        }
+        vv
+    }
+
     /// Ids received and not handed out yet (not counting shipments kept
     /// ahead of a gap).
     pub fn waiting(&self) -> usize {

@@ -66,9 +66,11 @@ pub enum GeoMsg {
     /// node answers `Synced` once its disk holds what it had logged when
     /// this arrived (`Geo::take_probes`).
     /// `visible`: the leader's summary of remote visibility per origin
-    /// (`visibility`).
+    /// (`visibility`). `durable`: how much of each other site's stream is
+    /// also synced on every node here (`Receiver::durable`).
     SiteTime {
         applied: VersionVector,
+        durable: VersionVector,
         seen_by: VersionVector,
         probe: (NodeId, u64),
         visible: BTreeMap<SiteId, Delays>,

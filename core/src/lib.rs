@@ -18,6 +18,9 @@
 //! * `tier`: the disk tier: values moved out of memory and back, by a
 //!   cache policy (FIFO, LRU, LFU), through jobs the shell runs.
 //! * `supervisor`: the coordinator's failure detection and repair plans.
+//! * `ec`: erasure-coded groups (Cocytus): values kept once, striped with
+//!   parity over K data and M parity members; metadata replicated; a
+//!   parity member leads the online recovery of a lost data member.
 //! * `geo`: geo-replication (Eunomia): the site stabilizer orders a site's
 //!   updates and ships their ids to the other sites; the receiver applies
 //!   other sites' updates once their dependencies are stable here.
@@ -27,6 +30,7 @@
 
 pub mod chain;
 pub mod driver;
+pub mod ec;
 pub mod error;
 pub mod geo;
 pub mod hlc;

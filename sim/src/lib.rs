@@ -18,6 +18,7 @@
 //! `causeway_checker`.
 
 pub mod check;
+pub mod ec;
 pub mod workload;
 pub mod world;
 

@@ -16,11 +16,13 @@
 //! * `chain`: updates down a chain, a replica's state for transfers.
 //! * `geo`: geo-replication's messages and what they carry.
 //! * `coordinator`: heartbeats.
+//! * `ec`: an erasure-coded group's updates and recovery.
 //! * `link`: how a binary connection opens.
 
 pub mod chain;
 pub mod client;
 pub mod coordinator;
+pub mod ec;
 pub mod geo;
 pub mod link;
 

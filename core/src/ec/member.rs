@@ -1,0 +1,782 @@
+//! One member of an erasure-coded group.
+//!
+//! **Update** (data member i, a SET or DEL of a key it owns): place the
+//! value in the area (a hole of its size class or the end), write it at
+//! once and send the diff (`old ^ new` of those bytes) with the key's new
+//! place to every live parity member (`Update`, stamped with i's next
+//! `Stamp`). A parity member folds `coefficient * diff` into its parity at
+//! once, records the place in its replica of i's metadata, keeps the update
+//! in a buffer (it may have to be undone) and answers `Ack`. Once every
+//! live parity member has acknowledged an update and everything before it,
+//! the data member commits: the key points at the new place (reads see
+//! it), the old place becomes a hole, the client is answered, and the
+//! parity members hear `Commit` and forget the buffered updates. Nothing is
+//! acknowledged before M+1 members hold it.
+//!
+//! **Recovery** of lost data slots, led by the first live parity member:
+//! * Preparation. The leader asks every live parity member for the last
+//!   update it received from each lost slot (`Prepare`/`Received`); the
+//!   smallest is the stable stamp (every committed update is at or below
+//!   it, because committing needs every parity member's ack). Each parity
+//!   member undoes the lost slots' buffered updates above it (XOR is its own
+//!   inverse), keeps those at or below, and refuses any more from earlier
+//!   epochs (`Stable`/`Prepared`). Now all parity members agree on the lost
+//!   slots, and the leader serves them from its replica of their metadata,
+//!   stamping its updates with the new epoch.
+//! * Online page repair. A page of a lost slot is decoded from the other
+//!   data slots' page and the parity's, taken at one consistent cut: the
+//!   leader asks the data members (`Cut`); each sends its page as it is at
+//!   that point of its FIFO stream, and a `Marker` to the parity members
+//!   that will decode; a parity member copies its page at the first marker
+//!   and keeps adding the updates of the data slots whose marker has not
+//!   arrived yet, so the copy holds exactly the updates in the data pages.
+//!   Requests that touch a missing page wait for it (it is repaired first);
+//!   the rest is repaired in the background, a few pages at a time.
+//!
+//! A leader that fails is replaced by the next live parity member, which
+//! prepares the slots again (the old leader's committed writes are in every
+//! parity) and repairs them from scratch. Members never come back in this
+//! version: a replacement member rebuilt by decoding is not built yet.
+
+use super::area::{pages_of, Area, Free, PAGE};
+use super::code::Code;
+use crate::message::ec::{Diff, EcMsg, Loc, Slot, Stamp};
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Pages repaired per cut in the background.
+const BATCH: usize = 16;
+/// Background cuts in flight at once.
+const IN_FLIGHT: usize = 2;
+
+/// Who is alive in the group, as the coordinator decided at `epoch`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub epoch: u64,
+    pub k: u8,
+    pub m: u8,
+    pub alive: Vec<bool>,
+}
+
+impl Config {
+    pub fn new(k: u8, m: u8) -> Config {
+        Config { epoch: 1, k, m, alive: vec![true; (k + m) as usize] }
+    }
+
+    /// The next configuration, with `slot` failed.
+    pub fn without(&self, slot: Slot) -> Config {
+        let mut c = self.clone();
+        c.epoch += 1;
+        c.alive[slot as usize] = false;
+        c
+    }
+
+    pub fn is_data(&self, slot: Slot) -> bool {
+        slot < self.k
+    }
+
+    pub fn live_parity(&self) -> impl Iterator<Item = Slot> + '_ {
+        (self.k..self.k + self.m).filter(|&s| self.alive[s as usize])
+    }
+
+    /// The member leading the recovery of lost data slots.
+    pub fn leader(&self) -> Option<Slot> {
+        self.live_parity().next()
+    }
+
+    pub fn lost(&self) -> Vec<Slot> {
+        (0..self.k).filter(|&s| !self.alive[s as usize]).collect()
+    }
+
+    /// The member serving data slot `slot`: itself, or the leader.
+    pub fn acting(&self, slot: Slot) -> Option<Slot> {
+        if self.alive[slot as usize] {
+            Some(slot)
+        } else {
+            self.leader()
+        }
+    }
+
+    fn parity_mask(&self) -> u64 {
+        self.live_parity().fold(0, |m, s| m | 1 << s)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Out {
+    Send { to: Slot, msg: EcMsg },
+    Reply { op: u64, reply: Reply },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The write is committed: M+1 members hold it.
+    Done,
+    Value(Option<Bytes>),
+    /// This member does not serve that slot at its configuration.
+    NotHere,
+}
+
+/// What a member holds, by part (bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Data and parity pages.
+    pub pages: usize,
+    /// Placed bytes of data areas (values, holes, padding) and of holes.
+    pub placed: u64,
+    pub holes: u64,
+    /// Metadata entries (own slots and replicas).
+    pub keys: usize,
+    /// Buffered, uncommitted updates at a parity member.
+    pub buffered: usize,
+}
+
+enum Req {
+    Put { op: u64, key: Bytes, value: Option<Bytes> },
+    Get { op: u64, key: Bytes },
+}
+
+/// A data slot this member serves: its own, or a lost one it took over.
+struct Data {
+    area: Area,
+    free: Free,
+    /// Committed places: what reads see.
+    index: HashMap<Bytes, Loc>,
+    next: Stamp,
+    pending: VecDeque<Pending>,
+    /// Pages not repaired yet (a taken-over slot).
+    missing: BTreeSet<u32>,
+    /// Requests waiting for missing pages, in arrival order.
+    queue: VecDeque<(Req, Vec<u32>)>,
+}
+
+struct Pending {
+    stamp: Stamp,
+    key: Bytes,
+    loc: Option<Loc>,
+    /// Parity members that have not acknowledged yet.
+    waiting: u64,
+    op: u64,
+}
+
+/// A parity member's part.
+struct Parity {
+    j: usize,
+    area: Area,
+    /// Per data slot: its metadata as received, the last update received,
+    /// the updates not committed yet, the end of its bytes, and the epoch
+    /// below which its updates are refused.
+    index: Vec<HashMap<Bytes, Loc>>,
+    received: Vec<Stamp>,
+    buffer: Vec<VecDeque<Buffered>>,
+    extent: Vec<u64>,
+    fence: Vec<u64>,
+    cuts: HashMap<u64, CutCopy>,
+}
+
+struct Buffered {
+    stamp: Stamp,
+    key: Bytes,
+    old: Option<Loc>,
+    diffs: Vec<Diff>,
+}
+
+/// A parity member's copy of some pages at a cut.
+struct CutCopy {
+    epoch: u64,
+    pages: Vec<u32>,
+    bytes: Vec<Vec<u8>>,
+    /// Data slots whose marker has not arrived: their updates go into the
+    /// copy too.
+    waiting: BTreeSet<Slot>,
+    leader: Slot,
+}
+
+/// The leader's preparation of lost slots.
+struct Prep {
+    epoch: u64,
+    slots: Vec<Slot>,
+    received: BTreeMap<Slot, Vec<(Slot, Stamp)>>,
+    stable: Option<Vec<(Slot, Stamp)>>,
+    prepared: BTreeSet<Slot>,
+}
+
+/// A page repair in flight at the leader.
+struct Repair {
+    pages: Vec<u32>,
+    lost: Vec<Slot>,
+    sources: Vec<Slot>,
+    parity: Vec<Slot>,
+    got: BTreeMap<Slot, Vec<Bytes>>,
+}
+
+pub struct Member {
+    slot: Slot,
+    code: Arc<Code>,
+    config: Config,
+    data: BTreeMap<Slot, Data>,
+    parity: Option<Parity>,
+    /// Requests for lost slots while they are being prepared.
+    held: VecDeque<(Slot, Req)>,
+    prep: Option<Prep>,
+    repairs: BTreeMap<u64, Repair>,
+    next_cut: u64,
+    out: Vec<Out>,
+}
+
+impl Member {
+    pub fn new(slot: Slot, code: Arc<Code>, config: Config) -> Member {
+        let k = config.k as usize;
+        let mut data = BTreeMap::new();
+        let parity = if config.is_data(slot) {
+            data.insert(slot, Data::new(Stamp::default()));
+            None
+        } else {
+            Some(Parity {
+                j: slot as usize - k,
+                area: Area::default(),
+                index: vec![HashMap::new(); k],
+                received: vec![Stamp::default(); k],
+                buffer: (0..k).map(|_| VecDeque::new()).collect(),
+                extent: vec![0; k],
+                fence: vec![0; k],
+                cuts: HashMap::new(),
+            })
+        };
+        Member {
+            slot,
+            code,
+            config,
+            data,
+            parity,
+            held: VecDeque::new(),
+            prep: None,
+            repairs: BTreeMap::new(),
+            next_cut: 0,
+            out: Vec::new(),
+        }
+    }
+
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What this member has to send and answer since the last call.
+    pub fn drain(&mut self) -> Vec<Out> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// SET (`Some`) or DEL (`None`) of `key`, which belongs to data `slot`.
+    pub fn put(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>) {
+        self.request(slot, Req::Put { op, key, value });
+    }
+
+    pub fn get(&mut self, op: u64, slot: Slot, key: Bytes) {
+        self.request(slot, Req::Get { op, key });
+    }
+
+    fn request(&mut self, slot: Slot, req: Req) {
+        if self.config.acting(slot) != Some(self.slot) || slot >= self.config.k {
+            let op = match req {
+                Req::Put { op, .. } | Req::Get { op, .. } => op,
+            };
+            return self.reply(op, Reply::NotHere);
+        }
+        if !self.data.contains_key(&slot) {
+            // A lost slot being prepared.
+            self.held.push_back((slot, req));
+            return;
+        }
+        self.serve(slot, req);
+    }
+
+    /// Serves a request now, or queues it behind the repair of its pages.
+    fn serve(&mut self, slot: Slot, req: Req) {
+        let d = self.data.get_mut(&slot).expect("served slot");
+        match req {
+            Req::Get { op, key } => {
+                let Some(&loc) = d.index.get(&key) else {
+                    return self.reply(op, Reply::Value(None));
+                };
+                let need: Vec<u32> = pages_of(loc).filter(|p| d.missing.contains(p)).collect();
+                if !need.is_empty() || !d.queue.is_empty() && d.queue.iter().any(|(r, _)| req_key(r) == &key) {
+                    d.queue.push_back((Req::Get { op, key }, need));
+                    return self.repair_soon();
+                }
+                let mut value = vec![0; loc.len as usize];
+                d.area.read(loc.at, &mut value);
+                self.reply(op, Reply::Value(Some(value.into())));
+            }
+            Req::Put { op, key, value } => {
+                let loc = value.as_ref().map(|v| d.free.alloc(v.len() as u32));
+                let need: Vec<u32> = loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)).collect();
+                if !need.is_empty() || d.queue.iter().any(|(r, _)| req_key(r) == &key) {
+                    // Its bytes must be known before they can be diffed.
+                    if let Some(l) = loc {
+                        d.free.free(l);
+                    }
+                    d.queue.push_back((Req::Put { op, key, value }, need));
+                    return self.repair_soon();
+                }
+                let mut diffs = Vec::new();
+                if let (Some(l), Some(v)) = (loc, &value) {
+                    let mut diff = vec![0; v.len()];
+                    d.area.read(l.at, &mut diff);
+                    for (a, b) in diff.iter_mut().zip(v.iter()) {
+                        *a ^= b;
+                    }
+                    d.area.xor(l.at, &diff);
+                    diffs.push(Diff { at: l.at, bytes: diff.into() });
+                }
+                let stamp = d.next;
+                d.next.seq += 1;
+                let waiting = self.config.parity_mask();
+                d.pending.push_back(Pending { stamp, key: key.clone(), loc, waiting, op });
+                for p in self.config.live_parity().collect::<Vec<_>>() {
+                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), loc, diffs: diffs.clone() };
+                    self.out.push(Out::Send { to: p, msg });
+                }
+                self.try_commit(slot);
+            }
+        }
+    }
+
+    /// Commits the acknowledged prefix of `slot`'s pending updates.
+    fn try_commit(&mut self, slot: Slot) {
+        let mask = self.config.parity_mask();
+        let Some(d) = self.data.get_mut(&slot) else { return };
+        let mut last = None;
+        while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
+            let p = d.pending.pop_front().expect("front");
+            let old = match p.loc {
+                Some(l) => d.index.insert(p.key, l),
+                None => d.index.remove(&p.key),
+            };
+            if let Some(old) = old {
+                d.free.free(old);
+            }
+            self.out.push(Out::Reply { op: p.op, reply: Reply::Done });
+            last = Some(p.stamp);
+        }
+        if let Some(stamp) = last {
+            for p in self.config.live_parity().collect::<Vec<_>>() {
+                self.out.push(Out::Send { to: p, msg: EcMsg::Commit { slot, stamp } });
+            }
+        }
+    }
+
+    pub fn step(&mut self, from: Slot, msg: EcMsg) {
+        match msg {
+            EcMsg::Update { slot, stamp, key, loc, diffs } => self.on_update(from, slot, stamp, key, loc, diffs),
+            EcMsg::Ack { slot, stamp } => {
+                if let Some(d) = self.data.get_mut(&slot) {
+                    if let Some(p) = d.pending.iter_mut().find(|p| p.stamp == stamp) {
+                        p.waiting &= !(1 << from);
+                    }
+                    self.try_commit(slot);
+                }
+            }
+            EcMsg::Commit { slot, stamp } => {
+                if let Some(par) = &mut self.parity {
+                    let buf = &mut par.buffer[slot as usize];
+                    while buf.front().is_some_and(|b| b.stamp <= stamp) {
+                        buf.pop_front();
+                    }
+                }
+            }
+            EcMsg::Prepare { epoch, slots } => {
+                let Some(par) = &self.parity else { return };
+                if epoch >= self.config.epoch {
+                    let stamps = slots.iter().map(|&s| (s, par.received[s as usize])).collect();
+                    self.out.push(Out::Send { to: from, msg: EcMsg::Received { epoch, stamps } });
+                }
+            }
+            EcMsg::Received { epoch, stamps } => {
+                if let Some(prep) = self.prep.as_mut().filter(|p| p.epoch == epoch && p.stable.is_none()) {
+                    prep.received.insert(from, stamps);
+                    self.advance_prep();
+                }
+            }
+            EcMsg::Stable { epoch, stamps } => self.on_stable(from, epoch, stamps),
+            EcMsg::Prepared { epoch } => {
+                if let Some(prep) = self.prep.as_mut().filter(|p| p.epoch == epoch && p.stable.is_some()) {
+                    prep.prepared.insert(from);
+                    self.advance_prep();
+                }
+            }
+            EcMsg::Cut { epoch, id, pages, sources, parity, leader } => self.on_cut(epoch, id, pages, sources, parity, leader),
+            EcMsg::Marker { epoch, id, slot, pages, sources, leader } => self.on_marker(epoch, id, slot, pages, sources, leader),
+            EcMsg::Pages { epoch, id, slot, pages } => self.on_pages(epoch, id, slot, pages),
+        }
+    }
+
+    fn on_update(&mut self, from: Slot, slot: Slot, stamp: Stamp, key: Bytes, loc: Option<Loc>, diffs: Vec<Diff>) {
+        let code = self.code.clone();
+        let Some(par) = &mut self.parity else { return };
+        let i = slot as usize;
+        if stamp.epoch < par.fence[i] || stamp <= par.received[i] && par.received[i] != Stamp::default() {
+            return; // from a member that lost the slot, or a duplicate
+        }
+        for d in &diffs {
+            par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
+            par.extent[i] = par.extent[i].max(d.at + d.bytes.len() as u64);
+            for copy in par.cuts.values_mut().filter(|c| c.waiting.contains(&slot)) {
+                copy.add(&code, par.j, i, d);
+            }
+        }
+        let old = match loc {
+            Some(l) => par.index[i].insert(key.clone(), l),
+            None => par.index[i].remove(&key),
+        };
+        par.received[i] = stamp;
+        par.buffer[i].push_back(Buffered { stamp, key, old, diffs });
+        self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
+    }
+
+    fn on_stable(&mut self, from: Slot, epoch: u64, stamps: Vec<(Slot, Stamp)>) {
+        let code = self.code.clone();
+        let Some(par) = &mut self.parity else { return };
+        if epoch < self.config.epoch {
+            return;
+        }
+        for (slot, stable) in stamps {
+            let i = slot as usize;
+            // Undo what no data member committed, newest first.
+            while par.buffer[i].back().is_some_and(|b| b.stamp > stable) {
+                let b = par.buffer[i].pop_back().expect("back");
+                for d in &b.diffs {
+                    par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
+                }
+                match b.old {
+                    Some(l) => par.index[i].insert(b.key, l),
+                    None => par.index[i].remove(&b.key),
+                };
+            }
+            par.buffer[i].clear();
+            par.received[i] = stable;
+            par.fence[i] = par.fence[i].max(epoch);
+        }
+        self.out.push(Out::Send { to: from, msg: EcMsg::Prepared { epoch } });
+    }
+
+    /// The leader's preparation, one step further if it can go.
+    fn advance_prep(&mut self) {
+        let live: BTreeSet<Slot> = self.config.live_parity().collect();
+        let Some(prep) = &mut self.prep else { return };
+        if prep.stable.is_none() {
+            if !live.iter().all(|p| prep.received.contains_key(p)) {
+                return;
+            }
+            let stable: Vec<(Slot, Stamp)> = prep
+                .slots
+                .iter()
+                .map(|&s| {
+                    let min = live.iter().filter_map(|p| prep.received[p].iter().find(|(x, _)| *x == s)).map(|(_, st)| *st).min();
+                    (s, min.unwrap_or_default())
+                })
+                .collect();
+            prep.stable = Some(stable.clone());
+            for &p in &live {
+                self.out.push(Out::Send { to: p, msg: EcMsg::Stable { epoch: prep.epoch, stamps: stable.clone() } });
+            }
+            return;
+        }
+        if !live.iter().all(|p| prep.prepared.contains(p)) {
+            return;
+        }
+        // Every parity member agrees on the lost slots: serve them from
+        // this member's replica of their metadata.
+        let prep = self.prep.take().expect("prep");
+        let par = self.parity.as_ref().expect("the leader is a parity member");
+        for &s in &prep.slots {
+            let index = par.index[s as usize].clone();
+            let extent = par.extent[s as usize];
+            let pages = extent.div_ceil(PAGE as u64) as u32;
+            let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 0 });
+            d.free = Free::rebuild(index.values().copied().collect(), extent);
+            d.index = index;
+            d.missing = (0..pages).collect();
+            self.data.insert(s, d);
+        }
+        for (slot, req) in std::mem::take(&mut self.held) {
+            self.request(slot, req);
+        }
+        self.repair_soon();
+    }
+
+    pub fn reconfigure(&mut self, config: Config) {
+        if config.epoch <= self.config.epoch {
+            return;
+        }
+        self.config = config;
+        if let Some(par) = &mut self.parity {
+            let epoch = self.config.epoch;
+            par.cuts.retain(|_, c| c.epoch >= epoch);
+        }
+        self.repairs.clear();
+        for slot in self.data.keys().copied().collect::<Vec<_>>() {
+            self.try_commit(slot);
+        }
+        if self.config.leader() != Some(self.slot) {
+            return;
+        }
+        let mut slots: Vec<Slot> = self.config.lost().into_iter().filter(|s| !self.data.contains_key(s)).collect();
+        if let Some(prep) = self.prep.take() {
+            slots.extend(prep.slots);
+            slots.sort_unstable();
+            slots.dedup();
+        }
+        if slots.is_empty() {
+            return self.repair_soon();
+        }
+        let epoch = self.config.epoch;
+        for p in self.config.live_parity().collect::<Vec<_>>() {
+            self.out.push(Out::Send { to: p, msg: EcMsg::Prepare { epoch, slots: slots.clone() } });
+        }
+        self.prep = Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, prepared: BTreeSet::new() });
+    }
+
+    /// Time passes: background repair.
+    pub fn tick(&mut self) {
+        self.repair_soon();
+    }
+
+    /// Starts repairs: first the pages waiting requests need, then the
+    /// rest in the background, a few cuts at a time.
+    fn repair_soon(&mut self) {
+        if self.prep.is_some() || self.data.values().all(|d| d.missing.is_empty()) {
+            return;
+        }
+        let busy: BTreeSet<u32> = self.repairs.values().flat_map(|r| r.pages.iter().copied()).collect();
+        let wanted: BTreeSet<u32> = self.data.values().flat_map(|d| d.queue.iter().flat_map(|(_, need)| need.iter().copied())).collect();
+        let mut urgent: Vec<u32> = wanted.into_iter().filter(|p| !busy.contains(p)).collect();
+        loop {
+            let background = self.repairs.len() < IN_FLIGHT;
+            if urgent.is_empty() && !background {
+                return;
+            }
+            let busy: BTreeSet<u32> = self.repairs.values().flat_map(|r| r.pages.iter().copied()).collect();
+            let first = if urgent.is_empty() {
+                let all: BTreeSet<u32> = self.data.values().flat_map(|d| d.missing.iter().copied()).collect();
+                match all.into_iter().find(|p| !busy.contains(p)) {
+                    Some(p) => p,
+                    None => return,
+                }
+            } else {
+                urgent.remove(0)
+            };
+            let lost = self.lost_at(first);
+            let mut pages = vec![first];
+            // Batch the following pages missing from the same slots.
+            let candidates: Vec<u32> = if urgent.is_empty() { (first + 1..first + 4 * BATCH as u32).collect() } else { urgent.clone() };
+            for p in candidates {
+                if pages.len() >= BATCH {
+                    break;
+                }
+                if !busy.contains(&p) && self.lost_at(p) == lost {
+                    pages.push(p);
+                }
+            }
+            urgent.retain(|p| !pages.contains(p));
+            if !self.start_repair(pages, lost) {
+                return;
+            }
+        }
+    }
+
+    /// The served slots page `page` is missing from.
+    fn lost_at(&self, page: u32) -> Vec<Slot> {
+        self.data.iter().filter(|(_, d)| d.missing.contains(&page)).map(|(&s, _)| s).collect()
+    }
+
+    fn start_repair(&mut self, pages: Vec<u32>, lost: Vec<Slot>) -> bool {
+        let parity: Vec<Slot> = self.config.live_parity().take(lost.len()).collect();
+        if lost.is_empty() || parity.len() < lost.len() {
+            return false; // more members lost than the code covers
+        }
+        let sources: Vec<Slot> = (0..self.config.k).filter(|s| !lost.contains(s)).collect();
+        let (epoch, id, leader) = (self.config.epoch, self.next_cut, self.slot);
+        self.next_cut += 1;
+        let holders: BTreeSet<Slot> = sources.iter().map(|&s| self.config.acting(s).expect("a source is served")).collect();
+        for to in holders {
+            let msg = EcMsg::Cut { epoch, id, pages: pages.clone(), sources: sources.clone(), parity: parity.clone(), leader };
+            self.out.push(Out::Send { to, msg });
+        }
+        if sources.is_empty() {
+            for &p in &parity {
+                let msg = EcMsg::Cut { epoch, id, pages: pages.clone(), sources: vec![], parity: parity.clone(), leader };
+                self.out.push(Out::Send { to: p, msg });
+            }
+        }
+        self.repairs.insert(id, Repair { pages, lost, sources, parity, got: BTreeMap::new() });
+        true
+    }
+
+    /// At a source: send the pages as they are now, and a marker after the
+    /// updates already sent. At a parity member with no source: the copy.
+    fn on_cut(&mut self, epoch: u64, id: u64, pages: Vec<u32>, sources: Vec<Slot>, parity: Vec<Slot>, leader: Slot) {
+        if sources.is_empty() {
+            return self.on_marker(epoch, id, Slot::MAX, pages, sources, leader);
+        }
+        for &s in &sources {
+            let Some(d) = self.data.get(&s) else { continue };
+            let bytes = pages.iter().map(|&p| Bytes::from(d.area.page(p))).collect();
+            self.out.push(Out::Send { to: leader, msg: EcMsg::Pages { epoch, id, slot: s, pages: bytes } });
+            for &p in &parity {
+                let msg = EcMsg::Marker { epoch, id, slot: s, pages: pages.clone(), sources: sources.clone(), leader };
+                self.out.push(Out::Send { to: p, msg });
+            }
+        }
+    }
+
+    fn on_marker(&mut self, epoch: u64, id: u64, slot: Slot, pages: Vec<u32>, sources: Vec<Slot>, leader: Slot) {
+        let me = self.slot;
+        let Some(par) = &mut self.parity else { return };
+        if epoch < self.config.epoch {
+            return;
+        }
+        let copy = par.cuts.entry(id).or_insert_with(|| CutCopy {
+            epoch,
+            bytes: pages.iter().map(|&p| par.area.page(p)).collect(),
+            pages,
+            waiting: sources.into_iter().collect(),
+            leader,
+        });
+        copy.waiting.remove(&slot);
+        if copy.waiting.is_empty() {
+            let copy = par.cuts.remove(&id).expect("copy");
+            let pages = copy.bytes.into_iter().map(Bytes::from).collect();
+            self.out.push(Out::Send { to: copy.leader, msg: EcMsg::Pages { epoch, id, slot: me, pages } });
+        }
+    }
+
+    /// At the leader: once every source's and parity's pages are in,
+    /// decode the lost slots' pages and serve what waited for them.
+    fn on_pages(&mut self, epoch: u64, id: u64, slot: Slot, pages: Vec<Bytes>) {
+        if epoch != self.config.epoch {
+            return;
+        }
+        let Some(r) = self.repairs.get_mut(&id) else { return };
+        r.got.insert(slot, pages);
+        if !r.sources.iter().chain(&r.parity).all(|s| r.got.contains_key(s)) {
+            return;
+        }
+        let r = self.repairs.remove(&id).expect("repair");
+        let (k, m) = (self.config.k as usize, self.config.m as usize);
+        for (n, &page) in r.pages.iter().enumerate() {
+            let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
+            for (s, bytes) in &r.got {
+                shards[*s as usize] = Some(bytes[n].to_vec());
+            }
+            self.code.reconstruct_data(&mut shards).expect("a cut has K shards");
+            for &s in &r.lost {
+                let d = self.data.get_mut(&s).expect("served");
+                d.area.set_page(page, shards[s as usize].as_ref().expect("decoded"));
+                d.missing.remove(&page);
+            }
+        }
+        for s in r.lost {
+            self.retry_queue(s);
+        }
+        self.repair_soon();
+    }
+
+    /// Serves the queued requests of `slot` whose pages are all here now.
+    fn retry_queue(&mut self, slot: Slot) {
+        let Some(d) = self.data.get_mut(&slot) else { return };
+        let queue = std::mem::take(&mut d.queue);
+        for (req, _) in queue {
+            self.serve(slot, req);
+        }
+    }
+
+    fn reply(&mut self, op: u64, reply: Reply) {
+        self.out.push(Out::Reply { op, reply });
+    }
+
+    /// The bytes of page `page` of data slot `slot` if this member serves
+    /// it and has it, or of its parity (`slot` = its own parity slot).
+    pub fn page(&self, slot: Slot, page: u32) -> Option<Vec<u8>> {
+        if let (Some(par), true) = (&self.parity, slot == self.slot) {
+            return Some(par.area.page(page));
+        }
+        let d = self.data.get(&slot)?;
+        (!d.missing.contains(&page)).then(|| d.area.page(page))
+    }
+
+    /// The pages of data slot `slot` (as this member knows its extent).
+    pub fn pages(&self, slot: Slot) -> u32 {
+        match (&self.parity, self.data.get(&slot)) {
+            (_, Some(d)) => d.area.pages().max(d.missing.last().map_or(0, |p| p + 1)),
+            (Some(par), None) if slot == self.slot => par.area.pages(),
+            _ => 0,
+        }
+    }
+
+    /// True once every served slot has all its pages and nothing waits.
+    pub fn settled(&self) -> bool {
+        self.prep.is_none()
+            && self.held.is_empty()
+            && self.data.values().all(|d| d.missing.is_empty() && d.queue.is_empty() && d.pending.is_empty())
+            && self.parity.as_ref().is_none_or(|p| p.buffer.iter().all(|b| b.is_empty()) && p.cuts.is_empty())
+    }
+
+    /// The committed keys of data slot `slot` served here.
+    pub fn keys(&self, slot: Slot) -> Vec<Bytes> {
+        self.data.get(&slot).map(|d| d.index.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    pub fn memory(&self) -> Memory {
+        let mut m = Memory::default();
+        for d in self.data.values() {
+            m.pages += d.area.bytes();
+            let (placed, holes) = d.free.used();
+            m.placed += placed;
+            m.holes += holes;
+            m.keys += d.index.len();
+        }
+        if let Some(par) = &self.parity {
+            m.pages += par.area.bytes();
+            m.keys += par.index.iter().map(|i| i.len()).sum::<usize>();
+            m.buffered += par.buffer.iter().map(|b| b.len()).sum::<usize>();
+        }
+        m
+    }
+}
+
+impl Data {
+    fn new(next: Stamp) -> Data {
+        Data {
+            area: Area::default(),
+            free: Free::default(),
+            index: HashMap::new(),
+            next,
+            pending: VecDeque::new(),
+            missing: BTreeSet::new(),
+            queue: VecDeque::new(),
+        }
+    }
+}
+
+impl CutCopy {
+    /// Adds data slot i's diff to the copied pages it touches.
+    fn add(&mut self, code: &Code, j: usize, i: usize, d: &Diff) {
+        super::area::each_page(d.at, d.bytes.len(), |page, off, range| {
+            if let Some(n) = self.pages.iter().position(|&p| p as usize == page) {
+                let len = range.len();
+                code.add_delta(j, i, &d.bytes[range], &mut self.bytes[n][off..off + len]);
+            }
+        });
+    }
+}
+
+fn req_key(r: &Req) -> &Bytes {
+    match r {
+        Req::Put { key, .. } | Req::Get { key, .. } => key,
+    }
+}

@@ -1,0 +1,106 @@
+//! What the members of an erasure-coded group say to each other (Cocytus):
+//! a data member's updates to the parity members and their answers, and
+//! the recovery of a lost data member (preparation, then page repair at
+//! consistent cuts). Sent over FIFO links, like every link between nodes.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// A member's place in its group: `0..K` data, `K..K+M` parity.
+pub type Slot = u8;
+
+/// The order of one data slot's updates. A parity member that takes over a
+/// lost data slot stamps its updates with the configuration epoch it took
+/// it over at, so they order after everything the lost member sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Stamp {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// Where a value lies in its data slot's area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loc {
+    pub at: u64,
+    pub len: u32,
+}
+
+/// `old ^ new` for the bytes at `at` of a data slot's area: a parity
+/// member adds `coefficient * bytes` to its parity at the same offset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diff {
+    pub at: u64,
+    pub bytes: Bytes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EcMsg {
+    /// Data slot `slot` wrote `key` (at `loc`, or deleted it with `None`):
+    /// its area changed by `diffs`. The parity member applies the diffs at
+    /// once, keeps the update until it is committed, and acknowledges.
+    Update {
+        slot: Slot,
+        stamp: Stamp,
+        key: Bytes,
+        loc: Option<Loc>,
+        diffs: Vec<Diff>,
+    },
+    Ack {
+        slot: Slot,
+        stamp: Stamp,
+    },
+    /// Every parity member has the slot's updates through `stamp`: the
+    /// parity member forgets them (they will never be undone).
+    Commit {
+        slot: Slot,
+        stamp: Stamp,
+    },
+    /// Preparation (the recovery leader, at configuration `epoch`): which
+    /// updates of the lost data `slots` do you have?
+    Prepare {
+        epoch: u64,
+        slots: Vec<Slot>,
+    },
+    Received {
+        epoch: u64,
+        stamps: Vec<(Slot, Stamp)>,
+    },
+    /// Keep the lost slots' updates through these stamps, undo the later
+    /// ones (no data member committed them), refuse any more from them.
+    Stable {
+        epoch: u64,
+        stamps: Vec<(Slot, Stamp)>,
+    },
+    Prepared {
+        epoch: u64,
+    },
+    /// Page repair `id` (the recovery leader to the members holding the
+    /// `sources` data slots, and to the `parity` members): send `pages` of
+    /// your area, as they are at your place in the FIFO stream. A data
+    /// member sends a `Marker` to each parity member after its pages.
+    Cut {
+        epoch: u64,
+        id: u64,
+        pages: Vec<u32>,
+        sources: Vec<Slot>,
+        parity: Vec<Slot>,
+        leader: Slot,
+    },
+    /// The data slot `slot`'s updates before this point are in the pages it
+    /// sent for cut `id`; those after it are not.
+    Marker {
+        epoch: u64,
+        id: u64,
+        slot: Slot,
+        pages: Vec<u32>,
+        sources: Vec<Slot>,
+        leader: Slot,
+    },
+    /// `slot`'s pages for cut `id`, in the cut's order.
+    Pages {
+        epoch: u64,
+        id: u64,
+        slot: Slot,
+        pages: Vec<Bytes>,
+    },
+}

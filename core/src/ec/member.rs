@@ -226,11 +226,13 @@ pub struct Member {
 }
 
 impl Member {
+    /// A member of a new group. Stamps start at 1: `Stamp::default()`
+    /// means nothing received.
     pub fn new(slot: Slot, code: Arc<Code>, config: Config) -> Member {
         let k = config.k as usize;
         let mut data = BTreeMap::new();
         let parity = if config.is_data(slot) {
-            data.insert(slot, Data::new(Stamp::default()));
+            data.insert(slot, Data::new(Stamp { epoch: 0, seq: 1 }));
             None
         } else {
             Some(Parity {
@@ -419,7 +421,7 @@ impl Member {
         let code = self.code.clone();
         let Some(par) = &mut self.parity else { return };
         let i = slot as usize;
-        if stamp.epoch < par.fence[i] || stamp <= par.received[i] && par.received[i] != Stamp::default() {
+        if stamp.epoch < par.fence[i] || stamp <= par.received[i] {
             return; // from a member that lost the slot, or a duplicate
         }
         for d in &diffs {
@@ -497,7 +499,7 @@ impl Member {
             let index = par.index[s as usize].clone();
             let extent = par.extent[s as usize];
             let pages = extent.div_ceil(PAGE as u64) as u32;
-            let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 0 });
+            let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 });
             d.free = Free::rebuild(index.values().copied().collect(), extent);
             d.index = index;
             d.missing = (0..pages).collect();
@@ -543,12 +545,17 @@ impl Member {
 
     /// Time passes: background repair.
     pub fn tick(&mut self) {
-        self.repair_soon();
+        self.repair(true);
     }
 
-    /// Starts repairs: first the pages waiting requests need, then the
-    /// rest in the background, a few cuts at a time.
+    /// Starts the repairs waiting requests need.
     fn repair_soon(&mut self) {
+        self.repair(false);
+    }
+
+    /// Starts repairs: first the pages waiting requests need, then (with
+    /// `background`) the rest, a few cuts at a time.
+    fn repair(&mut self, background: bool) {
         if self.prep.is_some() || self.data.values().all(|d| d.missing.is_empty()) {
             return;
         }
@@ -556,7 +563,7 @@ impl Member {
         let wanted: BTreeSet<u32> = self.data.values().flat_map(|d| d.queue.iter().flat_map(|(_, need)| need.iter().copied())).collect();
         let mut urgent: Vec<u32> = wanted.into_iter().filter(|p| !busy.contains(p)).collect();
         loop {
-            let background = self.repairs.len() < IN_FLIGHT;
+            let background = background && self.repairs.len() < IN_FLIGHT;
             if urgent.is_empty() && !background {
                 return;
             }
@@ -683,7 +690,7 @@ impl Member {
         for s in r.lost {
             self.retry_queue(s);
         }
-        self.repair_soon();
+        self.repair(true);
     }
 
     /// Serves the queued requests of `slot` whose pages are all here now.
@@ -729,6 +736,39 @@ impl Member {
     /// The committed keys of data slot `slot` served here.
     pub fn keys(&self, slot: Slot) -> Vec<Bytes> {
         self.data.get(&slot).map(|d| d.index.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// One line per part, for the stories: the slots served (committed
+    /// keys and places, updates waiting for acks, pages not repaired) and
+    /// the parity (last update received and buffered, per data slot).
+    pub fn status(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (slot, d) in &self.data {
+            let mut keys: Vec<String> = d.index.iter().map(|(k, l)| format!("{}@{}+{}", String::from_utf8_lossy(k), l.at, l.len)).collect();
+            keys.sort();
+            let mut line = format!("slot {slot}: {}", if keys.is_empty() { "no keys".into() } else { keys.join(" ") });
+            if !d.pending.is_empty() {
+                let stamps: Vec<String> = d.pending.iter().map(|p| format!("{}.{}", p.stamp.epoch, p.stamp.seq)).collect();
+                line += &format!("; waiting {}", stamps.join(" "));
+            }
+            if !d.missing.is_empty() {
+                line += &format!("; missing pages {:?}", d.missing.iter().collect::<Vec<_>>());
+            }
+            lines.push(line);
+        }
+        if let Some(par) = &self.parity {
+            let per: Vec<String> = (0..par.received.len())
+                .map(|i| {
+                    let r = par.received[i];
+                    format!("{i}@{}.{} ({} buffered)", r.epoch, r.seq, par.buffer[i].len())
+                })
+                .collect();
+            lines.push(format!("parity: {}", per.join(", ")));
+        }
+        if self.prep.is_some() {
+            lines.push("preparing".into());
+        }
+        lines
     }
 
     pub fn memory(&self) -> Memory {

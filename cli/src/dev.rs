@@ -21,6 +21,11 @@ pub struct DevArgs {
     /// Writes are acknowledged once k nodes of the chain have them.
     #[arg(long, default_value_t = 2)]
     k: usize,
+    /// `ec:K+M`: instead of chains of R copies, values kept once and
+    /// erasure-coded over groups of K data and M parity nodes (needs
+    /// --nodes K+M); any M nodes can be lost. E.g. --nodes 5 --redundancy ec:3+2.
+    #[arg(long, value_name = "ec:K+M")]
+    redundancy: Option<causeway_core::ring::Coding>,
     #[arg(long, default_value_t = 64)]
     partitions: u32,
     /// Number of sites, each holding every key and taking writes.
@@ -56,6 +61,9 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     if args.sites > 1 && args.nodes > 10 {
         return Err("with several sites, at most 10 nodes per site (site s uses ports port+10*s ..)".into());
     }
+    if args.redundancy.is_some() && args.sites > 1 {
+        return Err("--redundancy ec:K+M is for one site: erasure-coded sites do not replicate to other sites yet".into());
+    }
     let delays = wan_delays(args.sites, args.wan.as_deref())?;
     let mut node_args = args.node_args.clone();
     if let Some(pair) = args.dr {
@@ -70,6 +78,7 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         replicas: args.replicas,
         k: args.k,
         partitions: args.partitions,
+        coding: args.redundancy,
         data_dir: args.data_dir.clone(),
         disk_tier: args.disk_tier.clone(),
         node_args,
@@ -88,14 +97,11 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     }
     let s = &sites[0].shape;
     let what = if args.sites > 1 { format!("{} sites of", args.sites) } else { "Causeway site up:".into() };
-    println!(
-        "{what} {} nodes, R={}, k={}, {} partitions, up in {} ms.",
-        s.nodes,
-        s.replicas,
-        s.k,
-        s.partitions,
-        started.elapsed().as_millis()
-    );
+    let redundancy = match s.coding {
+        Some(c) => format!("erasure-coded ec:{}+{} (any {} nodes can be lost)", c.data, c.parity, c.parity),
+        None => format!("R={}, k={}", s.replicas, s.k),
+    };
+    println!("{what} {} nodes, {redundancy}, {} partitions, up in {} ms.", s.nodes, s.partitions, started.elapsed().as_millis());
     for (n, site) in sites.iter().enumerate() {
         for i in 0..site.shape.nodes {
             let at = if args.sites > 1 { format!("site {n} ") } else { String::new() };

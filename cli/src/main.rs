@@ -123,6 +123,11 @@ struct NodeArgs {
     /// failover` the backup refuses keys whose value never arrived.
     #[arg(long, value_name = "PRIMARY=BACKUP")]
     dr: Option<causeway_core::message::geo::DrPair>,
+    /// `ec:K+M`: keep values once, erasure-coded over groups of K data and
+    /// M parity nodes, instead of R copies (the site must have exactly K+M
+    /// nodes; --replicas and --k are then unused). Any M nodes can be lost.
+    #[arg(long, value_name = "ec:K+M")]
+    redundancy: Option<causeway_core::ring::Coding>,
     /// Like Redis's maxmemory: past this much memory (bytes, or 100mb,
     /// 2gb, ...), refuse writes or evict by --maxmemory-policy (0: no limit).
     #[arg(long, default_value = "0", value_parser = causeway_node::config::parse_memory)]
@@ -164,6 +169,7 @@ impl NodeArgs {
             wan_jitter_ms: self.wan_jitter_ms,
             replication: self.replication,
             dr: self.dr,
+            redundancy: self.redundancy,
             requirepass: self.requirepass,
             cluster_secret: self.cluster_secret,
             max_bulk_len: self.max_value_bytes,

@@ -17,6 +17,8 @@ pub struct Shape {
     pub replicas: usize,
     pub k: usize,
     pub partitions: u32,
+    /// Erasure-coded groups instead of chains (`--redundancy ec:K+M`).
+    pub coding: Option<causeway_core::ring::Coding>,
     /// Node i keeps its write-ahead log in `DIR/node-i`.
     pub data_dir: Option<String>,
     /// Node i keeps values past its budget in a disk tier in `DIR/node-i`.
@@ -43,7 +45,8 @@ impl Site {
     /// Starts every node, node i listening on `ports[i]`, and waits until
     /// each accepts connections.
     pub fn start_on(shape: Shape, ports: Vec<u16>) -> Result<Site, String> {
-        causeway_core::ring::Shape { partitions: shape.partitions, replicas: shape.replicas, k: shape.k }.validate(shape.nodes as usize)?;
+        let (replicas, k) = if shape.coding.is_some() { (1, 1) } else { (shape.replicas, shape.k) };
+        causeway_core::ring::Shape { partitions: shape.partitions, replicas, k, coding: shape.coding }.validate(shape.nodes as usize)?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         // The nodes of this site prove a fresh shared secret to each other,
         // unless one was given.
@@ -84,6 +87,7 @@ impl Site {
         let mut cmd = Command::new(&self.exe);
         cmd.args(["node", "--id", &i.to_string(), "--listen", &self.addr(i), "--nodes", &nodes.join(",")])
             .args(["--partitions", &s.partitions.to_string(), "--replicas", &s.replicas.to_string(), "--k", &s.k.to_string()])
+            .args(s.coding.iter().flat_map(|c| ["--redundancy".to_string(), format!("ec:{}+{}", c.data, c.parity)]))
             .args(&data)
             .args(&self.secret)
             .args(&s.node_args)

@@ -281,8 +281,12 @@ fn forged_peer_connections_are_refused() {
     };
     let before = epoch();
     let nodes = (0..3).map(|i| causeway_core::ring::NodeInfo { id: i as u16, addr: c.addr(i) }).collect();
-    let forged =
-        causeway_core::ring::Topology::new(before + 100, causeway_core::ring::Shape { partitions: 64, replicas: 1, k: 1 }, nodes).unwrap();
+    let forged = causeway_core::ring::Topology::new(
+        before + 100,
+        causeway_core::ring::Shape { partitions: 64, replicas: 1, k: 1, coding: None },
+        nodes,
+    )
+    .unwrap();
     let reconfigure = Message::Reconfigure { topology: Box::new(forged) };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {

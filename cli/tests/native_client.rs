@@ -34,7 +34,7 @@ async fn connect(c: &Cluster, i: usize) -> Client {
 
 fn site_topology(c: &Cluster) -> Topology {
     let nodes = (0..c.len()).map(|i| NodeInfo { id: i as u16, addr: c.addr(i) }).collect();
-    Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes).unwrap()
+    Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2, coding: None }, nodes).unwrap()
 }
 
 /// A key whose chain (head first) satisfies `pred`.

@@ -34,7 +34,7 @@ fn wait_dbsize(c: &Cluster, via: usize, n: i64) {
 /// The same partition map the nodes compute, to pick keys by chain.
 fn topology(c: &Cluster) -> Topology {
     let nodes = (0..c.len()).map(|i| NodeInfo { id: i as u16, addr: c.addr(i) }).collect();
-    Topology::new(1, Shape { partitions: 64, replicas: c.opts.replicas, k: c.opts.k }, nodes).unwrap()
+    Topology::new(1, Shape { partitions: 64, replicas: c.opts.replicas, k: c.opts.k, coding: None }, nodes).unwrap()
 }
 
 #[test]

@@ -379,7 +379,7 @@ impl Transport for Later<'_> {
 fn placeholder() -> Topology {
     Topology {
         epoch: 0,
-        shape: causeway_core::ring::Shape { partitions: 1, replicas: 1, k: 1 },
+        shape: causeway_core::ring::Shape { partitions: 1, replicas: 1, k: 1, coding: None },
         nodes: Vec::new(),
         chains: Vec::new(),
         admitted: Default::default(),

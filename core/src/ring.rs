@@ -86,6 +86,63 @@ pub struct Shape {
     /// k: a causal write is acknowledged once this many nodes of its chain
     /// hold it (ChainReaction §3.3.1, the eager phase).
     pub k: usize,
+    /// Erasure-coded groups instead of replicated chains (`ec`): chains
+    /// are then one node long, the data member serving the partition.
+    #[serde(default)]
+    pub coding: Option<Coding>,
+}
+
+/// `--redundancy ec:K+M`: a site of exactly K+M nodes (ids 0..K+M) in
+/// K+M groups of K data and M parity members (`ec::site`). Slot s of group
+/// g is node (g + s) % N; partition p belongs to group p % N, data slot
+/// (p / N) % K: every node is a data member of K groups and a parity
+/// member of M (the paper's interleaved layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Coding {
+    pub data: u8,
+    pub parity: u8,
+}
+
+impl Coding {
+    pub fn nodes(&self) -> u16 {
+        (self.data + self.parity) as u16
+    }
+
+    /// The group of a partition and the data slot it belongs to.
+    pub fn place(&self, partition: PartitionId) -> (u16, u8) {
+        let n = self.nodes() as u32;
+        ((partition % n) as u16, ((partition / n) % self.data as u32) as u8)
+    }
+
+    pub fn node(&self, group: u16, slot: u8) -> NodeId {
+        (group + slot as u16) % self.nodes()
+    }
+
+    pub fn slot(&self, group: u16, node: NodeId) -> u8 {
+        ((node + self.nodes() - group) % self.nodes()) as u8
+    }
+
+    /// The node that serves `partition` when `ids` are the site's nodes:
+    /// its data member, or, lost, the first parity member left (who leads
+    /// its recovery).
+    fn server(&self, partition: PartitionId, ids: &[NodeId]) -> Option<NodeId> {
+        let (g, s) = self.place(partition);
+        std::iter::once(s).chain(self.data..self.data + self.parity).map(|s| self.node(g, s)).find(|n| ids.contains(n))
+    }
+}
+
+impl std::str::FromStr for Coding {
+    type Err = String;
+    /// `ec:K+M`.
+    fn from_str(s: &str) -> std::result::Result<Coding, String> {
+        let bad = || format!("{s:?}: expected ec:K+M (K data and M parity members, e.g. ec:3+2)");
+        let (k, m) = s.strip_prefix("ec:").and_then(|r| r.split_once('+')).ok_or_else(bad)?;
+        let (data, parity) = (k.parse::<u8>().map_err(|_| bad())?, m.parse::<u8>().map_err(|_| bad())?);
+        if data == 0 || parity == 0 || data as u16 + parity as u16 > 64 {
+            return Err(format!("{s}: need at least one data and one parity member, at most 64 in all"));
+        }
+        Ok(Coding { data, parity })
+    }
 }
 
 impl Shape {
@@ -101,6 +158,16 @@ impl Shape {
         }
         if self.k == 0 || self.k > self.replicas {
             return Err(Error::InvalidInput(format!("k must be between 1 and replicas ({}), got {}", self.replicas, self.k)));
+        }
+        if let Some(c) = self.coding {
+            if c.nodes() as usize != nodes || self.replicas != 1 {
+                return Err(Error::InvalidInput(format!(
+                    "ec:{}+{} needs exactly {} nodes (has {nodes}) and chains of one node",
+                    c.data,
+                    c.parity,
+                    c.nodes()
+                )));
+            }
         }
         Ok(())
     }
@@ -161,6 +228,16 @@ impl Topology {
         t.admitted.remove(&node);
         for c in &mut t.chains {
             c.nodes.retain(|&n| n != node);
+        }
+        if let Some(coding) = t.shape.coding {
+            // A chain of an erasure-coded site only says where to send
+            // requests: to the node that serves the partition now.
+            let ids: Vec<NodeId> = t.nodes.iter().map(|n| n.id).collect();
+            for (p, c) in t.chains.iter_mut().enumerate() {
+                if c.nodes.is_empty() {
+                    c.nodes.extend(coding.server(p as PartitionId, &ids));
+                }
+            }
         }
         t
     }
@@ -268,6 +345,11 @@ fn placement(ids: &[NodeId], shape: Shape) -> Placement {
 
 /// `placement`, computed.
 fn place(ids: &[NodeId], shape: Shape) -> Vec<Vec<NodeId>> {
+    if let Some(c) = shape.coding {
+        if let Some(chains) = (0..shape.partitions).map(|p| c.server(p, ids).map(|n| vec![n])).collect() {
+            return chains;
+        }
+    }
     let ring: Vec<Vec<NodeId>> = (0..shape.partitions).map(|p| ring_order(ids, p).take(shape.replicas).collect()).collect();
     if ids.is_empty() {
         return ring;
@@ -430,7 +512,7 @@ mod tests {
 
     #[test]
     fn chains_are_distinct_consecutive_nodes() {
-        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(5)).unwrap();
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2, coding: None }, nodes(5)).unwrap();
         for c in &t.chains {
             assert_eq!(c.len(), 3);
             let mut s = c.nodes.clone();
@@ -446,13 +528,13 @@ mod tests {
         assert_eq!(roles.iter().map(|r| r.head).sum::<usize>(), 64);
         assert_eq!(roles.iter().map(|r| r.tail).sum::<usize>(), 64);
         assert_eq!(roles.iter().map(|r| r.middle).sum::<usize>(), 64);
-        let single = Topology::new(1, Shape { partitions: 8, replicas: 1, k: 1 }, nodes(1)).unwrap();
+        let single = Topology::new(1, Shape { partitions: 8, replicas: 1, k: 1, coding: None }, nodes(1)).unwrap();
         assert_eq!(single.roles(0), Roles { head: 8, middle: 0, tail: 8 });
     }
 
     #[test]
     fn adding_a_node_moves_only_some_partitions() {
-        let shape = Shape { partitions: 256, replicas: 1, k: 1 };
+        let shape = Shape { partitions: 256, replicas: 1, k: 1, coding: None };
         let a = Topology::new(1, shape, nodes(4)).unwrap();
         let b = Topology::new(2, shape, nodes(5)).unwrap();
         let moved = a.chains.iter().zip(&b.chains).filter(|(x, y)| x != y).count();
@@ -463,7 +545,7 @@ mod tests {
 
     #[test]
     fn repair_removes_then_extends_at_the_tail() {
-        let t = Topology::new(1, Shape { partitions: 32, replicas: 3, k: 2 }, nodes(5)).unwrap();
+        let t = Topology::new(1, Shape { partitions: 32, replicas: 3, k: 2, coding: None }, nodes(5)).unwrap();
         let cut = t.without(2);
         assert_eq!(cut.epoch, 2);
         for (before, after) in t.chains.iter().zip(&cut.chains) {
@@ -492,7 +574,7 @@ mod tests {
         for n in 3..=12u16 {
             for partitions in [16, 64, 256, 1024] {
                 for replicas in [3, n as usize].into_iter().filter(|&r| r <= n as usize) {
-                    let t = Topology::new(1, Shape { partitions, replicas, k: 1 }, nodes(n)).unwrap();
+                    let t = Topology::new(1, Shape { partitions, replicas, k: 1, coding: None }, nodes(n)).unwrap();
                     let fair = partitions as f64 / n as f64;
                     let limit = (fair * 1.25).floor().max(fair.ceil()) as usize;
                     for id in 0..n {
@@ -522,7 +604,7 @@ mod tests {
     /// allow; with none, empty.
     #[test]
     fn a_site_smaller_than_r_places_what_it_has() {
-        let t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2 }, nodes(3)).unwrap();
+        let t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2, coding: None }, nodes(3)).unwrap();
         let one = t.without(0).without(1).rebalanced();
         assert!(one.chains.iter().all(|c| c.nodes == vec![2]));
         let two = t.without(0).rebalanced();
@@ -533,7 +615,7 @@ mod tests {
 
     #[test]
     fn roles_return_to_the_placed_order_one_move_up_at_a_time() {
-        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(4)).unwrap();
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2, coding: None }, nodes(4)).unwrap();
         assert!((0..64).all(|p| t.toward_placed_order(p).is_none()), "a new site's chains are in their placed order");
         // Node 0 fails and returns: it is at the tail of every chain it is in.
         let mut back = t.clone();
@@ -564,7 +646,7 @@ mod tests {
 
     #[test]
     fn a_new_node_joins_at_the_tail_of_the_chains_it_takes() {
-        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, nodes(4)).unwrap();
+        let t = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2, coding: None }, nodes(4)).unwrap();
         let mut with = t.clone();
         with.nodes.push(NodeInfo { id: 4, addr: "x".into() });
         let r = with.rebalanced();
@@ -587,8 +669,8 @@ mod tests {
 
     #[test]
     fn rejects_bad_shapes() {
-        assert!(Topology::new(1, Shape { partitions: 64, replicas: 4, k: 2 }, nodes(3)).is_err());
-        assert!(Topology::new(1, Shape { partitions: 64, replicas: 3, k: 0 }, nodes(3)).is_err());
-        assert!(Topology::new(1, Shape { partitions: 0, replicas: 1, k: 1 }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 64, replicas: 4, k: 2, coding: None }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 64, replicas: 3, k: 0, coding: None }, nodes(3)).is_err());
+        assert!(Topology::new(1, Shape { partitions: 0, replicas: 1, k: 1, coding: None }, nodes(3)).is_err());
     }
 }

@@ -275,6 +275,11 @@ impl Supervisor {
     /// Whether removing `node` would leave some chain it is in with nobody
     /// holding the data (the others are gone or still fetching it).
     fn sole_holder(&self, current: &Topology, node: NodeId, now_ms: u64) -> bool {
+        if current.shape.coding.is_some() {
+            // An erasure-coded site keeps its data in its groups, not in
+            // its chains (`ec::site`): they outlive the loss of M nodes.
+            return false;
+        }
         (0..current.shape.partitions).any(|p| {
             let chain = current.chain(p);
             chain.index_of(node).is_some() && !chain.nodes.iter().any(|&m| m != node && self.holds_now(current, m, p, now_ms))
@@ -688,7 +693,7 @@ mod tests {
 
     fn site(n: u16) -> Topology {
         let nodes = (0..n).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let mut t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2 }, nodes).unwrap();
+        let mut t = Topology::new(1, Shape { partitions: 16, replicas: 3, k: 2, coding: None }, nodes).unwrap();
         t.admitted = (0..n).map(|id| (id, 100 + id as u64)).collect();
         t
     }

@@ -14,7 +14,8 @@ fn ts(ms: u64) -> Timestamp {
 
 /// Site 1, one node holding partitions 0 and 1 (R=1).
 fn heads() -> (Topology, ChainReplica, ChainReplica) {
-    let t = Topology::new(1, Shape { partitions: 2, replicas: 1, k: 1 }, vec![NodeInfo { id: 0, addr: "n0".into() }]).unwrap();
+    let t =
+        Topology::new(1, Shape { partitions: 2, replicas: 1, k: 1, coding: None }, vec![NodeInfo { id: 0, addr: "n0".into() }]).unwrap();
     let x = ChainReplica::new(&t, 0, 0, 1).unwrap();
     let y = ChainReplica::new(&t, 1, 0, 1).unwrap();
     (t, x, y)

@@ -10,7 +10,7 @@ fn topo(epoch: u64, replicas: usize, k: usize, chain: &[NodeId]) -> Topology {
     let nodes = (0..6).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
     Topology {
         epoch,
-        shape: Shape { partitions: 1, replicas, k },
+        shape: Shape { partitions: 1, replicas, k, coding: None },
         nodes,
         chains: vec![Chain { nodes: chain.to_vec() }],
         admitted: Default::default(),

@@ -16,7 +16,7 @@ const C: NodeId = 2;
 fn topo(epoch: u64, chain: &[NodeId]) -> Topology {
     Topology {
         epoch,
-        shape: Shape { partitions: 1, replicas: 2, k: 1 },
+        shape: Shape { partitions: 1, replicas: 2, k: 1, coding: None },
         nodes: (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect(),
         chains: vec![Chain { nodes: chain.to_vec() }],
         admitted: Default::default(),

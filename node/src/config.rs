@@ -45,6 +45,10 @@ pub struct NodeConfig {
     /// backup refuses keys whose value never arrived.
     #[serde(default)]
     pub dr: Option<causeway_core::message::geo::DrPair>,
+    /// `ec:K+M`: erasure-coded groups instead of replicated chains (a site
+    /// of exactly K+M nodes); `replicas` and `k` are then unused.
+    #[serde(default)]
+    pub redundancy: Option<causeway_core::ring::Coding>,
     /// Like Redis' `requirepass`: clients must AUTH first.
     #[serde(default)]
     pub requirepass: Option<String>,
@@ -165,7 +169,10 @@ impl NodeConfig {
     }
 
     pub fn shape(&self) -> Shape {
-        Shape { partitions: self.partitions, replicas: self.replicas, k: self.k }
+        match self.redundancy {
+            Some(coding) => Shape { partitions: self.partitions, replicas: 1, k: 1, coding: Some(coding) },
+            None => Shape { partitions: self.partitions, replicas: self.replicas, k: self.k, coding: None },
+        }
     }
 
     pub fn limits(&self) -> Limits {
@@ -174,11 +181,12 @@ impl NodeConfig {
 
     /// The nodes that run the coordinator (its Raft group): the first three
     /// node ids, so a site has no extra process and no single point of
-    /// failure.
+    /// failure. An erasure-coded site survives M lost nodes, so its
+    /// coordinator runs on 2M+1 (a majority must be left to remove them).
     pub fn coordinators(&self) -> Vec<NodeId> {
         let mut ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
         ids.sort_unstable();
-        ids.truncate(3);
+        ids.truncate(self.redundancy.map_or(3, |c| 2 * c.parity as usize + 1).max(3));
         ids
     }
 
@@ -192,6 +200,9 @@ impl NodeConfig {
 
     /// The site's topology, checked.
     pub fn topology(&self) -> Result<Topology, String> {
+        if self.redundancy.is_some() && !self.remote_sites.is_empty() {
+            return Err("--redundancy ec:K+M is for one site: erasure-coded sites do not replicate to other sites yet".into());
+        }
         if self.remote_sites.iter().any(|s| s.id == self.site || s.addrs.is_empty()) {
             return Err(format!("site {} lists itself, or a remote site without an address", self.site));
         }

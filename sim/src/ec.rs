@@ -97,7 +97,7 @@ impl EcWorld {
             return Vec::new();
         };
         match req {
-            Request::Put { op, key, value } => m.put(op, slot, key, value),
+            Request::Put { op, key, value } => m.put(op, slot, key, value, op),
             Request::Get { op, key } => m.get(op, slot, key),
         }
         self.flush(to)
@@ -288,11 +288,11 @@ pub fn describe(msg: &EcMsg) -> String {
     let st = |s: &causeway_core::ec::Stamp| format!("{}.{}", s.epoch, s.seq);
     let stamps = |v: &[(Slot, causeway_core::ec::Stamp)]| v.iter().map(|(s, t)| format!("{s}@{}", st(t))).collect::<Vec<_>>().join(",");
     match msg {
-        EcMsg::Update { slot, stamp, key, loc, diffs } => format!(
+        EcMsg::Update { slot, stamp, key, meta, diffs } => format!(
             "Update slot={slot} stamp={} key={} loc={} diff={}B",
             st(stamp),
             String::from_utf8_lossy(key),
-            loc.map_or("deleted".into(), |l| format!("{}+{}", l.at, l.len)),
+            meta.map_or("deleted".into(), |m| format!("{}+{}", m.loc.at, m.loc.len)),
             diffs.iter().map(|d| d.bytes.len()).sum::<usize>()
         ),
         EcMsg::Ack { slot, stamp } => format!("Ack slot={slot} stamp={}", st(stamp)),

@@ -282,6 +282,9 @@ pub struct Sim {
     nodes: Vec<SimNode>,
     clients: Vec<SimClient>,
     queue: BinaryHeap<InFlight>,
+    /// Erasure-coded groups count on FIFO links (TCP): when the last
+    /// message between two nodes of a group arrives.
+    ec_links: std::collections::HashMap<(NodeId, NodeId), u64>,
     /// Message bodies, indexed by `InFlight::envelope_index` (slots reused).
     bodies: Vec<Option<Envelope>>,
     free: Vec<usize>,
@@ -376,6 +379,7 @@ impl Sim {
             nodes,
             clients: Vec::new(),
             queue: BinaryHeap::new(),
+            ec_links: std::collections::HashMap::new(),
             bodies: Vec::new(),
             free: Vec::new(),
             order: 0,
@@ -540,7 +544,13 @@ impl Sim {
             return;
         }
         let span = self.network.max_delay_ms - self.network.min_delay_ms + 1;
-        let at_ms = self.now_ms + extra_ms + self.network.min_delay_ms + self.rng.below(span);
+        let mut at_ms = self.now_ms + extra_ms + self.network.min_delay_ms + self.rng.below(span);
+        if let (Message::Ec { group, from, .. }, Dest::Node(to), Some(c)) = (&env.msg, env.to, self.topology.shape.coding) {
+            // Kept in order on their link (lost ones leave a gap).
+            let last = self.ec_links.entry((c.node(*group, *from), to)).or_default();
+            at_ms = at_ms.max(*last);
+            *last = at_ms;
+        }
         self.enqueue_at(env, at_ms);
     }
 

@@ -14,7 +14,7 @@ use causeway_core::ring::{NodeId, Shape};
 use causeway_sim::workload::{run_site, seeds, Site};
 use causeway_sim::{Fsync, Network, Rng, Sim, FAILURE_TIMEOUT_MS};
 
-const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2 };
+const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2, coding: None };
 const NODES: u16 = 5;
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -10,7 +10,7 @@ use causeway_core::ring::Shape;
 use causeway_sim::workload::{run, seeds};
 use causeway_sim::{Network, Sim};
 
-const DEV: Shape = Shape { partitions: 8, replicas: 3, k: 2 };
+const DEV: Shape = Shape { partitions: 8, replicas: 3, k: 2, coding: None };
 
 #[test]
 fn causal_plus_with_delays_and_reordering() {
@@ -32,7 +32,7 @@ fn causal_plus_with_lost_messages() {
 
 #[test]
 fn longer_chains_on_a_larger_ring() {
-    let shape = Shape { partitions: 16, replicas: 5, k: 2 };
+    let shape = Shape { partitions: 16, replicas: 5, k: 2, coding: None };
     for seed in seeds(200..230) {
         let r = run(seed, shape, 7, Network { min_delay_ms: 0, max_delay_ms: 15, drop_rate: 0.01 }, 10, 2_000);
         assert!(r.completed > 100);
@@ -41,7 +41,7 @@ fn longer_chains_on_a_larger_ring() {
 
 #[test]
 fn single_node() {
-    let shape = Shape { partitions: 4, replicas: 1, k: 1 };
+    let shape = Shape { partitions: 4, replicas: 1, k: 1, coding: None };
     for seed in seeds(300..310) {
         let r = run(seed, shape, 1, Network::default(), 4, 1_000);
         assert_eq!(r.failed, 0);

@@ -81,7 +81,7 @@ fn judge(acked: &HashMap<Bytes, Version>, reads: &[Completed]) -> (Tally, Vec<St
 /// site 1 (with `dr`), reads of every key at site 1 through every node.
 /// Returns the tally and the stale reads.
 fn run(seed: u64, dr: bool) -> (Tally, Vec<String>) {
-    let shape = Shape { partitions: 8, replicas: 3, k: 2 };
+    let shape = Shape { partitions: 8, replicas: 3, k: 2, coding: None };
     let wan = Wan { delay_ms: vec![vec![0, 5], vec![5, 0]], jitter_ms: 3, drop_rate: 0.01 };
     let network = Network { min_delay_ms: 0, max_delay_ms: 2, drop_rate: 0.002 };
     let mut world = World::new(seed, 2, Replication::Causal, 4, shape, CLIENTS, network, wan);

@@ -151,7 +151,7 @@ impl goldenscript::Runner for Story {
             Command::Backup { nodes, replicas } => {
                 self.replicas = (0..*replicas).collect();
                 let infos = (0..*nodes).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-                let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3.min(*nodes as usize), k: 1 }, infos)?;
+                let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3.min(*nodes as usize), k: 1, coding: None }, infos)?;
                 t.admitted = (0..*nodes).map(|n| (n, 1)).collect();
                 self.topology = Some(t);
                 self.nodes = (0..*nodes).map(|n| (n, Dr::new(PAIR, 1, n, &self.replicas))).collect();

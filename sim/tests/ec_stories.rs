@@ -101,9 +101,10 @@ impl Story {
                 Out::Send { to, msg } => self.links.entry((slot, to)).or_default().push_back(msg),
                 Out::Reply { op, reply } => {
                     let what = match reply {
-                        Reply::Done => "done".to_string(),
+                        Reply::Done { version: Some(version), .. } => format!("done v{version}"),
+                        Reply::Done { version: None, .. } => "not written".to_string(),
                         Reply::Value(None) => "nil".to_string(),
-                        Reply::Value(Some(v)) => format!("{:?}", String::from_utf8_lossy(&v)),
+                        Reply::Value(Some((v, version))) => format!("{:?} v{version}", String::from_utf8_lossy(&v)),
                         Reply::NotHere => "not here".to_string(),
                     };
                     writeln!(text, "op {op}: {what}")?;
@@ -120,7 +121,7 @@ impl Story {
         let key = Bytes::from(key.to_string());
         let m = self.member(to)?;
         match value {
-            Some(v) => m.put(op, slot, key, v.map(|v| Bytes::from(v.to_string()))),
+            Some(v) => m.put(op, slot, key, v.map(|v| Bytes::from(v.to_string())), op),
             None => m.get(op, slot, key),
         }
         writeln!(text, "op {op} at member {to}")?;

@@ -116,7 +116,7 @@ impl Striking {
 /// Runs one schedule and checks it; returns the causal+ violations found
 /// (none but with the eventual baseline: the check fails the run).
 fn run(seed: u64, geo: &Geo) -> Vec<String> {
-    let shape = Shape { partitions: 8, replicas: 3, k: 2 };
+    let shape = Shape { partitions: 8, replicas: 3, k: 2, coding: None };
     let mut world = World::new(seed, SITES, geo.replication, 3, shape, CLIENTS, geo.network.clone(), geo.wan.clone());
     if let Some(tier) = geo.tier {
         world.sites = std::mem::take(&mut world.sites).into_iter().map(|s| s.with_tier(tier)).collect();
@@ -492,7 +492,7 @@ fn a_site_cut_off_catches_up() {
     const CUT_MS: u64 = 3_000;
     let clients = 8;
     for seed in seeds(0..1) {
-        let shape = Shape { partitions: 8, replicas: 3, k: 2 };
+        let shape = Shape { partitions: 8, replicas: 3, k: 2, coding: None };
         let mut world = World::new(seed, SITES, Replication::Causal, 3, shape, clients, Network::default(), Wan::paper(SITES));
         let mut rng = Rng::new(seed ^ 0xCA7C);
         let mut checker = CausalChecker::default();
@@ -654,7 +654,7 @@ fn a_straggler_partition_delays_remote_visibility() {
 /// The visibility tests' sites: links with no jitter (a write's extra
 /// delay is the protocol's alone).
 fn visibility_world(seed: u64, partitions: u32) -> World {
-    let shape = Shape { partitions, replicas: 3, k: 2 };
+    let shape = Shape { partitions, replicas: 3, k: 2, coding: None };
     let wan = Wan { jitter_ms: 0, ..Wan::paper(SITES) };
     // Hops inside a site as on a LAN (0-1 ms), far shorter than a tick.
     let lan = Network { min_delay_ms: 0, max_delay_ms: 1, drop_rate: 0.0 };
@@ -742,7 +742,7 @@ fn settle_and_check(world: &mut World, seed: u64, checker: &mut CausalChecker) {
 #[test]
 fn a_deleted_key_never_comes_back() {
     for seed in seeds(0..5) {
-        let shape = Shape { partitions: 4, replicas: 3, k: 2 };
+        let shape = Shape { partitions: 4, replicas: 3, k: 2, coding: None };
         let lan = Network { min_delay_ms: 0, max_delay_ms: 1, drop_rate: 0.0 };
         let mut world = World::new(seed, 2, Replication::Causal, 3, shape, 1, lan, Wan::paper(2));
         let key = Bytes::from("k");

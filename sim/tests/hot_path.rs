@@ -62,7 +62,7 @@ fn deep_pipelines_all_finish() {
 /// wait still.
 fn run(writes: usize, pipeline: usize) -> (u64, usize) {
     let infos: Vec<NodeInfo> = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-    let mut topology = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2 }, infos).expect("valid");
+    let mut topology = Topology::new(1, Shape { partitions: 64, replicas: 3, k: 2, coding: None }, infos).expect("valid");
     topology.admitted = (0..3).map(|id| (id, 1)).collect();
     let identity = |me: NodeId| Identity {
         me,

@@ -16,7 +16,7 @@ fn text(value: &Option<Bytes>) -> String {
     value.as_ref().map(|v| String::from_utf8_lossy(v).to_string()).unwrap_or_default()
 }
 
-const SHAPE: Shape = Shape { partitions: 8, replicas: 3, k: 2 };
+const SHAPE: Shape = Shape { partitions: 8, replicas: 3, k: 2, coding: None };
 const CLIENTS: usize = 6;
 
 fn history_through_repair(seed: u64, network: Network) {

@@ -11,7 +11,7 @@ use causeway_core::ring::Shape;
 use causeway_sim::workload::{run_site, seeds, Site};
 use causeway_sim::{Fsync, Network, Rng, Sim, FAILURE_TIMEOUT_MS};
 
-const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2 };
+const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2, coding: None };
 
 fn site(nodes: u16, fsync: Fsync) -> Site {
     Site {

@@ -8,7 +8,7 @@ use causeway_core::ring::{Shape, Topology};
 use causeway_sim::workload::{run_with_faults, seeds, Failure};
 use causeway_sim::{Network, Sim};
 
-const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2 };
+const SHAPE: Shape = Shape { partitions: 16, replicas: 3, k: 2, coding: None };
 
 #[derive(Clone, Copy, Debug)]
 enum Role {

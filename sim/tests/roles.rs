@@ -14,7 +14,7 @@ use causeway_core::ring::{NodeId, Shape, Topology};
 use causeway_sim::workload::{run_site, seeds, Site};
 use causeway_sim::{Fsync, Network, Sim};
 
-const SHAPE: Shape = Shape { partitions: 64, replicas: 3, k: 2 };
+const SHAPE: Shape = Shape { partitions: 64, replicas: 3, k: 2, coding: None };
 /// How long a paused process stays stopped.
 const PAUSE_MS: u64 = 3_000;
 /// A Raft election: how long the site has no coordinator leader once the

@@ -136,7 +136,7 @@ impl goldenscript::Runner for Scenario {
     fn run(&mut self, command: &Command, _: &goldenscript::Context) -> Result<String, Box<dyn Error>> {
         let mut out = String::new();
         if let Command::Site { nodes, replicas, k, partitions, fsync, seed } = command {
-            let shape = Shape { partitions: *partitions, replicas: *replicas, k: *k };
+            let shape = Shape { partitions: *partitions, replicas: *replicas, k: *k, coding: None };
             shape.validate(*nodes as usize)?;
             let mut sim = Sim::new(seed.unwrap_or(1), *nodes, shape, 0, Network::default()).with_coordinator();
             sim.fsync = match fsync.as_str() {

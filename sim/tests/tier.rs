@@ -17,7 +17,7 @@ use causeway_core::tier::CachePolicy;
 use causeway_sim::workload::{run_site, seeds, Site};
 use causeway_sim::{Fsync, Network, Rng, SimTier};
 
-const SHAPE: Shape = Shape { partitions: 8, replicas: 3, k: 2 };
+const SHAPE: Shape = Shape { partitions: 8, replicas: 3, k: 2, coding: None };
 const NODES: u16 = 4;
 
 /// What one run checked.

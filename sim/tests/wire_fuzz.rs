@@ -25,9 +25,12 @@ fn corpus() -> Vec<Vec<u8>> {
         local_dep: Timestamp::new(990, 0),
         expired: false,
     };
-    let topology =
-        Topology::new(4, Shape { partitions: 4, replicas: 2, k: 1 }, (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect())
-            .expect("valid");
+    let topology = Topology::new(
+        4,
+        Shape { partitions: 4, replicas: 2, k: 1, coding: None },
+        (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect(),
+    )
+    .expect("valid");
     let messages = vec![
         Message::Put(Box::new(Put {
             op,

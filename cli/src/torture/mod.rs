@@ -155,6 +155,7 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         replicas: 3.min(args.nodes as usize),
         k: 2.min(args.nodes as usize),
         partitions: args.partitions,
+        coding: None,
         data_dir: Some(dir.to_string_lossy().into_owned()),
         disk_tier: args.disk_tier.then(|| dir.join("tier").to_string_lossy().into_owned()),
         node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"]

@@ -23,7 +23,7 @@ fn take(out: &mut Outbox, to: Dest) -> Vec<Message> {
 /// chain's nodes head first, and their replicas.
 fn chain_of_three() -> (Topology, [NodeId; 3], [ChainReplica; 3]) {
     let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-    let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2 }, nodes).unwrap();
+    let t = Topology::new(1, Shape { partitions: 1, replicas: 3, k: 2, coding: None }, nodes).unwrap();
     let ids = <[NodeId; 3]>::try_from(t.chain(0).nodes.clone()).unwrap();
     let replicas = ids.map(|n| ChainReplica::new(&t, 0, n, 0).unwrap());
     (t, ids, replicas)

@@ -543,7 +543,7 @@ mod tests {
 
     fn site() -> Arc<Topology> {
         let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        Arc::new(Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2 }, nodes).unwrap())
+        Arc::new(Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2, coding: None }, nodes).unwrap())
     }
 
     #[test]
@@ -786,7 +786,7 @@ mod tests {
     #[test]
     fn a_write_whose_head_holds_no_replica_of_a_dependency_waits_for_it_first() {
         let nodes = (0..6).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let t = Arc::new(Topology::new(1, Shape { partitions: 16, replicas: 2, k: 1 }, nodes).unwrap());
+        let t = Arc::new(Topology::new(1, Shape { partitions: 16, replicas: 2, k: 1, coding: None }, nodes).unwrap());
         let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
         let holds = |a: &str, b: &str| t.chain(t.partition_of(b.as_bytes())).nodes.contains(&t.chain(t.partition_of(a.as_bytes())).head());
         let (a, b) = keys

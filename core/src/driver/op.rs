@@ -631,6 +631,9 @@ impl Op {
             Message::Refused { reason: Refusal::Disk(why), .. } => {
                 p.done = Some(Err(Error::Disk(why)));
             }
+            Message::Refused { reason: Refusal::Unsupported(why), .. } => {
+                p.done = Some(Err(Error::InvalidInput(why)));
+            }
             Message::Refused { reason: Refusal::Lost { key, missing }, .. } => {
                 // A tail may not have a write of the key that is on its
                 // way down the chain (say, the one that cleared it): the

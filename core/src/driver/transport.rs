@@ -128,7 +128,7 @@ mod tests {
 
     fn site() -> Arc<Topology> {
         let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        Arc::new(Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2 }, nodes).unwrap())
+        Arc::new(Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2, coding: None }, nodes).unwrap())
     }
 
     /// A read sent to a node that cannot be reached goes to another

@@ -40,7 +40,8 @@
 
 use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
-use crate::message::ec::{Diff, EcMsg, Loc, Slot, Stamp};
+use crate::message::ec::{Diff, EcMsg, Meta, Slot, Stamp};
+use crate::message::Condition;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -49,6 +50,11 @@ use std::sync::Arc;
 const BATCH: usize = 16;
 /// Background cuts in flight at once.
 const IN_FLIGHT: usize = 2;
+/// Ticks an update (or a preparation step) waits for its answers before it
+/// is sent again: a link that broke lost it.
+const RESEND_TICKS: u64 = 10;
+/// Ticks a page repair may take before it is given up and started again.
+const REPAIR_TICKS: u64 = 50;
 
 /// Who is alive in the group, as the coordinator decided at `epoch`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,9 +117,12 @@ pub enum Out {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
-    /// The write is committed: M+1 members hold it.
-    Done,
-    Value(Option<Bytes>),
+    /// The write is committed: M+1 members hold it (`None`: its condition
+    /// did not hold, or a DEL found nothing; nothing was written). `old`:
+    /// the value the key had, if asked for.
+    Done { version: Option<u64>, old: Option<Bytes> },
+    /// The value and its version, or nothing.
+    Value(Option<(Bytes, u64)>),
     /// This member does not serve that slot at its configuration.
     NotHere,
 }
@@ -133,7 +142,7 @@ pub struct Memory {
 }
 
 enum Req {
-    Put { op: u64, key: Bytes, value: Option<Bytes> },
+    Put { op: u64, key: Bytes, value: Option<Bytes>, version: u64, cond: Condition, get: bool },
     Get { op: u64, key: Bytes },
 }
 
@@ -142,8 +151,10 @@ struct Data {
     area: Area,
     free: Free,
     /// Committed places: what reads see.
-    index: HashMap<Bytes, Loc>,
+    index: HashMap<Bytes, Meta>,
     next: Stamp,
+    /// The last update sent (what a cut's marker names).
+    last: Stamp,
     pending: VecDeque<Pending>,
     /// Pages not repaired yet (a taken-over slot).
     missing: BTreeSet<u32>,
@@ -154,10 +165,16 @@ struct Data {
 struct Pending {
     stamp: Stamp,
     key: Bytes,
-    loc: Option<Loc>,
+    meta: Option<Meta>,
+    version: u64,
+    diffs: Vec<Diff>,
     /// Parity members that have not acknowledged yet.
     waiting: u64,
     op: u64,
+    /// The value the key had, if the request asked for it.
+    old: Option<Bytes>,
+    /// When it was last sent (ticks).
+    sent: u64,
 }
 
 /// A parity member's part.
@@ -167,18 +184,19 @@ struct Parity {
     /// Per data slot: its metadata as received, the last update received,
     /// the updates not committed yet, the end of its bytes, and the epoch
     /// below which its updates are refused.
-    index: Vec<HashMap<Bytes, Loc>>,
+    index: Vec<HashMap<Bytes, Meta>>,
     received: Vec<Stamp>,
     buffer: Vec<VecDeque<Buffered>>,
     extent: Vec<u64>,
     fence: Vec<u64>,
-    cuts: HashMap<u64, CutCopy>,
+    /// Copies at cuts, by (leader, epoch, id): two leaders' ids may meet.
+    cuts: HashMap<(Slot, u64, u64), CutCopy>,
 }
 
 struct Buffered {
     stamp: Stamp,
     key: Bytes,
-    old: Option<Loc>,
+    old: Option<Meta>,
     diffs: Vec<Diff>,
 }
 
@@ -187,10 +205,13 @@ struct CutCopy {
     epoch: u64,
     pages: Vec<u32>,
     bytes: Vec<Vec<u8>>,
-    /// Data slots whose marker has not arrived: their updates go into the
-    /// copy too.
-    waiting: BTreeSet<Slot>,
+    /// Per source data slot: `None` until its marker arrives, then the
+    /// last update it had sent. Its updates up to that one go into the copy
+    /// (those already received when the copy was taken are in it).
+    sources: BTreeMap<Slot, Option<Stamp>>,
     leader: Slot,
+    /// When the copy was taken (ticks), to give up on a lost cut.
+    since: u64,
 }
 
 /// The leader's preparation of lost slots.
@@ -200,6 +221,7 @@ struct Prep {
     received: BTreeMap<Slot, Vec<(Slot, Stamp)>>,
     stable: Option<Vec<(Slot, Stamp)>>,
     prepared: BTreeSet<Slot>,
+    since: u64,
 }
 
 /// A page repair in flight at the leader.
@@ -209,6 +231,7 @@ struct Repair {
     sources: Vec<Slot>,
     parity: Vec<Slot>,
     got: BTreeMap<Slot, Vec<Bytes>>,
+    since: u64,
 }
 
 pub struct Member {
@@ -222,6 +245,7 @@ pub struct Member {
     prep: Option<Prep>,
     repairs: BTreeMap<u64, Repair>,
     next_cut: u64,
+    ticks: u64,
     out: Vec<Out>,
 }
 
@@ -232,7 +256,7 @@ impl Member {
         let k = config.k as usize;
         let mut data = BTreeMap::new();
         let parity = if config.is_data(slot) {
-            data.insert(slot, Data::new(Stamp { epoch: 0, seq: 1 }));
+            data.insert(slot, Data::new(Stamp { epoch: 0, seq: 1 }, Stamp::default()));
             None
         } else {
             Some(Parity {
@@ -256,6 +280,7 @@ impl Member {
             prep: None,
             repairs: BTreeMap::new(),
             next_cut: 0,
+            ticks: 0,
             out: Vec::new(),
         }
     }
@@ -274,8 +299,18 @@ impl Member {
     }
 
     /// SET (`Some`) or DEL (`None`) of `key`, which belongs to data `slot`.
-    pub fn put(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>) {
-        self.request(slot, Req::Put { op, key, value });
+    /// Its version is `version`, or just above the key's current one if
+    /// that is not above it.
+    pub fn put(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>, version: u64) {
+        self.put_if(op, slot, key, value, version, Condition::Always, false);
+    }
+
+    /// `put` if `cond` holds (NX, XX, DEL's "if present"), answering the
+    /// value the key had with `get`. Decided against the committed state,
+    /// after the key's writes in flight commit: what reads see.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_if(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>, version: u64, cond: Condition, get: bool) {
+        self.request(slot, Req::Put { op, key, value, version, cond, get });
     }
 
     pub fn get(&mut self, op: u64, slot: Slot, key: Bytes) {
@@ -302,7 +337,7 @@ impl Member {
         let d = self.data.get_mut(&slot).expect("served slot");
         match req {
             Req::Get { op, key } => {
-                let Some(&loc) = d.index.get(&key) else {
+                let Some(&Meta { loc, version }) = d.index.get(&key) else {
                     return self.reply(op, Reply::Value(None));
                 };
                 let need: Vec<u32> = pages_of(loc).filter(|p| d.missing.contains(p)).collect();
@@ -312,19 +347,52 @@ impl Member {
                 }
                 let mut value = vec![0; loc.len as usize];
                 d.area.read(loc.at, &mut value);
-                self.reply(op, Reply::Value(Some(value.into())));
+                self.reply(op, Reply::Value(Some((value.into(), version))));
             }
-            Req::Put { op, key, value } => {
+            Req::Put { op, key, value, version, cond, get } => {
+                let current = d.index.get(&key).copied();
+                let conditional = cond != Condition::Always || get;
+                let mut need: Vec<u32> = Vec::new();
+                if get {
+                    need.extend(current.into_iter().flat_map(|m| pages_of(m.loc)).filter(|p| d.missing.contains(p)));
+                }
                 let loc = value.as_ref().map(|v| d.free.alloc(v.len() as u32));
-                let need: Vec<u32> = loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)).collect();
-                if !need.is_empty() || d.queue.iter().any(|(r, _)| req_key(r) == &key) {
-                    // Its bytes must be known before they can be diffed.
+                need.extend(loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)));
+                let behind = d.queue.iter().any(|(r, _)| req_key(r) == &key) || conditional && d.pending.iter().any(|p| p.key == key);
+                if !need.is_empty() || behind {
+                    // Its bytes must be known before they can be diffed; a
+                    // condition waits for the key's writes in flight.
                     if let Some(l) = loc {
                         d.free.free(l);
                     }
-                    d.queue.push_back((Req::Put { op, key, value }, need));
+                    d.queue.push_back((Req::Put { op, key, value, version, cond, get }, need));
                     return self.repair_soon();
                 }
+                let old = current.filter(|_| get).map(|m| {
+                    let mut v = vec![0; m.loc.len as usize];
+                    d.area.read(m.loc.at, &mut v);
+                    Bytes::from(v)
+                });
+                let holds = match cond {
+                    Condition::Always => true,
+                    Condition::IfAbsent => current.is_none(),
+                    Condition::IfPresent => current.is_some(),
+                    // Expiry's conditions: no expiry here (refused before).
+                    _ => false,
+                };
+                if !holds || value.is_none() && current.is_none() {
+                    if let Some(l) = loc {
+                        d.free.free(l);
+                    }
+                    // Nothing to write: a DEL of a missing key, or a
+                    // condition that does not hold.
+                    let version = (holds && value.is_none()).then_some(version);
+                    return self.reply(op, Reply::Done { version, old });
+                }
+                // Versions of a key only grow, whatever the caller's clock.
+                let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key).map(|m| m.version));
+                let version = newest.map_or(version, |n| version.max(n + 1));
+                let meta = loc.map(|loc| Meta { loc, version });
                 let mut diffs = Vec::new();
                 if let (Some(l), Some(v)) = (loc, &value) {
                     let mut diff = vec![0; v.len()];
@@ -337,10 +405,21 @@ impl Member {
                 }
                 let stamp = d.next;
                 d.next.seq += 1;
+                d.last = stamp;
                 let waiting = self.config.parity_mask();
-                d.pending.push_back(Pending { stamp, key: key.clone(), loc, waiting, op });
+                d.pending.push_back(Pending {
+                    stamp,
+                    key: key.clone(),
+                    meta,
+                    version,
+                    diffs: diffs.clone(),
+                    waiting,
+                    op,
+                    old,
+                    sent: self.ticks,
+                });
                 for p in self.config.live_parity().collect::<Vec<_>>() {
-                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), loc, diffs: diffs.clone() };
+                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, diffs: diffs.clone() };
                     self.out.push(Out::Send { to: p, msg });
                 }
                 self.try_commit(slot);
@@ -355,26 +434,29 @@ impl Member {
         let mut last = None;
         while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
             let p = d.pending.pop_front().expect("front");
-            let old = match p.loc {
-                Some(l) => d.index.insert(p.key, l),
+            let old = match p.meta {
+                Some(m) => d.index.insert(p.key, m),
                 None => d.index.remove(&p.key),
             };
             if let Some(old) = old {
-                d.free.free(old);
+                d.free.free(old.loc);
             }
-            self.out.push(Out::Reply { op: p.op, reply: Reply::Done });
+            self.out.push(Out::Reply { op: p.op, reply: Reply::Done { version: Some(p.version), old: p.old } });
             last = Some(p.stamp);
         }
         if let Some(stamp) = last {
             for p in self.config.live_parity().collect::<Vec<_>>() {
                 self.out.push(Out::Send { to: p, msg: EcMsg::Commit { slot, stamp } });
             }
+            if self.data.get(&slot).is_some_and(|d| !d.queue.is_empty()) {
+                self.retry_queue(slot);
+            }
         }
     }
 
     pub fn step(&mut self, from: Slot, msg: EcMsg) {
         match msg {
-            EcMsg::Update { slot, stamp, key, loc, diffs } => self.on_update(from, slot, stamp, key, loc, diffs),
+            EcMsg::Update { slot, stamp, key, meta, diffs } => self.on_update(from, slot, stamp, key, meta, diffs),
             EcMsg::Ack { slot, stamp } => {
                 if let Some(d) = self.data.get_mut(&slot) {
                     if let Some(p) = d.pending.iter_mut().find(|p| p.stamp == stamp) {
@@ -412,32 +494,44 @@ impl Member {
                 }
             }
             EcMsg::Cut { epoch, id, pages, sources, parity, leader } => self.on_cut(epoch, id, pages, sources, parity, leader),
-            EcMsg::Marker { epoch, id, slot, pages, sources, leader } => self.on_marker(epoch, id, slot, pages, sources, leader),
+            EcMsg::Marker { epoch, id, slot, through, pages, sources, leader } => {
+                self.on_marker(epoch, id, slot, through, pages, sources, leader)
+            }
             EcMsg::Pages { epoch, id, slot, pages } => self.on_pages(epoch, id, slot, pages),
         }
     }
 
-    fn on_update(&mut self, from: Slot, slot: Slot, stamp: Stamp, key: Bytes, loc: Option<Loc>, diffs: Vec<Diff>) {
+    fn on_update(&mut self, from: Slot, slot: Slot, stamp: Stamp, key: Bytes, meta: Option<Meta>, diffs: Vec<Diff>) {
         let code = self.code.clone();
         let Some(par) = &mut self.parity else { return };
         let i = slot as usize;
-        if stamp.epoch < par.fence[i] || stamp <= par.received[i] {
-            return; // from a member that lost the slot, or a duplicate
+        if stamp.epoch < par.fence[i] {
+            return; // from a member that lost the slot
+        }
+        if stamp <= par.received[i] {
+            // A resend: its ack was lost.
+            return self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
+        }
+        let last = par.received[i];
+        let next = if stamp.epoch == last.epoch { stamp.seq == last.seq + 1 } else { stamp.seq == 1 };
+        if !next {
+            return; // one before it was lost on the way: it comes again
         }
         for d in &diffs {
             par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
             par.extent[i] = par.extent[i].max(d.at + d.bytes.len() as u64);
-            for copy in par.cuts.values_mut().filter(|c| c.waiting.contains(&slot)) {
+            for copy in par.cuts.values_mut().filter(|c| c.takes(slot, stamp)) {
                 copy.add(&code, par.j, i, d);
             }
         }
-        let old = match loc {
-            Some(l) => par.index[i].insert(key.clone(), l),
+        let old = match meta {
+            Some(m) => par.index[i].insert(key.clone(), m),
             None => par.index[i].remove(&key),
         };
         par.received[i] = stamp;
         par.buffer[i].push_back(Buffered { stamp, key, old, diffs });
         self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
+        self.finish_cuts();
     }
 
     fn on_stable(&mut self, from: Slot, epoch: u64, stamps: Vec<(Slot, Stamp)>) {
@@ -455,7 +549,7 @@ impl Member {
                     par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
                 }
                 match b.old {
-                    Some(l) => par.index[i].insert(b.key, l),
+                    Some(m) => par.index[i].insert(b.key, m),
                     None => par.index[i].remove(&b.key),
                 };
             }
@@ -499,8 +593,9 @@ impl Member {
             let index = par.index[s as usize].clone();
             let extent = par.extent[s as usize];
             let pages = extent.div_ceil(PAGE as u64) as u32;
-            let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 });
-            d.free = Free::rebuild(index.values().copied().collect(), extent);
+            let stable = prep.stable.as_ref().and_then(|st| st.iter().find(|(x, _)| *x == s)).map(|(_, t)| *t).unwrap_or_default();
+            let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 }, stable);
+            d.free = Free::rebuild(index.values().map(|m| m.loc).collect(), extent);
             d.index = index;
             d.missing = (0..pages).collect();
             self.data.insert(s, d);
@@ -540,11 +635,42 @@ impl Member {
         for p in self.config.live_parity().collect::<Vec<_>>() {
             self.out.push(Out::Send { to: p, msg: EcMsg::Prepare { epoch, slots: slots.clone() } });
         }
-        self.prep = Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, prepared: BTreeSet::new() });
+        self.prep = Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, prepared: BTreeSet::new(), since: self.ticks });
     }
 
-    /// Time passes: background repair.
+    /// Time passes: what went unanswered is sent again, lost repairs start
+    /// again, and the background repair goes on.
     pub fn tick(&mut self) {
+        self.ticks += 1;
+        let now = self.ticks;
+        let mask = self.config.parity_mask();
+        for (&slot, d) in self.data.iter_mut() {
+            if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_TICKS) {
+                for p in d.pending.iter_mut() {
+                    p.sent = now;
+                    for to in (0..64).filter(|b| p.waiting & mask & (1 << b) != 0) {
+                        let msg = EcMsg::Update { slot, stamp: p.stamp, key: p.key.clone(), meta: p.meta, diffs: p.diffs.clone() };
+                        self.out.push(Out::Send { to, msg });
+                    }
+                }
+            }
+        }
+        let live: Vec<Slot> = self.config.live_parity().collect();
+        if let Some(prep) = self.prep.as_mut().filter(|p| now - p.since >= RESEND_TICKS) {
+            prep.since = now;
+            for &p in &live {
+                let msg = match &prep.stable {
+                    None if !prep.received.contains_key(&p) => EcMsg::Prepare { epoch: prep.epoch, slots: prep.slots.clone() },
+                    Some(stable) if !prep.prepared.contains(&p) => EcMsg::Stable { epoch: prep.epoch, stamps: stable.clone() },
+                    _ => continue,
+                };
+                self.out.push(Out::Send { to: p, msg });
+            }
+        }
+        self.repairs.retain(|_, r| now - r.since < REPAIR_TICKS);
+        if let Some(par) = &mut self.parity {
+            par.cuts.retain(|_, c| now - c.since < REPAIR_TICKS);
+        }
         self.repair(true);
     }
 
@@ -620,7 +746,7 @@ impl Member {
                 self.out.push(Out::Send { to: p, msg });
             }
         }
-        self.repairs.insert(id, Repair { pages, lost, sources, parity, got: BTreeMap::new() });
+        self.repairs.insert(id, Repair { pages, lost, sources, parity, got: BTreeMap::new(), since: self.ticks });
         true
     }
 
@@ -628,37 +754,57 @@ impl Member {
     /// updates already sent. At a parity member with no source: the copy.
     fn on_cut(&mut self, epoch: u64, id: u64, pages: Vec<u32>, sources: Vec<Slot>, parity: Vec<Slot>, leader: Slot) {
         if sources.is_empty() {
-            return self.on_marker(epoch, id, Slot::MAX, pages, sources, leader);
+            return self.on_marker(epoch, id, Slot::MAX, Stamp::default(), pages, sources, leader);
         }
         for &s in &sources {
             let Some(d) = self.data.get(&s) else { continue };
             let bytes = pages.iter().map(|&p| Bytes::from(d.area.page(p))).collect();
+            let through = d.last;
             self.out.push(Out::Send { to: leader, msg: EcMsg::Pages { epoch, id, slot: s, pages: bytes } });
             for &p in &parity {
-                let msg = EcMsg::Marker { epoch, id, slot: s, pages: pages.clone(), sources: sources.clone(), leader };
+                let msg = EcMsg::Marker { epoch, id, slot: s, through, pages: pages.clone(), sources: sources.clone(), leader };
                 self.out.push(Out::Send { to: p, msg });
             }
         }
     }
 
-    fn on_marker(&mut self, epoch: u64, id: u64, slot: Slot, pages: Vec<u32>, sources: Vec<Slot>, leader: Slot) {
-        let me = self.slot;
+    #[allow(clippy::too_many_arguments)]
+    fn on_marker(&mut self, epoch: u64, id: u64, slot: Slot, through: Stamp, pages: Vec<u32>, sources: Vec<Slot>, leader: Slot) {
+        let ticks = self.ticks;
         let Some(par) = &mut self.parity else { return };
         if epoch < self.config.epoch {
             return;
         }
-        let copy = par.cuts.entry(id).or_insert_with(|| CutCopy {
+        let copy = par.cuts.entry((leader, epoch, id)).or_insert_with(|| CutCopy {
             epoch,
             bytes: pages.iter().map(|&p| par.area.page(p)).collect(),
             pages,
-            waiting: sources.into_iter().collect(),
+            sources: sources.into_iter().map(|s| (s, None)).collect(),
             leader,
+            since: ticks,
         });
-        copy.waiting.remove(&slot);
-        if copy.waiting.is_empty() {
-            let copy = par.cuts.remove(&id).expect("copy");
+        if let Some(t) = copy.sources.get_mut(&slot) {
+            *t = Some(through);
+        }
+        self.finish_cuts();
+    }
+
+    /// Sends every copy whose sources' updates up to their markers are all
+    /// in.
+    fn finish_cuts(&mut self) {
+        let me = self.slot;
+        let Some(par) = &mut self.parity else { return };
+        let done: Vec<(Slot, u64, u64)> = par
+            .cuts
+            .iter()
+            .filter(|(_, c)| c.sources.iter().all(|(&s, t)| t.is_some_and(|t| par.received[s as usize] >= t)))
+            .map(|(&key, _)| key)
+            .collect();
+        for key in done {
+            let copy = par.cuts.remove(&key).expect("copy");
+            let id = key.2;
             let pages = copy.bytes.into_iter().map(Bytes::from).collect();
-            self.out.push(Out::Send { to: copy.leader, msg: EcMsg::Pages { epoch, id, slot: me, pages } });
+            self.out.push(Out::Send { to: copy.leader, msg: EcMsg::Pages { epoch: copy.epoch, id, slot: me, pages } });
         }
     }
 
@@ -725,12 +871,14 @@ impl Member {
         }
     }
 
-    /// True once every served slot has all its pages and nothing waits.
+    /// True once every served slot has all its pages and nothing waits on
+    /// time. (A parity member may still buffer updates whose commit was
+    /// lost on the way: the slot's next commit covers them.)
     pub fn settled(&self) -> bool {
         self.prep.is_none()
             && self.held.is_empty()
             && self.data.values().all(|d| d.missing.is_empty() && d.queue.is_empty() && d.pending.is_empty())
-            && self.parity.as_ref().is_none_or(|p| p.buffer.iter().all(|b| b.is_empty()) && p.cuts.is_empty())
+            && self.parity.as_ref().is_none_or(|p| p.cuts.is_empty())
     }
 
     /// The committed keys of data slot `slot` served here.
@@ -744,7 +892,8 @@ impl Member {
     pub fn status(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for (slot, d) in &self.data {
-            let mut keys: Vec<String> = d.index.iter().map(|(k, l)| format!("{}@{}+{}", String::from_utf8_lossy(k), l.at, l.len)).collect();
+            let mut keys: Vec<String> =
+                d.index.iter().map(|(k, m)| format!("{}@{}+{}", String::from_utf8_lossy(k), m.loc.at, m.loc.len)).collect();
             keys.sort();
             let mut line = format!("slot {slot}: {}", if keys.is_empty() { "no keys".into() } else { keys.join(" ") });
             if !d.pending.is_empty() {
@@ -790,12 +939,13 @@ impl Member {
 }
 
 impl Data {
-    fn new(next: Stamp) -> Data {
+    fn new(next: Stamp, last: Stamp) -> Data {
         Data {
             area: Area::default(),
             free: Free::default(),
             index: HashMap::new(),
             next,
+            last,
             pending: VecDeque::new(),
             missing: BTreeSet::new(),
             queue: VecDeque::new(),
@@ -804,6 +954,11 @@ impl Data {
 }
 
 impl CutCopy {
+    /// Whether an update of `slot` stamped `stamp` belongs in the copy.
+    fn takes(&self, slot: Slot, stamp: Stamp) -> bool {
+        self.sources.get(&slot).is_some_and(|t| t.is_none_or(|t| stamp <= t))
+    }
+
     /// Adds data slot i's diff to the copied pages it touches.
     fn add(&mut self, code: &Code, j: usize, i: usize, d: &Diff) {
         super::area::each_page(d.at, d.bytes.len(), |page, off, range| {

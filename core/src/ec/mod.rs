@@ -12,6 +12,8 @@
 //!   (data member -> parity members -> commit) and the online recovery of
 //!   a lost data member, led by a parity member (preparation, then page
 //!   repair at consistent cuts, on demand and in the background).
+//! * `site`: the groups of a site (`ring::Coding`) and a node's members of
+//!   them, as one `Engine` the node drives.
 //!
 //! What the group does not decide: who is alive. That comes in as a
 //! `Config` (the coordinator's, or the simulator's), each change with a new
@@ -20,6 +22,7 @@
 pub mod area;
 pub mod code;
 pub mod member;
+pub mod site;
 
 pub use crate::message::ec::{EcMsg, Loc, Slot, Stamp};
 pub use member::{Config, Member, Memory, Out, Reply};

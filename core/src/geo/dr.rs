@@ -476,7 +476,7 @@ mod tests {
 
     fn topology(nodes: u16) -> Topology {
         let infos = (0..nodes).map(|i| NodeInfo { id: i, addr: format!("n{i}") }).collect();
-        let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2 }, infos).unwrap();
+        let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3, k: 2, coding: None }, infos).unwrap();
         t.admitted = (0..nodes).map(|i| (i, 1)).collect();
         t
     }

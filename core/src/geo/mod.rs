@@ -955,7 +955,7 @@ mod tests {
     /// replicas (node 0 leads), and node `me`'s part in it.
     fn site(partitions: u32, me: NodeId) -> (Topology, Geo) {
         let nodes = (0..3).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
-        let mut topology = Topology::new(1, Shape { partitions, replicas: 3, k: 2 }, nodes).unwrap();
+        let mut topology = Topology::new(1, Shape { partitions, replicas: 3, k: 2, coding: None }, nodes).unwrap();
         topology.admitted = (0..3).map(|n| (n, 1)).collect();
         let mut geo = Geo::new(0, &[0, 1], me, &[0, 1, 2], partitions, Replication::Causal);
         geo.configure(&topology, 0);

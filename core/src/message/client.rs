@@ -207,6 +207,8 @@ pub enum Refusal {
     /// After a failover (`geo::dr`): the primary site acknowledged a write
     /// of `key`, `missing`, whose value never arrived here.
     Lost { key: Bytes, missing: Version },
+    /// Not done with this site's redundancy mode (why).
+    Unsupported(String),
 }
 
 /// `ack_at` for a write answered only by the tail (linearizable): a

@@ -25,6 +25,15 @@ pub struct Loc {
     pub len: u32,
 }
 
+/// A key's metadata: where its value lies and the caller's word for its
+/// version (a node keeps its hybrid timestamp there). Replicated at every
+/// parity member; never erasure-coded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    pub loc: Loc,
+    pub version: u64,
+}
+
 /// `old ^ new` for the bytes at `at` of a data slot's area: a parity
 /// member adds `coefficient * bytes` to its parity at the same offset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,14 +44,14 @@ pub struct Diff {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EcMsg {
-    /// Data slot `slot` wrote `key` (at `loc`, or deleted it with `None`):
+    /// Data slot `slot` wrote `key` (`meta`, or deleted it with `None`):
     /// its area changed by `diffs`. The parity member applies the diffs at
     /// once, keeps the update until it is committed, and acknowledges.
     Update {
         slot: Slot,
         stamp: Stamp,
         key: Bytes,
-        loc: Option<Loc>,
+        meta: Option<Meta>,
         diffs: Vec<Diff>,
     },
     Ack {
@@ -86,12 +95,13 @@ pub enum EcMsg {
         parity: Vec<Slot>,
         leader: Slot,
     },
-    /// The data slot `slot`'s updates before this point are in the pages it
+    /// The data slot `slot`'s updates through `through` are in the pages it
     /// sent for cut `id`; those after it are not.
     Marker {
         epoch: u64,
         id: u64,
         slot: Slot,
+        through: Stamp,
         pages: Vec<u32>,
         sources: Vec<Slot>,
         leader: Slot,

@@ -294,6 +294,19 @@ pub enum Message {
 
     // ---- geo-replication (between sites, and inside one for geo) --------
     Geo(Box<GeoMsg>),
+    /// A message of erasure-coded group `group` from its member at slot
+    /// `from` (`ec`).
+    Ec {
+        group: u16,
+        from: u8,
+        msg: Box<ec::EcMsg>,
+    },
+    /// Erasure coding: which incarnation of the receiver the sender's
+    /// groups hold, and the nodes it knows lost (`ec::site`).
+    EcHello {
+        yours: u64,
+        lost: Vec<NodeId>,
+    },
 }
 
 impl Message {
@@ -365,7 +378,9 @@ impl Message {
             | Reconfigure { .. }
             | Heartbeat { .. }
             | Lease { .. }
-            | Geo(_) => None,
+            | Geo(_)
+            | Ec { .. }
+            | EcHello { .. } => None,
         }
     }
 

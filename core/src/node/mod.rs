@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 mod coalesce;
+mod ec;
 mod geo;
 mod memory;
 mod put;
@@ -174,6 +175,9 @@ pub struct Node {
     /// The disk tier, if the node has one (`tier`).
     tier: Option<Box<tier::NodeTier>>,
     touched: Vec<PartitionId>,
+    /// An erasure-coded site (`Shape::coding`): this node's members of its
+    /// groups (`ec`).
+    ec: Option<Box<crate::ec::site::Engine<Message>>>,
 }
 
 impl Node {
@@ -209,7 +213,13 @@ impl Node {
             memory: memory::Memory::default(),
             tier: None,
             touched: Vec::new(),
+            ec: None,
         };
+        if let Some(coding) = node.topology.shape.coding {
+            let engine = crate::ec::site::Engine::new(node.id.me, node.id.incarnation, coding).expect("a validated shape");
+            node.ec = Some(Box::new(engine));
+            node.ec_configure(&mut Outbox::new());
+        }
         if node.id.sites.len() > 1 {
             let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32, node.id.replication);
             if let Some(pair) = node.id.dr {
@@ -401,6 +411,7 @@ impl Node {
             let topology = (*self.topology).clone();
             return send(out, Dest::Client(op.client), Message::TopologyIs { op, topology: Box::new(topology) });
         }
+        let Some(msg) = self.ec_step(msg, now, out) else { return };
         if !self.admitted {
             // Not serving yet: requests go elsewhere (or wait), chain
             // traffic is resent once this node serves.
@@ -564,6 +575,8 @@ impl Node {
                 send(out, Dest::Client(op.client), Message::SiteTimeIs { op, site: self.id.site, site_time });
             }
             Message::Heartbeat(_) | Message::Reconfigure { .. } | Message::GetTopology { .. } => {}
+            // Handled before (`ec_step`); without groups, nothing to do.
+            Message::Ec { .. } | Message::EcHello { .. } => {}
             // Replies are for clients, never for nodes.
             Message::PutDone { .. }
             | Message::Value { .. }
@@ -629,6 +642,7 @@ impl Node {
             self.expire_puts(now_ms);
             self.geo_tick(now_ms, out);
         }
+        self.ec_tick(now_ms, out);
         self.defer_chain_traffic(out, at);
         self.flush(now_ms, out);
         let due = |last: Option<u64>, every: u64| last.is_none_or(|at| now.mono_ms.saturating_sub(at) + EARLY_MS >= every);
@@ -653,6 +667,7 @@ impl Node {
     /// as long as a step does not make it busy again.
     pub fn idle(&self) -> bool {
         self.geo.as_ref().is_none_or(Geo::idle)
+            && self.ec.as_ref().is_none_or(|e| e.idle())
             && !self.evicting()
             && self.parked.is_empty()
             && self.waiting.is_empty()
@@ -882,6 +897,7 @@ impl Node {
         self.geo_replicas(out);
         self.wake_parked(out);
         self.refuse_parked_puts(out);
+        self.ec_configure(out);
     }
 
     /// Sends `reply` once every (partition, seq) in `needs` is durable here
@@ -981,7 +997,8 @@ mod tests {
     #[test]
     fn a_tick_a_little_early_still_heartbeats() {
         let topology =
-            Topology::new(1, Shape { partitions: 4, replicas: 1, k: 1 }, vec![NodeInfo { id: 0, addr: "n0".into() }]).expect("valid");
+            Topology::new(1, Shape { partitions: 4, replicas: 1, k: 1, coding: None }, vec![NodeInfo { id: 0, addr: "n0".into() }])
+                .expect("valid");
         let id = Identity {
             me: 0,
             site: 0,
@@ -1003,7 +1020,8 @@ mod tests {
     /// A one-node site (R=1) of 4 partitions, serving.
     fn lone_node() -> Node {
         let mut topology =
-            Topology::new(1, Shape { partitions: 4, replicas: 1, k: 1 }, vec![NodeInfo { id: 0, addr: "n0".into() }]).expect("valid");
+            Topology::new(1, Shape { partitions: 4, replicas: 1, k: 1, coding: None }, vec![NodeInfo { id: 0, addr: "n0".into() }])
+                .expect("valid");
         topology.admitted.insert(0, 1);
         let id = Identity {
             me: 0,

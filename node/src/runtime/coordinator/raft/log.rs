@@ -371,7 +371,7 @@ mod tests {
 
     fn topology(epoch: u64) -> Topology {
         let nodes = (1..=3).map(|id| NodeInfo { id, addr: format!("127.0.0.1:{}", 7000 + id) }).collect();
-        Topology::new(epoch, Shape { partitions: 8, replicas: 3, k: 2 }, nodes).unwrap()
+        Topology::new(epoch, Shape { partitions: 8, replicas: 3, k: 2, coding: None }, nodes).unwrap()
     }
 
     /// Entries `from..=to` of `term`: a membership entry at index 0, then

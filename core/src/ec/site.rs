@@ -1,0 +1,329 @@
+//! Erasure-coded groups in a site (`--redundancy ec:K+M`): which nodes form
+//! which groups, and this node's members of them (`Engine`).
+//!
+//! Layout (`ring::Coding`, the paper's interleaved layout): a site of exactly N = K+M
+//! nodes, ids 0..N, has N groups; slot s of group g is node (g + s) % N, so
+//! every node is a data member of K groups and a parity member of M, and
+//! all do the same work. Partition p belongs to group p % N, data slot
+//! (p / N) % K.
+//!
+//! Who is alive: the group forms when the coordinator's configuration first
+//! admits all N nodes; each node's incarnation then is its member's. A
+//! node removed by the coordinator, or admitted again as another
+//! incarnation (a restart: its memory is gone), is lost for good: a
+//! replacement rebuilt by decoding is not built yet. Every engine tells the
+//! others, once a second, which nodes it knows lost and which incarnation it
+//! holds for them (`Hello`): a node serves its own slots only after a peer
+//! has confirmed its incarnation, so a restarted process never serves the
+//! empty member it came back with, and a node that learns it was declared
+//! lost (it was paused, say) stops serving. The configuration's epoch is 1
+//! + the number of lost nodes: the same at every node for the same losses.
+
+use super::code::Code;
+use super::member::{Config, Member, Out, Reply};
+use crate::message::ec::{EcMsg, Slot};
+use crate::message::Condition;
+use crate::ring::{Coding, NodeId, PartitionId, Topology};
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// How often an engine tells its peers what it knows.
+pub const HELLO_MS: u64 = 1_000;
+
+/// What the engine wants done: a message to a peer (an EC message of a
+/// group, or a client request passed on to the node serving it), or an
+/// answer to a client request it took.
+#[derive(Debug)]
+pub enum Action<R> {
+    Send {
+        to: NodeId,
+        group: u16,
+        from: Slot,
+        msg: EcMsg,
+    },
+    Hello {
+        to: NodeId,
+        yours: u64,
+        lost: Vec<NodeId>,
+    },
+    /// Pass the request on to the node serving its slot.
+    Forward {
+        to: NodeId,
+        request: R,
+    },
+    Answer {
+        request: R,
+        reply: Reply,
+    },
+    /// Nobody can serve it now (more than M members lost, or this node is
+    /// not confirmed and does not know who serves).
+    Unavailable {
+        request: R,
+    },
+}
+
+pub struct Engine<R> {
+    me: NodeId,
+    incarnation: u64,
+    coding: Coding,
+    code: Arc<Code>,
+    /// One member per group (this node's slot in each).
+    members: Vec<Member>,
+    /// The incarnation of each node when the group formed.
+    formed: Option<BTreeMap<NodeId, u64>>,
+    lost: BTreeSet<NodeId>,
+    /// A peer has confirmed this node's incarnation.
+    confirmed: bool,
+    epoch: u64,
+    tickets: HashMap<u64, R>,
+    next_ticket: u64,
+    last_hello_ms: Option<u64>,
+    actions: Vec<Action<R>>,
+}
+
+impl<R> std::fmt::Debug for Engine<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("me", &self.me).field("epoch", &self.epoch).field("lost", &self.lost).finish_non_exhaustive()
+    }
+}
+
+impl<R> Engine<R> {
+    pub fn new(me: NodeId, incarnation: u64, coding: Coding) -> Result<Engine<R>, String> {
+        let code = Arc::new(Code::new(coding.data as usize, coding.parity as usize)?);
+        let config = Config::new(coding.data, coding.parity);
+        let members = (0..coding.nodes()).map(|g| Member::new(coding.slot(g, me), code.clone(), config.clone())).collect();
+        Ok(Engine {
+            me,
+            incarnation,
+            coding,
+            code,
+            members,
+            formed: None,
+            lost: BTreeSet::new(),
+            confirmed: false,
+            epoch: 1,
+            tickets: HashMap::new(),
+            next_ticket: 0,
+            last_hello_ms: None,
+            actions: Vec::new(),
+        })
+    }
+
+    pub fn coding(&self) -> Coding {
+        self.coding
+    }
+
+    /// Takes what the engine wants done.
+    pub fn drain(&mut self) -> Vec<Action<R>> {
+        std::mem::take(&mut self.actions)
+    }
+
+    fn alive(&self, node: NodeId) -> bool {
+        self.formed.is_some() && !self.lost.contains(&node) && (node != self.me || self.confirmed)
+    }
+
+    /// The coordinator's new configuration: forms the groups, or marks
+    /// removed and restarted nodes lost.
+    pub fn topology(&mut self, t: &Topology) {
+        let n = self.coding.nodes();
+        if self.formed.is_none() {
+            if (0..n).all(|id| t.admitted.contains_key(&id) && t.node(id).is_some()) {
+                self.formed = Some((0..n).map(|id| (id, t.admitted[&id])).collect());
+            } else {
+                return;
+            }
+        }
+        let formed = self.formed.as_ref().expect("formed");
+        let gone: Vec<NodeId> =
+            (0..n).filter(|id| t.node(*id).is_none() || t.admitted.get(id).is_some_and(|i| Some(i) != formed.get(id))).collect();
+        if formed.get(&self.me) != Some(&self.incarnation) {
+            // The group formed with another process on this node.
+            self.lost.insert(self.me);
+        }
+        self.lose(gone);
+    }
+
+    fn lose(&mut self, nodes: Vec<NodeId>) {
+        let before = self.lost.len();
+        self.lost.extend(nodes.into_iter().filter(|&id| id < self.coding.nodes()));
+        if self.lost.len() != before {
+            self.reconfigure();
+        }
+    }
+
+    /// Every member's configuration from who is alive now.
+    fn reconfigure(&mut self) {
+        let dead = (0..self.coding.nodes()).filter(|&id| !self.alive(id)).count() as u64;
+        self.epoch = 1 + dead;
+        for g in 0..self.coding.nodes() {
+            let alive = (0..self.coding.nodes() as Slot).map(|s| self.alive(self.coding.node(g, s))).collect();
+            let config = Config { epoch: self.epoch, k: self.coding.data, m: self.coding.parity, alive };
+            self.members[g as usize].reconfigure(config);
+            self.collect(g);
+        }
+    }
+
+    /// A peer's hello: which incarnation it holds for this node, which
+    /// nodes it knows lost.
+    pub fn hello(&mut self, yours: u64, lost: Vec<NodeId>) {
+        if lost.contains(&self.me) || yours != self.incarnation {
+            self.lost.insert(self.me);
+        } else if !self.confirmed && self.formed.is_some() && !self.lost.contains(&self.me) {
+            self.confirmed = true;
+            // Alive again in its own eyes: a new epoch for nobody else.
+            self.reconfigure_self_confirmed();
+        }
+        self.lose(lost);
+    }
+
+    fn reconfigure_self_confirmed(&mut self) {
+        // Until confirmed, this node counted itself dead; now the epoch is
+        // what everybody else has.
+        self.members = (0..self.coding.nodes())
+            .map(|g| {
+                let alive = (0..self.coding.nodes() as Slot).map(|s| self.alive(self.coding.node(g, s))).collect();
+                let dead = (0..self.coding.nodes()).filter(|&id| !self.alive(id)).count() as u64;
+                let config = Config { epoch: 1 + dead, k: self.coding.data, m: self.coding.parity, alive };
+                Member::new(self.coding.slot(g, self.me), self.code.clone(), config)
+            })
+            .collect();
+        self.epoch = 1 + (0..self.coding.nodes()).filter(|&id| !self.alive(id)).count() as u64;
+    }
+
+    /// A client request for `key` of `partition`: served here, or passed on
+    /// to the node serving its data slot. `write`: `None` for a read, else
+    /// the value (`None` to delete), its condition and whether the answer
+    /// carries the old value; at `version`.
+    pub fn request(
+        &mut self,
+        request: R,
+        partition: PartitionId,
+        key: Bytes,
+        write: Option<(Option<Bytes>, Condition, bool)>,
+        version: u64,
+    ) {
+        let (group, slot) = self.coding.place(partition);
+        let config = self.members[group as usize].config().clone();
+        if self.formed.is_none() || !self.confirmed && !self.lost.contains(&self.me) {
+            // Not a member yet: no peer has confirmed this process is the
+            // one the groups formed with.
+            return self.actions.push(Action::Unavailable { request });
+        }
+        let Some(acting) = config.acting(slot) else {
+            return self.actions.push(Action::Unavailable { request });
+        };
+        let node = self.coding.node(group, acting);
+        if node != self.me {
+            return self.actions.push(Action::Forward { to: node, request });
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(ticket, request);
+        let member = &mut self.members[group as usize];
+        match write {
+            Some((value, cond, get)) => member.put_if(ticket, slot, key, value, version, cond, get),
+            None => member.get(ticket, slot, key),
+        }
+        self.collect(group);
+    }
+
+    /// A message of group `group` from its member at slot `from`.
+    pub fn step(&mut self, group: u16, from: Slot, msg: EcMsg) {
+        if !self.alive(self.me) || group >= self.coding.nodes() {
+            return; // not a member (yet, or any more): say nothing
+        }
+        self.members[group as usize].step(from, msg);
+        self.collect(group);
+    }
+
+    /// Time passes: background repair, and the hello when it is due.
+    pub fn tick(&mut self, now_ms: u64) {
+        if self.formed.is_none() {
+            return;
+        }
+        if self.alive(self.me) {
+            for g in 0..self.coding.nodes() {
+                self.members[g as usize].tick();
+                self.collect(g);
+            }
+        }
+        if self.last_hello_ms.is_none_or(|at| now_ms >= at + HELLO_MS) {
+            self.last_hello_ms = Some(now_ms);
+            let formed = self.formed.clone().expect("formed");
+            let lost: Vec<NodeId> = self.lost.iter().copied().collect();
+            for (&to, &yours) in formed.iter().filter(|(&id, _)| id != self.me) {
+                self.actions.push(Action::Hello { to, yours, lost: lost.clone() });
+            }
+        }
+    }
+
+    fn collect(&mut self, group: u16) {
+        let me = self.coding.slot(group, self.me);
+        for out in self.members[group as usize].drain() {
+            match out {
+                Out::Send { to, msg } => self.actions.push(Action::Send { to: self.coding.node(group, to), group, from: me, msg }),
+                Out::Reply { op, reply } => {
+                    if let Some(request) = self.tickets.remove(&op) {
+                        match reply {
+                            Reply::NotHere => self.actions.push(Action::Unavailable { request }),
+                            reply => self.actions.push(Action::Answer { request, reply }),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// This node's member of `group`.
+    pub fn member(&self, group: u16) -> &Member {
+        &self.members[group as usize]
+    }
+
+    /// Whether nothing waits on time here but the hello.
+    pub fn idle(&self) -> bool {
+        self.members.iter().all(Member::settled)
+    }
+
+    /// What this node holds in all its groups.
+    pub fn memory(&self) -> super::Memory {
+        let mut m = super::Memory::default();
+        for member in &self.members {
+            let x = member.memory();
+            m.pages += x.pages;
+            m.placed += x.placed;
+            m.holes += x.holes;
+            m.keys += x.keys;
+            m.buffered += x.buffered;
+        }
+        m
+    }
+
+    /// Keys this node serves (its data slots and the lost ones it leads).
+    pub fn keys(&self) -> usize {
+        self.members.iter().map(|m| (0..self.coding.data).map(|s| m.keys(s).len()).sum::<usize>()).sum()
+    }
+
+    /// One line per group: its members' roles and state, for status.
+    pub fn status(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "epoch {}, {}, lost {:?}",
+            self.epoch,
+            if self.formed.is_none() {
+                "not formed"
+            } else if self.alive(self.me) {
+                "serving"
+            } else {
+                "not a member"
+            },
+            self.lost
+        )];
+        for (g, m) in self.members.iter().enumerate() {
+            let nodes: Vec<String> = (0..self.coding.nodes() as Slot)
+                .map(|s| format!("{}{}", if s < self.coding.data { "d" } else { "p" }, self.coding.node(g as u16, s)))
+                .collect();
+            lines.push(format!("group {g} [{}]: {}", nodes.join(" "), m.status().join("; ")));
+        }
+        lines
+    }
+}

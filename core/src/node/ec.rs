@@ -1,0 +1,128 @@
+//! A node of an erasure-coded site (`Shape::coding`, `ec::site`): client
+//! reads and writes of keys go to the node's `ec::site::Engine` instead of
+//! chains. The driver needs no change: chains are one node long, the data
+//! member serving the partition, so requests usually arrive where they are
+//! served; after a loss they arrive anywhere and are passed on to the node
+//! that serves them now.
+//!
+//! What an erasure-coded site does not do yet, and refuses with a clear
+//! error: expiry, multi-key snapshots (MGET), DBSIZE, MEMORY USAGE,
+//! FLUSHALL; several sites.
+
+use super::{send, Node, Now};
+use crate::ec::site::{Action, Engine};
+use crate::ec::Reply;
+use crate::hlc::Timestamp;
+use crate::message::{Condition, Dest, Expiry, Item, Message, NewValue, OpId, Outbox, Refusal};
+use crate::version::{Version, VersionVector};
+
+impl Node {
+    /// Handles `msg` if it is the erasure-coded site's business (`None`),
+    /// or gives it back.
+    pub(super) fn ec_step(&mut self, msg: Message, now: Now, out: &mut Outbox) -> Option<Message> {
+        let leased = self.ec.is_some() && self.has_lease(now.mono_ms);
+        let Some(engine) = self.ec.as_mut() else { return Some(msg) };
+        match msg {
+            Message::Ec { group, from, msg } => engine.step(group, from, *msg),
+            Message::EcHello { yours, lost } => engine.hello(yours, lost),
+            Message::Put(put) => {
+                let c = &put.change;
+                let value = match &c.value {
+                    NewValue::Set(v) => Some(v.clone()),
+                    NewValue::Delete => None,
+                    NewValue::Keep => return unsupported(put.op, "expiry", out),
+                };
+                if c.expiry != Expiry::Never || !matches!(c.condition, Condition::Always | Condition::IfAbsent | Condition::IfPresent) {
+                    return unsupported(put.op, "expiry", out);
+                }
+                // The write's version: the node's time, above what the
+                // session has seen (and the member keeps it above the key's).
+                let floor = put.past.0.iter().map(|ts| ts.to_bits() + 1).max().unwrap_or(0);
+                let version = Timestamp::new(now.wall_ms, 0).to_bits().max(floor);
+                let (partition, key, cond, get) = (put.partition, put.key.clone(), c.condition, c.get);
+                engine.request(Message::Put(put), partition, key, Some((value, cond, get)), version);
+            }
+            Message::Get { op, partition, ref key, .. } => {
+                if !leased {
+                    // Removed without knowing it yet (paused, say): another
+                    // node may serve this slot now.
+                    return send_back(out, op, Refusal::NoLease);
+                }
+                let key = key.clone();
+                engine.request(msg, partition, key, None, 0);
+            }
+            Message::SnapshotRead { op, .. } => return unsupported(op, "multi-key reads (MGET)", out),
+            Message::Count { op, .. } => return unsupported(op, "DBSIZE", out),
+            Message::KeyMemory { op, .. } => return unsupported(op, "MEMORY USAGE", out),
+            Message::Flush { op } => return unsupported(op, "FLUSHALL", out),
+            msg => return Some(msg),
+        }
+        self.ec_flush(out);
+        None
+    }
+
+    /// What the engine wants done, as messages.
+    pub(super) fn ec_flush(&mut self, out: &mut Outbox) {
+        let Some(engine) = self.ec.as_mut() else { return };
+        let site = self.id.site;
+        for action in engine.drain() {
+            match action {
+                Action::Send { to, group, from, msg } => send(out, Dest::Node(to), Message::Ec { group, from, msg: Box::new(msg) }),
+                Action::Hello { to, yours, lost } => send(out, Dest::Node(to), Message::EcHello { yours, lost }),
+                Action::Forward { to, request } => send(out, Dest::Node(to), request),
+                Action::Unavailable { request } => {
+                    if let Some(op) = request.op() {
+                        let (alive, needed) = (0, 1);
+                        send_back(out, op, Refusal::Unavailable { alive, needed });
+                    }
+                }
+                Action::Answer { request, reply } => {
+                    let Some(op) = request.op() else { continue };
+                    let version = |v: u64| Version { ts: Timestamp::from_bits(v), site, vv: VersionVector::default() };
+                    let msg = match reply {
+                        Reply::Done { version: v, old } => {
+                            let old = old.map(Box::new);
+                            Message::PutDone { op, version: v.map(version), seq: 0, chain_index: 0, stable: true, old }
+                        }
+                        Reply::Value(found) => {
+                            let (value, v) = found.map_or((None, None), |(value, v)| (Some(value), Some(version(v))));
+                            let item = Item { value, version: v, seq: 0, stable: true, expires_at_ms: None };
+                            Message::Value { op, item: Box::new(item), chain_index: 0 }
+                        }
+                        Reply::NotHere => Message::Refused { op, reason: Refusal::Unavailable { alive: 0, needed: 1 } },
+                    };
+                    send(out, Dest::Client(op.client), msg);
+                }
+            }
+        }
+    }
+
+    /// A new configuration: the engine learns who is lost.
+    pub(super) fn ec_configure(&mut self, out: &mut Outbox) {
+        if let Some(engine) = self.ec.as_mut() {
+            engine.topology(&self.topology);
+            self.ec_flush(out);
+        }
+    }
+
+    pub(super) fn ec_tick(&mut self, now_ms: u64, out: &mut Outbox) {
+        if let Some(engine) = self.ec.as_mut() {
+            engine.tick(now_ms);
+            self.ec_flush(out);
+        }
+    }
+
+    /// What the node's groups hold and how they stand (INFO, status).
+    pub fn ec(&self) -> Option<&Engine<Message>> {
+        self.ec.as_deref()
+    }
+}
+
+fn send_back(out: &mut Outbox, op: OpId, reason: Refusal) -> Option<Message> {
+    send(out, Dest::Client(op.client), Message::Refused { op, reason });
+    None
+}
+
+fn unsupported(op: OpId, what: &str, out: &mut Outbox) -> Option<Message> {
+    send_back(out, op, Refusal::Unsupported(format!("{what} not supported with erasure coding (--redundancy ec:K+M) yet")))
+}

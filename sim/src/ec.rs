@@ -288,7 +288,7 @@ pub fn describe(msg: &EcMsg) -> String {
     let st = |s: &causeway_core::ec::Stamp| format!("{}.{}", s.epoch, s.seq);
     let stamps = |v: &[(Slot, causeway_core::ec::Stamp)]| v.iter().map(|(s, t)| format!("{s}@{}", st(t))).collect::<Vec<_>>().join(",");
     match msg {
-        EcMsg::Update { slot, stamp, key, meta, diffs } => format!(
+        EcMsg::Update { slot, stamp, key, meta, diffs, .. } => format!(
             "Update slot={slot} stamp={} key={} loc={} diff={}B",
             st(stamp),
             String::from_utf8_lossy(key),

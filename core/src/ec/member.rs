@@ -11,7 +11,8 @@
 //! the data member commits: the key points at the new place (reads see
 //! it), the old place becomes a hole, the client is answered, and the
 //! parity members hear `Commit` and forget the buffered updates. Nothing is
-//! acknowledged before M+1 members hold it.
+//! acknowledged before it is on the data member and every live parity
+//! member (M+1 members while none is lost).
 //!
 //! **Recovery** of lost data slots, led by the first live parity member:
 //! * Preparation. The leader asks every live parity member for the last
@@ -40,7 +41,7 @@
 
 use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
-use crate::message::ec::{Diff, EcMsg, Meta, Slot, Stamp};
+use crate::message::ec::{Diff, EcMsg, Meta, Slot, Stamp, WriteId};
 use crate::message::Condition;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -130,20 +131,79 @@ pub enum Reply {
 /// What a member holds, by part (bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
-    /// Data and parity pages.
-    pub pages: usize,
+    /// Bytes in data pages and in parity pages.
+    pub data: usize,
+    pub parity: usize,
     /// Placed bytes of data areas (values, holes, padding) and of holes.
     pub placed: u64,
     pub holes: u64,
-    /// Metadata entries (own slots and replicas).
+    /// Keys of the data slots served here, and metadata replicas kept for
+    /// other members' slots.
     pub keys: usize,
+    pub replicas: usize,
     /// Buffered, uncommitted updates at a parity member.
     pub buffered: usize,
+    /// Pages of taken-over slots not repaired yet, and repaired so far.
+    pub missing: usize,
+    pub repaired: u64,
+}
+
+impl std::ops::AddAssign for Memory {
+    fn add_assign(&mut self, o: Memory) {
+        self.data += o.data;
+        self.parity += o.parity;
+        self.placed += o.placed;
+        self.holes += o.holes;
+        self.keys += o.keys;
+        self.replicas += o.replicas;
+        self.buffered += o.buffered;
+        self.missing += o.missing;
+        self.repaired += o.repaired;
+    }
+}
+
+/// A write to a key: SET (`Some`) or DEL (`None`), at `version` (or just
+/// above the key's current one if that is not above it), if `cond` holds,
+/// answering the value the key had with `get`. `id` names the client
+/// request, so that a resend is answered without writing again.
+#[derive(Clone, Debug)]
+pub struct PutReq {
+    pub key: Bytes,
+    pub value: Option<Bytes>,
+    pub version: u64,
+    pub cond: Condition,
+    pub get: bool,
+    pub id: Option<WriteId>,
 }
 
 enum Req {
-    Put { op: u64, key: Bytes, value: Option<Bytes>, version: u64, cond: Condition, get: bool },
+    Put { op: u64, put: PutReq },
     Get { op: u64, key: Bytes },
+}
+
+/// The writes of each session done here lately (session -> write number ->
+/// version), kept until the session says it finished them.
+#[derive(Clone, Default)]
+struct Recent(HashMap<u64, BTreeMap<u64, u64>>);
+
+impl Recent {
+    fn get(&mut self, id: WriteId) -> Option<u64> {
+        let writes = self.0.get_mut(&id.client)?;
+        *writes = writes.split_off(&id.done_below);
+        writes.get(&id.write).copied()
+    }
+
+    fn insert(&mut self, id: WriteId, version: u64) {
+        let writes = self.0.entry(id.client).or_default();
+        *writes = writes.split_off(&id.done_below);
+        writes.insert(id.write, version);
+    }
+
+    fn remove(&mut self, id: WriteId) {
+        if let Some(w) = self.0.get_mut(&id.client) {
+            w.remove(&id.write);
+        }
+    }
 }
 
 /// A data slot this member serves: its own, or a lost one it took over.
@@ -152,6 +212,8 @@ struct Data {
     free: Free,
     /// Committed places: what reads see.
     index: HashMap<Bytes, Meta>,
+    /// Committed writes by request id.
+    recent: Recent,
     next: Stamp,
     /// The last update sent (what a cut's marker names).
     last: Stamp,
@@ -171,6 +233,9 @@ struct Pending {
     /// Parity members that have not acknowledged yet.
     waiting: u64,
     op: u64,
+    /// Resends of the same request that arrived meanwhile.
+    also: Vec<u64>,
+    id: Option<WriteId>,
     /// The value the key had, if the request asked for it.
     old: Option<Bytes>,
     /// When it was last sent (ticks).
@@ -189,6 +254,9 @@ struct Parity {
     buffer: Vec<VecDeque<Buffered>>,
     extent: Vec<u64>,
     fence: Vec<u64>,
+    /// The sessions' recent writes of each data slot (`Recent`): a leader
+    /// taking the slot over answers their resends.
+    recent: Vec<Recent>,
     /// Copies at cuts, by (leader, epoch, id): two leaders' ids may meet.
     cuts: HashMap<(Slot, u64, u64), CutCopy>,
 }
@@ -197,6 +265,7 @@ struct Buffered {
     stamp: Stamp,
     key: Bytes,
     old: Option<Meta>,
+    id: Option<WriteId>,
     diffs: Vec<Diff>,
 }
 
@@ -246,6 +315,8 @@ pub struct Member {
     repairs: BTreeMap<u64, Repair>,
     next_cut: u64,
     ticks: u64,
+    /// Pages decoded so far.
+    repaired: u64,
     out: Vec<Out>,
 }
 
@@ -267,6 +338,7 @@ impl Member {
                 buffer: (0..k).map(|_| VecDeque::new()).collect(),
                 extent: vec![0; k],
                 fence: vec![0; k],
+                recent: vec![Recent::default(); k],
                 cuts: HashMap::new(),
             })
         };
@@ -281,6 +353,7 @@ impl Member {
             repairs: BTreeMap::new(),
             next_cut: 0,
             ticks: 0,
+            repaired: 0,
             out: Vec::new(),
         }
     }
@@ -302,15 +375,14 @@ impl Member {
     /// Its version is `version`, or just above the key's current one if
     /// that is not above it.
     pub fn put(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>, version: u64) {
-        self.put_if(op, slot, key, value, version, Condition::Always, false);
+        self.write(op, slot, PutReq { key, value, version, cond: Condition::Always, get: false, id: None });
     }
 
-    /// `put` if `cond` holds (NX, XX, DEL's "if present"), answering the
-    /// value the key had with `get`. Decided against the committed state,
-    /// after the key's writes in flight commit: what reads see.
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_if(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>, version: u64, cond: Condition, get: bool) {
-        self.request(slot, Req::Put { op, key, value, version, cond, get });
+    /// A write (`PutReq`). A condition (NX, XX, DEL's "if present") is
+    /// decided against the committed state, after the key's writes in
+    /// flight commit: what reads see.
+    pub fn write(&mut self, op: u64, slot: Slot, put: PutReq) {
+        self.request(slot, Req::Put { op, put });
     }
 
     pub fn get(&mut self, op: u64, slot: Slot, key: Bytes) {
@@ -349,7 +421,18 @@ impl Member {
                 d.area.read(loc.at, &mut value);
                 self.reply(op, Reply::Value(Some((value.into(), version))));
             }
-            Req::Put { op, key, value, version, cond, get } => {
+            Req::Put { op, put } => {
+                if let Some(id) = put.id {
+                    // A resend: answered from the first, never written twice.
+                    if let Some(version) = d.recent.get(id) {
+                        return self.reply(op, Reply::Done { version: Some(version), old: None });
+                    }
+                    if let Some(p) = d.pending.iter_mut().find(|p| p.id.is_some_and(|i| (i.client, i.write) == (id.client, id.write))) {
+                        p.also.push(op);
+                        return;
+                    }
+                }
+                let PutReq { key, value, version, cond, get, id } = put;
                 let current = d.index.get(&key).copied();
                 let conditional = cond != Condition::Always || get;
                 let mut need: Vec<u32> = Vec::new();
@@ -365,7 +448,7 @@ impl Member {
                     if let Some(l) = loc {
                         d.free.free(l);
                     }
-                    d.queue.push_back((Req::Put { op, key, value, version, cond, get }, need));
+                    d.queue.push_back((Req::Put { op, put: PutReq { key, value, version, cond, get, id } }, need));
                     return self.repair_soon();
                 }
                 let old = current.filter(|_| get).map(|m| {
@@ -415,11 +498,13 @@ impl Member {
                     diffs: diffs.clone(),
                     waiting,
                     op,
+                    also: Vec::new(),
+                    id,
                     old,
                     sent: self.ticks,
                 });
                 for p in self.config.live_parity().collect::<Vec<_>>() {
-                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, diffs: diffs.clone() };
+                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone() };
                     self.out.push(Out::Send { to: p, msg });
                 }
                 self.try_commit(slot);
@@ -441,6 +526,12 @@ impl Member {
             if let Some(old) = old {
                 d.free.free(old.loc);
             }
+            if let Some(id) = p.id {
+                d.recent.insert(id, p.version);
+            }
+            for op in p.also {
+                self.out.push(Out::Reply { op, reply: Reply::Done { version: Some(p.version), old: p.old.clone() } });
+            }
             self.out.push(Out::Reply { op: p.op, reply: Reply::Done { version: Some(p.version), old: p.old } });
             last = Some(p.stamp);
         }
@@ -456,7 +547,9 @@ impl Member {
 
     pub fn step(&mut self, from: Slot, msg: EcMsg) {
         match msg {
-            EcMsg::Update { slot, stamp, key, meta, diffs } => self.on_update(from, slot, stamp, key, meta, diffs),
+            EcMsg::Update { slot, stamp, key, meta, version, id, diffs } => {
+                self.on_update(from, slot, stamp, key, meta, (version, id), diffs)
+            }
             EcMsg::Ack { slot, stamp } => {
                 if let Some(d) = self.data.get_mut(&slot) {
                     if let Some(p) = d.pending.iter_mut().find(|p| p.stamp == stamp) {
@@ -474,8 +567,15 @@ impl Member {
                 }
             }
             EcMsg::Prepare { epoch, slots } => {
-                let Some(par) = &self.parity else { return };
+                let Some(par) = &mut self.parity else { return };
                 if epoch >= self.config.epoch {
+                    // What this answers must be final: from now on nothing
+                    // more from the lost members (a paused one may wake),
+                    // or an update committed after this answer could be
+                    // above the stable stamp and undone.
+                    for &s in &slots {
+                        par.fence[s as usize] = par.fence[s as usize].max(epoch);
+                    }
                     let stamps = slots.iter().map(|&s| (s, par.received[s as usize])).collect();
                     self.out.push(Out::Send { to: from, msg: EcMsg::Received { epoch, stamps } });
                 }
@@ -501,16 +601,30 @@ impl Member {
         }
     }
 
-    fn on_update(&mut self, from: Slot, slot: Slot, stamp: Stamp, key: Bytes, meta: Option<Meta>, diffs: Vec<Diff>) {
+    #[allow(clippy::too_many_arguments)]
+    fn on_update(
+        &mut self,
+        from: Slot,
+        slot: Slot,
+        stamp: Stamp,
+        key: Bytes,
+        meta: Option<Meta>,
+        (version, id): (u64, Option<WriteId>),
+        diffs: Vec<Diff>,
+    ) {
         let code = self.code.clone();
         let Some(par) = &mut self.parity else { return };
         let i = slot as usize;
-        if stamp.epoch < par.fence[i] {
-            return; // from a member that lost the slot
+        if stamp.epoch < par.fence[i] || self.config.acting(slot) != Some(from) {
+            return; // from a member that lost the slot (or not yet known to serve it)
         }
         if stamp <= par.received[i] {
-            // A resend: its ack was lost.
-            return self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
+            // A resend whose ack was lost: acknowledged again if it is the
+            // update held (never one that only reuses its stamp).
+            if par.buffer[i].iter().any(|b| b.stamp == stamp && b.key == key) {
+                self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
+            }
+            return;
         }
         let last = par.received[i];
         let next = if stamp.epoch == last.epoch { stamp.seq == last.seq + 1 } else { stamp.seq == 1 };
@@ -529,7 +643,10 @@ impl Member {
             None => par.index[i].remove(&key),
         };
         par.received[i] = stamp;
-        par.buffer[i].push_back(Buffered { stamp, key, old, diffs });
+        if let Some(id) = id {
+            par.recent[i].insert(id, version);
+        }
+        par.buffer[i].push_back(Buffered { stamp, key, old, id, diffs });
         self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
         self.finish_cuts();
     }
@@ -552,6 +669,9 @@ impl Member {
                     Some(m) => par.index[i].insert(b.key, m),
                     None => par.index[i].remove(&b.key),
                 };
+                if let Some(id) = b.id {
+                    par.recent[i].remove(id);
+                }
             }
             par.buffer[i].clear();
             par.received[i] = stable;
@@ -596,6 +716,7 @@ impl Member {
             let stable = prep.stable.as_ref().and_then(|st| st.iter().find(|(x, _)| *x == s)).map(|(_, t)| *t).unwrap_or_default();
             let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 }, stable);
             d.free = Free::rebuild(index.values().map(|m| m.loc).collect(), extent);
+            d.recent = par.recent[s as usize].clone();
             d.index = index;
             d.missing = (0..pages).collect();
             self.data.insert(s, d);
@@ -649,7 +770,15 @@ impl Member {
                 for p in d.pending.iter_mut() {
                     p.sent = now;
                     for to in (0..64).filter(|b| p.waiting & mask & (1 << b) != 0) {
-                        let msg = EcMsg::Update { slot, stamp: p.stamp, key: p.key.clone(), meta: p.meta, diffs: p.diffs.clone() };
+                        let msg = EcMsg::Update {
+                            slot,
+                            stamp: p.stamp,
+                            key: p.key.clone(),
+                            meta: p.meta,
+                            version: p.version,
+                            id: p.id,
+                            diffs: p.diffs.clone(),
+                        };
                         self.out.push(Out::Send { to, msg });
                     }
                 }
@@ -831,6 +960,7 @@ impl Member {
                 let d = self.data.get_mut(&s).expect("served");
                 d.area.set_page(page, shards[s as usize].as_ref().expect("decoded"));
                 d.missing.remove(&page);
+                self.repaired += 1;
             }
         }
         for s in r.lost {
@@ -921,17 +1051,18 @@ impl Member {
     }
 
     pub fn memory(&self) -> Memory {
-        let mut m = Memory::default();
+        let mut m = Memory { repaired: self.repaired, ..Memory::default() };
         for d in self.data.values() {
-            m.pages += d.area.bytes();
+            m.data += d.area.bytes();
             let (placed, holes) = d.free.used();
             m.placed += placed;
             m.holes += holes;
             m.keys += d.index.len();
+            m.missing += d.missing.len();
         }
         if let Some(par) = &self.parity {
-            m.pages += par.area.bytes();
-            m.keys += par.index.iter().map(|i| i.len()).sum::<usize>();
+            m.parity += par.area.bytes();
+            m.replicas += par.index.iter().map(|i| i.len()).sum::<usize>();
             m.buffered += par.buffer.iter().map(|b| b.len()).sum::<usize>();
         }
         m
@@ -944,6 +1075,7 @@ impl Data {
             area: Area::default(),
             free: Free::default(),
             index: HashMap::new(),
+            recent: Recent::default(),
             next,
             last,
             pending: VecDeque::new(),
@@ -972,6 +1104,7 @@ impl CutCopy {
 
 fn req_key(r: &Req) -> &Bytes {
     match r {
-        Req::Put { key, .. } | Req::Get { key, .. } => key,
+        Req::Put { put, .. } => &put.key,
+        Req::Get { key, .. } => key,
     }
 }

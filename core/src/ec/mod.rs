@@ -24,5 +24,5 @@ pub mod code;
 pub mod member;
 pub mod site;
 
-pub use crate::message::ec::{EcMsg, Loc, Slot, Stamp};
-pub use member::{Config, Member, Memory, Out, Reply};
+pub use crate::message::ec::{EcMsg, Loc, Slot, Stamp, WriteId};
+pub use member::{Config, Member, Memory, Out, PutReq, Reply};

@@ -20,9 +20,8 @@
 //! + the number of lost nodes: the same at every node for the same losses.
 
 use super::code::Code;
-use super::member::{Config, Member, Out, Reply};
+use super::member::{Config, Member, Out, PutReq, Reply};
 use crate::message::ec::{EcMsg, Slot};
-use crate::message::Condition;
 use crate::ring::{Coding, NodeId, PartitionId, Topology};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -42,9 +41,10 @@ pub enum Action<R> {
         from: Slot,
         msg: EcMsg,
     },
+    /// The incarnations the groups formed with, and the nodes known lost.
     Hello {
         to: NodeId,
-        yours: u64,
+        formed: BTreeMap<NodeId, u64>,
         lost: Vec<NodeId>,
     },
     /// Pass the request on to the node serving its slot.
@@ -129,7 +129,7 @@ impl<R> Engine<R> {
         let n = self.coding.nodes();
         if self.formed.is_none() {
             if (0..n).all(|id| t.admitted.contains_key(&id) && t.node(id).is_some()) {
-                self.formed = Some((0..n).map(|id| (id, t.admitted[&id])).collect());
+                self.form((0..n).map(|id| (id, t.admitted[&id])).collect());
             } else {
                 return;
             }
@@ -137,11 +137,21 @@ impl<R> Engine<R> {
         let formed = self.formed.as_ref().expect("formed");
         let gone: Vec<NodeId> =
             (0..n).filter(|id| t.node(*id).is_none() || t.admitted.get(id).is_some_and(|i| Some(i) != formed.get(id))).collect();
-        if formed.get(&self.me) != Some(&self.incarnation) {
-            // The group formed with another process on this node.
-            self.lost.insert(self.me);
-        }
         self.lose(gone);
+    }
+
+    /// The groups formed with these incarnations (from the configuration
+    /// that first admitted every node, or a peer's hello for a node that
+    /// missed it).
+    fn form(&mut self, formed: BTreeMap<NodeId, u64>) {
+        let other = formed.get(&self.me) != Some(&self.incarnation);
+        self.formed = Some(formed);
+        // This node's slots count as lost until a peer confirms it (`alive`).
+        self.reconfigure();
+        if other {
+            // The groups formed with another process on this node.
+            self.lose(vec![self.me]);
+        }
     }
 
     fn lose(&mut self, nodes: Vec<NodeId>) {
@@ -164,45 +174,31 @@ impl<R> Engine<R> {
         }
     }
 
-    /// A peer's hello: which incarnation it holds for this node, which
-    /// nodes it knows lost.
-    pub fn hello(&mut self, yours: u64, lost: Vec<NodeId>) {
-        if lost.contains(&self.me) || yours != self.incarnation {
-            self.lost.insert(self.me);
-        } else if !self.confirmed && self.formed.is_some() && !self.lost.contains(&self.me) {
+    /// A peer's hello: the incarnations the groups formed with (its word
+    /// for this node among them), and the nodes it knows lost.
+    pub fn hello(&mut self, formed: BTreeMap<NodeId, u64>, lost: Vec<NodeId>) {
+        if self.formed.is_none() {
+            self.form(formed.clone());
+        }
+        let yours = formed.get(&self.me).copied();
+        if lost.contains(&self.me) || yours != Some(self.incarnation) || self.formed.as_ref() != Some(&formed) {
+            self.lose(vec![self.me]);
+        } else if !self.confirmed && !self.lost.contains(&self.me) {
             self.confirmed = true;
-            // Alive again in its own eyes: a new epoch for nobody else.
-            self.reconfigure_self_confirmed();
+            // A member now: its members start afresh (nothing reached them
+            // while it was not one), then take the losses known so far
+            // (the leader among them starts preparing).
+            self.members = (0..self.coding.nodes())
+                .map(|g| Member::new(self.coding.slot(g, self.me), self.code.clone(), Config::new(self.coding.data, self.coding.parity)))
+                .collect();
+            self.reconfigure();
         }
         self.lose(lost);
     }
 
-    fn reconfigure_self_confirmed(&mut self) {
-        // Until confirmed, this node counted itself dead; now the epoch is
-        // what everybody else has.
-        self.members = (0..self.coding.nodes())
-            .map(|g| {
-                let alive = (0..self.coding.nodes() as Slot).map(|s| self.alive(self.coding.node(g, s))).collect();
-                let dead = (0..self.coding.nodes()).filter(|&id| !self.alive(id)).count() as u64;
-                let config = Config { epoch: 1 + dead, k: self.coding.data, m: self.coding.parity, alive };
-                Member::new(self.coding.slot(g, self.me), self.code.clone(), config)
-            })
-            .collect();
-        self.epoch = 1 + (0..self.coding.nodes()).filter(|&id| !self.alive(id)).count() as u64;
-    }
-
     /// A client request for `key` of `partition`: served here, or passed on
-    /// to the node serving its data slot. `write`: `None` for a read, else
-    /// the value (`None` to delete), its condition and whether the answer
-    /// carries the old value; at `version`.
-    pub fn request(
-        &mut self,
-        request: R,
-        partition: PartitionId,
-        key: Bytes,
-        write: Option<(Option<Bytes>, Condition, bool)>,
-        version: u64,
-    ) {
+    /// to the node serving its data slot; a read, or a write (`PutReq`).
+    pub fn request(&mut self, request: R, partition: PartitionId, key: Bytes, write: Option<PutReq>) {
         let (group, slot) = self.coding.place(partition);
         let config = self.members[group as usize].config().clone();
         if self.formed.is_none() || !self.confirmed && !self.lost.contains(&self.me) {
@@ -222,7 +218,7 @@ impl<R> Engine<R> {
         self.tickets.insert(ticket, request);
         let member = &mut self.members[group as usize];
         match write {
-            Some((value, cond, get)) => member.put_if(ticket, slot, key, value, version, cond, get),
+            Some(put) => member.write(ticket, slot, put),
             None => member.get(ticket, slot, key),
         }
         self.collect(group);
@@ -252,8 +248,8 @@ impl<R> Engine<R> {
             self.last_hello_ms = Some(now_ms);
             let formed = self.formed.clone().expect("formed");
             let lost: Vec<NodeId> = self.lost.iter().copied().collect();
-            for (&to, &yours) in formed.iter().filter(|(&id, _)| id != self.me) {
-                self.actions.push(Action::Hello { to, yours, lost: lost.clone() });
+            for &to in formed.keys().filter(|&&id| id != self.me) {
+                self.actions.push(Action::Hello { to, formed: formed.clone(), lost: lost.clone() });
             }
         }
     }
@@ -285,23 +281,28 @@ impl<R> Engine<R> {
         self.members.iter().all(Member::settled)
     }
 
-    /// What this node holds in all its groups.
+    /// What this node holds in all its groups, and how its recovery goes.
     pub fn memory(&self) -> super::Memory {
         let mut m = super::Memory::default();
         for member in &self.members {
-            let x = member.memory();
-            m.pages += x.pages;
-            m.placed += x.placed;
-            m.holes += x.holes;
-            m.keys += x.keys;
-            m.buffered += x.buffered;
+            m += member.memory();
         }
         m
     }
 
-    /// Keys this node serves (its data slots and the lost ones it leads).
-    pub fn keys(&self) -> usize {
-        self.members.iter().map(|m| (0..self.coding.data).map(|s| m.keys(s).len()).sum::<usize>()).sum()
+    /// The configuration as this node sees it: its epoch, whether the
+    /// groups formed and this node is a member of them, the nodes lost.
+    pub fn standing(&self) -> (u64, &'static str, Vec<NodeId>) {
+        let what = if self.formed.is_none() {
+            "forming"
+        } else if self.alive(self.me) {
+            "member"
+        } else if self.lost.contains(&self.me) {
+            "lost"
+        } else {
+            "unconfirmed"
+        };
+        (self.epoch, what, self.lost.iter().copied().collect())
     }
 
     /// One line per group: its members' roles and state, for status.

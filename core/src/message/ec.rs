@@ -34,6 +34,17 @@ pub struct Meta {
     pub version: u64,
 }
 
+/// Which client request a write is (its session and the write's number
+/// there), and below which number the session has finished every write: a
+/// resend is answered without writing again, wherever the slot is served
+/// by then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WriteId {
+    pub client: u64,
+    pub write: u64,
+    pub done_below: u64,
+}
+
 /// `old ^ new` for the bytes at `at` of a data slot's area: a parity
 /// member adds `coefficient * bytes` to its parity at the same offset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +63,8 @@ pub enum EcMsg {
         stamp: Stamp,
         key: Bytes,
         meta: Option<Meta>,
+        version: u64,
+        id: Option<WriteId>,
         diffs: Vec<Diff>,
     },
     Ack {

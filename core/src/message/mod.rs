@@ -301,10 +301,10 @@ pub enum Message {
         from: u8,
         msg: Box<ec::EcMsg>,
     },
-    /// Erasure coding: which incarnation of the receiver the sender's
-    /// groups hold, and the nodes it knows lost (`ec::site`).
+    /// Erasure coding: the incarnations of the nodes the sender's groups
+    /// formed with, and the nodes it knows lost (`ec::site`).
     EcHello {
-        yours: u64,
+        formed: Vec<(NodeId, u64)>,
         lost: Vec<NodeId>,
     },
 }

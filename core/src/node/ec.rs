@@ -11,7 +11,7 @@
 
 use super::{send, Node, Now};
 use crate::ec::site::{Action, Engine};
-use crate::ec::Reply;
+use crate::ec::{PutReq, Reply, WriteId};
 use crate::hlc::Timestamp;
 use crate::message::{Condition, Dest, Expiry, Item, Message, NewValue, OpId, Outbox, Refusal};
 use crate::version::{Version, VersionVector};
@@ -24,8 +24,13 @@ impl Node {
         let Some(engine) = self.ec.as_mut() else { return Some(msg) };
         match msg {
             Message::Ec { group, from, msg } => engine.step(group, from, *msg),
-            Message::EcHello { yours, lost } => engine.hello(yours, lost),
+            Message::EcHello { formed, lost } => engine.hello(formed.into_iter().collect(), lost),
             Message::Put(put) => {
+                if !leased {
+                    // Removed without knowing it yet: its slots may be
+                    // served elsewhere, and fenced there.
+                    return send_back(out, put.op, Refusal::NoLease);
+                }
                 let c = &put.change;
                 let value = match &c.value {
                     NewValue::Set(v) => Some(v.clone()),
@@ -39,8 +44,10 @@ impl Node {
                 // session has seen (and the member keeps it above the key's).
                 let floor = put.past.0.iter().map(|ts| ts.to_bits() + 1).max().unwrap_or(0);
                 let version = Timestamp::new(now.wall_ms, 0).to_bits().max(floor);
-                let (partition, key, cond, get) = (put.partition, put.key.clone(), c.condition, c.get);
-                engine.request(Message::Put(put), partition, key, Some((value, cond, get)), version);
+                let id = WriteId { client: put.op.client, write: put.write, done_below: put.done_below };
+                let write = PutReq { key: put.key.clone(), value, version, cond: c.condition, get: c.get, id: Some(id) };
+                let (partition, key) = (put.partition, put.key.clone());
+                engine.request(Message::Put(put), partition, key, Some(write));
             }
             Message::Get { op, partition, ref key, .. } => {
                 if !leased {
@@ -49,7 +56,7 @@ impl Node {
                     return send_back(out, op, Refusal::NoLease);
                 }
                 let key = key.clone();
-                engine.request(msg, partition, key, None, 0);
+                engine.request(msg, partition, key, None);
             }
             Message::SnapshotRead { op, .. } => return unsupported(op, "multi-key reads (MGET)", out),
             Message::Count { op, .. } => return unsupported(op, "DBSIZE", out),
@@ -68,7 +75,9 @@ impl Node {
         for action in engine.drain() {
             match action {
                 Action::Send { to, group, from, msg } => send(out, Dest::Node(to), Message::Ec { group, from, msg: Box::new(msg) }),
-                Action::Hello { to, yours, lost } => send(out, Dest::Node(to), Message::EcHello { yours, lost }),
+                Action::Hello { to, formed, lost } => {
+                    send(out, Dest::Node(to), Message::EcHello { formed: formed.into_iter().collect(), lost })
+                }
                 Action::Forward { to, request } => send(out, Dest::Node(to), request),
                 Action::Unavailable { request } => {
                     if let Some(op) = request.op() {

@@ -73,8 +73,20 @@ pub struct Status {
     pub tier: Option<TierStatus>,
     /// Geo-replication, with several sites.
     pub geo: Option<GeoStatus>,
+    /// Erasure-coded groups (`--redundancy ec:K+M`).
+    pub ec: Option<EcStatus>,
     /// This node's coordinator member, if it runs one.
     pub coordinator: Option<CoordinatorStatus>,
+}
+
+/// This node's members of its site's erasure-coded groups.
+pub struct EcStatus {
+    pub coding: causeway_core::ring::Coding,
+    pub epoch: u64,
+    /// forming, member, unconfirmed or lost.
+    pub standing: &'static str,
+    pub lost: Vec<NodeId>,
+    pub memory: causeway_core::ec::Memory,
 }
 
 /// The disk tier (`tier`).
@@ -260,6 +272,12 @@ impl Handle {
             let (policy, stats) = node.with_core(|core| core.tier_stats())?;
             Some(TierStatus { policy, stats, usage: worker.tier.usage(), reads: worker.reads() })
         });
+        let ec = node.with_core(|core| {
+            core.ec().map(|e| {
+                let (epoch, standing, lost) = e.standing();
+                EcStatus { coding: e.coding(), epoch, standing, lost, memory: e.memory() }
+            })
+        });
         let (expired_keys, evicted_keys, store_bytes, geo, parked_writes) = node.with_core(|core| {
             let geo = core.geo().map(|geo| GeoStatus {
                 leader: geo.leader_of(&topology),
@@ -315,6 +333,7 @@ impl Handle {
             wal: node.wal().map(|w| WalStatus { fsync: w.policy(), bytes: w.size(), last_sync_ms: w.last_sync_ms() }),
             tier,
             geo,
+            ec,
             coordinator,
         }
     }

@@ -34,7 +34,7 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 /// The sections INFO knows, in the order it prints them.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "server",
     "clients",
     "memory",
@@ -44,6 +44,7 @@ const SECTIONS: [&str; 13] = [
     "persistence",
     "replication",
     "geo",
+    "ec",
     "commandstats",
     "errorstats",
     "latencystats",
@@ -149,6 +150,7 @@ async fn section_fields(conn: &mut Conn, status: &Status, section: &str) -> Vec<
         "clients" => vec![("connected_clients", stat(&server.stats.connections))],
         "memory" => memory_fields(status),
         "tier" => tier_fields(status),
+        "ec" => ec_fields(status),
         "cpu" => {
             let (user, sys) = proc_self::cpu_seconds().unwrap_or_default();
             vec![("used_cpu_sys", format!("{sys:.6}")), ("used_cpu_user", format!("{user:.6}"))]
@@ -236,6 +238,30 @@ pub fn memory_fields(status: &Status) -> Vec<(&'static str, String)> {
 
 /// INFO tier, with a disk tier: where the values are, how often a read
 /// found its value in memory, and what the disk did.
+/// This node's part in its site's erasure-coded groups: how it stands, what
+/// it holds, how its recoveries go.
+fn ec_fields(status: &Status) -> Vec<(&'static str, String)> {
+    let Some(e) = &status.ec else { return vec![("ec_enabled", "0".into())] };
+    let m = &e.memory;
+    let lost: Vec<String> = e.lost.iter().map(|n| n.to_string()).collect();
+    vec![
+        ("ec_enabled", "1".into()),
+        ("ec_code", format!("{}+{}", e.coding.data, e.coding.parity)),
+        ("ec_epoch", e.epoch.to_string()),
+        ("ec_standing", e.standing.into()),
+        ("ec_lost_nodes", lost.join(",")),
+        ("ec_keys", m.keys.to_string()),
+        ("ec_metadata_replicas", m.replicas.to_string()),
+        ("ec_data_bytes", m.data.to_string()),
+        ("ec_parity_bytes", m.parity.to_string()),
+        ("ec_placed_bytes", m.placed.to_string()),
+        ("ec_hole_bytes", m.holes.to_string()),
+        ("ec_buffered_updates", m.buffered.to_string()),
+        ("ec_missing_pages", m.missing.to_string()),
+        ("ec_repaired_pages", m.repaired.to_string()),
+    ]
+}
+
 fn tier_fields(status: &Status) -> Vec<(&'static str, String)> {
     let Some(t) = &status.tier else { return vec![("tier_enabled", "0".into())] };
     let (s, p, u) = (&t.stats, &t.stats.places, &t.usage);

@@ -77,7 +77,9 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         nodes: args.nodes,
         replicas: args.replicas,
         k: args.k,
-        partitions: args.partitions,
+        // Coded: as many partitions for every data slot of every group, so
+        // the data areas (and the parity over them) are even.
+        partitions: args.redundancy.map_or(args.partitions, |c| args.partitions.next_multiple_of(c.nodes() as u32 * c.data as u32)),
         coding: args.redundancy,
         data_dir: args.data_dir.clone(),
         disk_tier: args.disk_tier.clone(),

@@ -148,16 +148,14 @@ impl Free {
     }
 }
 
-/// The size class of a value: multiples of 8 up to 64 bytes, then each
-/// class 1.25 times the one before (memcached's slab classes), so a hole
-/// is reused by most values near its size and wastes at most a fifth.
+/// The size class of a value: 16 classes per doubling (multiples of 8 up
+/// to 128 bytes, of 16 up to 256, ..., of 64 up to 1 KiB), so a hole is
+/// reused by values near its size and a value wastes at most 1/16 of it.
 fn class(len: u32) -> u64 {
     let len = (len as u64).max(1);
-    let mut c = len.next_multiple_of(ALIGN).min(64);
-    while c < len {
-        c = (c + c / 4).next_multiple_of(ALIGN);
-    }
-    c
+    let floor = 1u64 << (63 - len.leading_zeros());
+    let align = (floor / 16).max(ALIGN);
+    len.next_multiple_of(align)
 }
 
 #[cfg(test)]
@@ -188,7 +186,7 @@ mod tests {
         f.free(a);
         assert_eq!(f.alloc(12).at, 0);
         assert_eq!(f.alloc(10).at, 120);
-        assert_eq!((class(64), class(65), class(81), class(1000)), (64, 80, 104, 1096));
+        assert_eq!((class(64), class(65), class(100), class(1000), class(1024), class(1025)), (64, 72, 104, 1024, 1024, 1088));
         let r = Free::rebuild(vec![Loc { at: 16, len: 100 }], 200);
         assert_eq!(r.used(), (200, 16));
     }

@@ -47,6 +47,10 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+/// A key as the metadata keeps it: its bytes alone (16 bytes and the bytes,
+/// where `Bytes` takes 32 and may hold a larger buffer alive).
+type Key = Box<[u8]>;
+
 /// Pages repaired per cut in the background.
 const BATCH: usize = 16;
 /// Background cuts in flight at once.
@@ -211,7 +215,7 @@ struct Data {
     area: Area,
     free: Free,
     /// Committed places: what reads see.
-    index: HashMap<Bytes, Meta>,
+    index: HashMap<Key, Meta>,
     /// Committed writes by request id.
     recent: Recent,
     next: Stamp,
@@ -249,7 +253,7 @@ struct Parity {
     /// Per data slot: its metadata as received, the last update received,
     /// the updates not committed yet, the end of its bytes, and the epoch
     /// below which its updates are refused.
-    index: Vec<HashMap<Bytes, Meta>>,
+    index: Vec<HashMap<Key, Meta>>,
     received: Vec<Stamp>,
     buffer: Vec<VecDeque<Buffered>>,
     extent: Vec<u64>,
@@ -409,7 +413,7 @@ impl Member {
         let d = self.data.get_mut(&slot).expect("served slot");
         match req {
             Req::Get { op, key } => {
-                let Some(&Meta { loc, version }) = d.index.get(&key) else {
+                let Some(&Meta { loc, version }) = d.index.get(&key[..]) else {
                     return self.reply(op, Reply::Value(None));
                 };
                 let need: Vec<u32> = pages_of(loc).filter(|p| d.missing.contains(p)).collect();
@@ -433,7 +437,7 @@ impl Member {
                     }
                 }
                 let PutReq { key, value, version, cond, get, id } = put;
-                let current = d.index.get(&key).copied();
+                let current = d.index.get(&key[..]).copied();
                 let conditional = cond != Condition::Always || get;
                 let mut need: Vec<u32> = Vec::new();
                 if get {
@@ -473,7 +477,7 @@ impl Member {
                     return self.reply(op, Reply::Done { version, old });
                 }
                 // Versions of a key only grow, whatever the caller's clock.
-                let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key).map(|m| m.version));
+                let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key[..]).map(|m| m.version));
                 let version = newest.map_or(version, |n| version.max(n + 1));
                 let meta = loc.map(|loc| Meta { loc, version });
                 let mut diffs = Vec::new();
@@ -520,8 +524,8 @@ impl Member {
         while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
             let p = d.pending.pop_front().expect("front");
             let old = match p.meta {
-                Some(m) => d.index.insert(p.key, m),
-                None => d.index.remove(&p.key),
+                Some(m) => d.index.insert(Key::from(&p.key[..]), m),
+                None => d.index.remove(&p.key[..]),
             };
             if let Some(old) = old {
                 d.free.free(old.loc);
@@ -639,8 +643,8 @@ impl Member {
             }
         }
         let old = match meta {
-            Some(m) => par.index[i].insert(key.clone(), m),
-            None => par.index[i].remove(&key),
+            Some(m) => par.index[i].insert(Key::from(&key[..]), m),
+            None => par.index[i].remove(&key[..]),
         };
         par.received[i] = stamp;
         if let Some(id) = id {
@@ -666,8 +670,8 @@ impl Member {
                     par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
                 }
                 match b.old {
-                    Some(m) => par.index[i].insert(b.key, m),
-                    None => par.index[i].remove(&b.key),
+                    Some(m) => par.index[i].insert(Key::from(&b.key[..]), m),
+                    None => par.index[i].remove(&b.key[..]),
                 };
                 if let Some(id) = b.id {
                     par.recent[i].remove(id);
@@ -1013,7 +1017,7 @@ impl Member {
 
     /// The committed keys of data slot `slot` served here.
     pub fn keys(&self, slot: Slot) -> Vec<Bytes> {
-        self.data.get(&slot).map(|d| d.index.keys().cloned().collect()).unwrap_or_default()
+        self.data.get(&slot).map(|d| d.index.keys().map(|k| Bytes::copy_from_slice(k)).collect()).unwrap_or_default()
     }
 
     /// One line per part, for the stories: the slots served (committed

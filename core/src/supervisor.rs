@@ -391,8 +391,8 @@ impl Supervisor {
         // covers clocks that run at slightly different rates.
         let until = |g: u64| g + self.lease_ms() + self.lease_ms() / 8;
         let losing: BTreeSet<NodeId> = (0..current.shape.partitions)
-            .filter(|&p| change.topology.chain(p).tail() != current.chain(p).tail())
-            .map(|p| current.chain(p).tail())
+            .filter(|&p| change.topology.chain(p).nodes.last() != current.chain(p).nodes.last())
+            .filter_map(|p| current.chain(p).nodes.last().copied())
             .collect();
         let holders: Vec<String> =
             losing.iter().filter(|t| self.granted.get(t).is_some_and(|&g| now_ms < until(g))).map(|n| n.to_string()).collect();
@@ -592,6 +592,11 @@ impl Supervisor {
     /// moment: campaign seed 1552.)
     fn placed(&self, t: &Topology, current: &Topology, now_ms: u64) -> Topology {
         let ideal = t.rebalanced();
+        if t.shape.coding.is_some() {
+            // A coded site's chains only say where requests go (the data
+            // is in its groups): they move at once, nothing to transfer.
+            return ideal;
+        }
         let mut next = ideal.clone();
         let reported = self.all_reported(current, now_ms);
         for (p, chain) in next.chains.iter_mut().enumerate() {

@@ -129,7 +129,7 @@ impl EcWorld {
             if now.is_multiple_of(5) {
                 for s in 0..self.members.len() {
                     if let Some(m) = self.members[s].as_mut() {
-                        m.tick();
+                        m.tick(now);
                         replies.extend(self.flush(s as Slot));
                     }
                 }

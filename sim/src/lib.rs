@@ -902,7 +902,8 @@ impl Sim {
     /// it finds its clock jumped and waits for fresh heartbeats, like a new
     /// leader.
     fn coordinator_up(&self) -> bool {
-        let members = self.nodes.len().min(3);
+        // Three members, as `NodeConfig::coordinators`; 2M+1 for a coded site.
+        let members = self.nodes.len().min(self.topology.shape.coding.map_or(3, |c| 2 * c.parity as usize + 1).max(3));
         2 * self.nodes[..members].iter().filter(|n| !n.crashed).count() > members
     }
 

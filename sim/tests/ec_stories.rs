@@ -87,6 +87,8 @@ struct Story {
     members: Vec<Option<Member>>,
     links: BTreeMap<(Slot, Slot), VecDeque<EcMsg>>,
     ops: u64,
+    /// Each `tick` is 10 ms later.
+    now: u64,
 }
 
 impl Story {
@@ -208,9 +210,10 @@ impl goldenscript::Runner for Story {
                 }
             }
             Command::Tick => {
+                self.now += 10;
                 for s in 0..self.members.len() as Slot {
                     if let Some(m) = self.members[s as usize].as_mut() {
-                        m.tick();
+                        m.tick(self.now);
                         self.flush(s, &mut out)?;
                     }
                 }

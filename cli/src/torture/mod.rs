@@ -33,6 +33,7 @@
 //! the run ends with a disaster: site 0 is lost under writers and site 1
 //! fails over (`disaster`).
 
+mod coded;
 mod disaster;
 mod readback;
 mod rng;
@@ -85,6 +86,11 @@ pub struct TortureArgs {
     /// write, site 1 fails over, and what it serves is checked (`disaster`).
     #[arg(long)]
     dr: bool,
+    /// An erasure-coded site (`ec:K+M`, K+M nodes): instead of the campaign,
+    /// M faults in all (`coded`), the most the code covers while a lost
+    /// member does not come back.
+    #[arg(long, value_name = "ec:K+M")]
+    redundancy: Option<causeway_core::ring::Coding>,
 }
 
 /// With `--disk-tier`: each node's budget, and the bytes each value is
@@ -150,12 +156,20 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
     if args.dr && args.sites != 2 {
         return Err("--dr needs --sites 2 (site 1 backs up site 0)".into());
     }
+    if args.redundancy.is_some() && (args.sites > 1 || args.dr || args.disk_tier) {
+        return Err("--redundancy is for one site, without --dr or --disk-tier".into());
+    }
+    let mut args = args;
+    if let Some(c) = args.redundancy {
+        args.nodes = c.nodes();
+        args.partitions = args.partitions.next_multiple_of(c.nodes() as u32 * c.data as u32);
+    }
     let shape = Shape {
         nodes: args.nodes,
         replicas: 3.min(args.nodes as usize),
         k: 2.min(args.nodes as usize),
         partitions: args.partitions,
-        coding: None,
+        coding: args.redundancy,
         data_dir: Some(dir.to_string_lossy().into_owned()),
         disk_tier: args.disk_tier.then(|| dir.join("tier").to_string_lossy().into_owned()),
         node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"]
@@ -261,7 +275,13 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
     let mut rng = Rng::new(seed);
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(args.seconds));
-    while Instant::now() < deadline {
+    if let Some(c) = args.redundancy {
+        for what in coded::strike(&mut sites[0], c.parity, &mut rng, Duration::from_millis(1_000)).await? {
+            *faults.entry(if what.contains("kill") { "kill -9, then a restart" } else { "pause past the failure timeout" }).or_default() +=
+                1;
+        }
+    }
+    while args.redundancy.is_none() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(1_000 + rng.below(1_500))).await;
         let s = rng.below(n as u64) as usize;
         let node = rng.below(args.nodes as u64) as u16;
@@ -275,7 +295,7 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
             wait_healed(site, Duration::from_secs(60)).await.map_err(|e| format!("after {fault} of site {s} node {node}: {e}"))?;
         }
     }
-    for site in sites.iter() {
+    for site in sites.iter().filter(|_| args.redundancy.is_none()) {
         wait_healed(site, Duration::from_secs(60)).await?;
     }
     // Writes flow again once healed.
@@ -299,12 +319,16 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
     })?;
     let read_back = readback::check(sites, &writes.acked).await?;
     let mut partitions = 0;
-    for site in sites.iter() {
+    for site in sites.iter().filter(|_| args.redundancy.is_none()) {
         partitions += check_replicas(site).await?;
         if n > 1 {
             check_shipped(site).await?;
         }
     }
+    let replicas = match args.redundancy {
+        Some(_) => "erasure-coded: every group's lost slots decoded (parity is compared in the simulator)".to_string(),
+        None => format!("{partitions} partitions with identical replicas"),
+    };
     let total: u32 = faults.values().sum();
     let list: Vec<String> = faults.iter().map(|(f, n)| format!("{n} x {f}")).collect();
     let disaster = match args.dr {
@@ -312,7 +336,7 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
         false => String::new(),
     };
     Ok(format!(
-        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes in {n} site(s): {read_back}; {partitions} partitions with identical replicas; longest write gap {:.2} s{disaster}",
+        "{total} faults ({}); {} writes tried, {} acknowledged; history of {} operations in {} sessions: {history}; {} keys' last acknowledged values read back at 3 levels through {} nodes in {n} site(s): {read_back}; {replicas}; longest write gap {:.2} s{disaster}",
         list.join(", "),
         writes.tried,
         writes.acknowledged,

@@ -55,11 +55,12 @@ type Key = Box<[u8]>;
 const BATCH: usize = 16;
 /// Background cuts in flight at once.
 const IN_FLIGHT: usize = 2;
-/// Ticks an update (or a preparation step) waits for its answers before it
-/// is sent again: a link that broke lost it.
-const RESEND_TICKS: u64 = 10;
-/// Ticks a page repair may take before it is given up and started again.
-const REPAIR_TICKS: u64 = 50;
+/// How long (ms) an update (or a preparation step) waits for its answers
+/// before it is sent again: a link that broke lost it.
+const RESEND_MS: u64 = 200;
+/// How long (ms) a page repair may take before it is given up and
+/// started again.
+const REPAIR_MS: u64 = 2_000;
 
 /// Who is alive in the group, as the coordinator decided at `epoch`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,7 +243,7 @@ struct Pending {
     id: Option<WriteId>,
     /// The value the key had, if the request asked for it.
     old: Option<Bytes>,
-    /// When it was last sent (ticks).
+    /// When it was last sent (ms).
     sent: u64,
 }
 
@@ -283,7 +284,7 @@ struct CutCopy {
     /// (those already received when the copy was taken are in it).
     sources: BTreeMap<Slot, Option<Stamp>>,
     leader: Slot,
-    /// When the copy was taken (ticks), to give up on a lost cut.
+    /// When the copy was taken (ms), to give up on a lost cut.
     since: u64,
 }
 
@@ -318,7 +319,8 @@ pub struct Member {
     prep: Option<Prep>,
     repairs: BTreeMap<u64, Repair>,
     next_cut: u64,
-    ticks: u64,
+    /// The time of the last tick (ms).
+    now: u64,
     /// Pages decoded so far.
     repaired: u64,
     out: Vec<Out>,
@@ -356,7 +358,7 @@ impl Member {
             prep: None,
             repairs: BTreeMap::new(),
             next_cut: 0,
-            ticks: 0,
+            now: 0,
             repaired: 0,
             out: Vec::new(),
         }
@@ -505,7 +507,7 @@ impl Member {
                     also: Vec::new(),
                     id,
                     old,
-                    sent: self.ticks,
+                    sent: self.now,
                 });
                 for p in self.config.live_parity().collect::<Vec<_>>() {
                     let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone() };
@@ -760,18 +762,19 @@ impl Member {
         for p in self.config.live_parity().collect::<Vec<_>>() {
             self.out.push(Out::Send { to: p, msg: EcMsg::Prepare { epoch, slots: slots.clone() } });
         }
-        self.prep = Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, prepared: BTreeSet::new(), since: self.ticks });
+        self.prep = Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, prepared: BTreeSet::new(), since: self.now });
     }
 
-    /// Time passes: what went unanswered is sent again, lost repairs start
-    /// again, and the background repair goes on.
-    pub fn tick(&mut self) {
-        self.ticks += 1;
-        let now = self.ticks;
+    /// Time passes (`now_ms`, any monotonic clock): what went unanswered is
+    /// sent again, lost repairs start again, and the background repair goes
+    /// on.
+    pub fn tick(&mut self, now_ms: u64) {
+        self.now = self.now.max(now_ms);
+        let now = self.now;
         let mask = self.config.parity_mask();
         for (&slot, d) in self.data.iter_mut() {
-            if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_TICKS) {
-                for p in d.pending.iter_mut() {
+            if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_MS) {
+                for p in d.pending.iter_mut().filter(|p| now - p.sent >= RESEND_MS) {
                     p.sent = now;
                     for to in (0..64).filter(|b| p.waiting & mask & (1 << b) != 0) {
                         let msg = EcMsg::Update {
@@ -789,7 +792,7 @@ impl Member {
             }
         }
         let live: Vec<Slot> = self.config.live_parity().collect();
-        if let Some(prep) = self.prep.as_mut().filter(|p| now - p.since >= RESEND_TICKS) {
+        if let Some(prep) = self.prep.as_mut().filter(|p| now - p.since >= RESEND_MS) {
             prep.since = now;
             for &p in &live {
                 let msg = match &prep.stable {
@@ -800,9 +803,9 @@ impl Member {
                 self.out.push(Out::Send { to: p, msg });
             }
         }
-        self.repairs.retain(|_, r| now - r.since < REPAIR_TICKS);
+        self.repairs.retain(|_, r| now - r.since < REPAIR_MS);
         if let Some(par) = &mut self.parity {
-            par.cuts.retain(|_, c| now - c.since < REPAIR_TICKS);
+            par.cuts.retain(|_, c| now - c.since < REPAIR_MS);
         }
         self.repair(true);
     }
@@ -879,7 +882,7 @@ impl Member {
                 self.out.push(Out::Send { to: p, msg });
             }
         }
-        self.repairs.insert(id, Repair { pages, lost, sources, parity, got: BTreeMap::new(), since: self.ticks });
+        self.repairs.insert(id, Repair { pages, lost, sources, parity, got: BTreeMap::new(), since: self.now });
         true
     }
 
@@ -903,7 +906,7 @@ impl Member {
 
     #[allow(clippy::too_many_arguments)]
     fn on_marker(&mut self, epoch: u64, id: u64, slot: Slot, through: Stamp, pages: Vec<u32>, sources: Vec<Slot>, leader: Slot) {
-        let ticks = self.ticks;
+        let now = self.now;
         let Some(par) = &mut self.parity else { return };
         if epoch < self.config.epoch {
             return;
@@ -914,7 +917,7 @@ impl Member {
             pages,
             sources: sources.into_iter().map(|s| (s, None)).collect(),
             leader,
-            since: ticks,
+            since: now,
         });
         if let Some(t) = copy.sources.get_mut(&slot) {
             *t = Some(through);

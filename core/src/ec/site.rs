@@ -240,7 +240,7 @@ impl<R> Engine<R> {
         }
         if self.alive(self.me) {
             for g in 0..self.coding.nodes() {
-                self.members[g as usize].tick();
+                self.members[g as usize].tick(now_ms);
                 self.collect(g);
             }
         }
@@ -274,6 +274,12 @@ impl<R> Engine<R> {
     /// This node's member of `group`.
     pub fn member(&self, group: u16) -> &Member {
         &self.members[group as usize]
+    }
+
+    /// Whether requests can be taken: the groups formed, and this node is
+    /// confirmed a member or known lost (then it passes them on).
+    pub fn ready(&self) -> bool {
+        self.formed.is_some() && (self.confirmed || self.lost.contains(&self.me))
     }
 
     /// Whether nothing waits on time here but the hello.

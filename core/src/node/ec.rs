@@ -22,15 +22,26 @@ impl Node {
     pub(super) fn ec_step(&mut self, msg: Message, now: Now, out: &mut Outbox) -> Option<Message> {
         let leased = self.ec.is_some() && self.has_lease(now.mono_ms);
         let Some(engine) = self.ec.as_mut() else { return Some(msg) };
+        let request = matches!(msg, Message::Put(_) | Message::Get { .. });
+        if request && (!engine.ready() || matches!(msg, Message::Get { .. }) && !leased) {
+            // The groups are forming, or this node has no lease of the
+            // current configuration (removed without knowing it yet, say:
+            // another node may serve the slot now): the request waits
+            // (`ec_tick`).
+            if self.ec_waiting.len() >= MAX_WAITING {
+                let op = msg.op().expect("a request");
+                return send_back(out, op, Refusal::Unavailable { alive: 0, needed: 1 });
+            }
+            self.ec_waiting.push((now.mono_ms, msg));
+            return None;
+        }
         match msg {
             Message::Ec { group, from, msg } => engine.step(group, from, *msg),
             Message::EcHello { formed, lost } => engine.hello(formed.into_iter().collect(), lost),
             Message::Put(put) => {
-                if !leased {
-                    // Removed without knowing it yet: its slots may be
-                    // served elsewhere, and fenced there.
-                    return send_back(out, put.op, Refusal::NoLease);
-                }
+                // No lease needed: a member removed without knowing it
+                // yet gets no acknowledgement from the parity members once
+                // the slot's new leader has asked them (`ec::member`).
                 let c = &put.change;
                 let value = match &c.value {
                     NewValue::Set(v) => Some(v.clone()),
@@ -49,12 +60,7 @@ impl Node {
                 let (partition, key) = (put.partition, put.key.clone());
                 engine.request(Message::Put(put), partition, key, Some(write));
             }
-            Message::Get { op, partition, ref key, .. } => {
-                if !leased {
-                    // Removed without knowing it yet (paused, say): another
-                    // node may serve this slot now.
-                    return send_back(out, op, Refusal::NoLease);
-                }
+            Message::Get { partition, ref key, .. } => {
                 let key = key.clone();
                 engine.request(msg, partition, key, None);
             }
@@ -114,10 +120,21 @@ impl Node {
         }
     }
 
-    pub(super) fn ec_tick(&mut self, now_ms: u64, out: &mut Outbox) {
-        if let Some(engine) = self.ec.as_mut() {
-            engine.tick(now_ms);
-            self.ec_flush(out);
+    pub(super) fn ec_tick(&mut self, now: Now, out: &mut Outbox) {
+        let Some(engine) = self.ec.as_mut() else { return };
+        engine.tick(now.wall_ms);
+        self.ec_flush(out);
+        if !self.ec_waiting.is_empty() {
+            // Requests that waited; those waiting longer than a client
+            // would are dropped (it has given up). Still not ready: they
+            // wait again.
+            for (at, msg) in std::mem::take(&mut self.ec_waiting) {
+                if now.mono_ms.saturating_sub(at) < WAIT_MS {
+                    if let Some(msg) = self.ec_step(msg, now, out) {
+                        debug_assert!(false, "a read is the engine's: {msg:?}");
+                    }
+                }
+            }
         }
     }
 
@@ -126,6 +143,11 @@ impl Node {
         self.ec.as_deref()
     }
 }
+
+/// Requests waiting (for the groups, or the lease), at most, and for how
+/// long.
+const MAX_WAITING: usize = 100_000;
+const WAIT_MS: u64 = 5_000;
 
 fn send_back(out: &mut Outbox, op: OpId, reason: Refusal) -> Option<Message> {
     send(out, Dest::Client(op.client), Message::Refused { op, reason });

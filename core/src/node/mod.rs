@@ -178,6 +178,9 @@ pub struct Node {
     /// An erasure-coded site (`Shape::coding`): this node's members of its
     /// groups (`ec`).
     ec: Option<Box<crate::ec::site::Engine<Message>>>,
+    /// Requests of a coded site waiting for its groups or this node's
+    /// lease (`ec`).
+    ec_waiting: Vec<(u64, Message)>,
 }
 
 impl Node {
@@ -214,6 +217,7 @@ impl Node {
             tier: None,
             touched: Vec::new(),
             ec: None,
+            ec_waiting: Vec::new(),
         };
         if let Some(coding) = node.topology.shape.coding {
             let engine = crate::ec::site::Engine::new(node.id.me, node.id.incarnation, coding).expect("a validated shape");
@@ -642,7 +646,7 @@ impl Node {
             self.expire_puts(now_ms);
             self.geo_tick(now_ms, out);
         }
-        self.ec_tick(now_ms, out);
+        self.ec_tick(now, out);
         self.defer_chain_traffic(out, at);
         self.flush(now_ms, out);
         let due = |last: Option<u64>, every: u64| last.is_none_or(|at| now.mono_ms.saturating_sub(at) + EARLY_MS >= every);
@@ -668,6 +672,7 @@ impl Node {
     pub fn idle(&self) -> bool {
         self.geo.as_ref().is_none_or(Geo::idle)
             && self.ec.as_ref().is_none_or(|e| e.idle())
+            && self.ec_waiting.is_empty()
             && !self.evicting()
             && self.parked.is_empty()
             && self.waiting.is_empty()

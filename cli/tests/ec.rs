@@ -1,6 +1,7 @@
 //! Erasure-coded sites (`--redundancy ec:3+2`) with real processes: Redis
-//! clients read and write as on chains (values across pages too), what is
-//! not done yet is refused with a clear error, and a site loses two of its
+//! clients read and write as on chains (values across pages too), keys
+//! expire as in Redis, what is not done yet is refused with a clear error,
+//! and a site loses two of its
 //! five nodes (kill -9, one after the other, under writers) without losing
 //! an acknowledged write.
 
@@ -45,10 +46,72 @@ fn an_ec_site_serves_redis_clients() {
     // Not done yet: a clear error, nothing half done.
     let e = redis::cmd("MGET").arg("k").arg("big").query::<Vec<Option<String>>>(&mut a).unwrap_err();
     assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
-    let e = redis::cmd("SET").arg("t").arg("x").arg("PX").arg(1000).query::<()>(&mut a).unwrap_err();
-    assert!(e.to_string().contains("expiry not supported with erasure coding"), "{e}");
-    let none: Option<String> = redis::cmd("GET").arg("t").query(&mut a).unwrap();
-    assert_eq!(none, None);
+    let e = redis::cmd("DBSIZE").query::<u64>(&mut a).unwrap_err();
+    assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
+}
+
+fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg(section).query(conn).unwrap();
+    let line = info.lines().find_map(|l| l.strip_prefix(&format!("{field}:"))).unwrap_or_else(|| panic!("no {field} in {info}"));
+    line.trim().parse().unwrap()
+}
+
+/// Expiry as Redis has it, decided by the data member that serves the key
+/// (the metadata carries the instant to the parity members): the TTL
+/// family, EXPIRE's conditions, PERSIST, GETEX, and keys deleted once they
+/// expire without being read.
+#[test]
+fn an_ec_site_expires_keys_as_redis_does() {
+    let c = site();
+    let mut a = c.conn(0);
+    let mut b = c.conn(2);
+    let _: () = redis::cmd("SET").arg("t").arg("x").arg("EX").arg(100).query(&mut a).unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg("t").query(&mut b).unwrap();
+    assert!((99..=100).contains(&ttl), "{ttl}");
+    let set: u64 = redis::cmd("EXPIRE").arg("t").arg(50).arg("GT").query(&mut b).unwrap();
+    assert_eq!(set, 0, "GT: 50 s is not later than 100 s");
+    let set: u64 = redis::cmd("EXPIRE").arg("t").arg(200).arg("GT").query(&mut b).unwrap();
+    assert_eq!(set, 1);
+    let pttl: i64 = redis::cmd("PTTL").arg("t").query(&mut a).unwrap();
+    assert!(pttl > 199_000 && pttl <= 200_000, "{pttl}");
+    let set: u64 = redis::cmd("PERSIST").arg("t").query(&mut a).unwrap();
+    assert_eq!(set, 1);
+    let ttl: i64 = redis::cmd("TTL").arg("t").query(&mut a).unwrap();
+    assert_eq!(ttl, -1);
+    let got: String = redis::cmd("GETEX").arg("t").arg("PX").arg(300).query(&mut b).unwrap();
+    assert_eq!(got, "x");
+    let ttl: i64 = redis::cmd("TTL").arg("missing").query(&mut a).unwrap();
+    assert_eq!(ttl, -2);
+    let _: () = redis::cmd("SETEX").arg("s").arg(1).arg("y").query(&mut a).unwrap();
+    let _: () = redis::cmd("SET").arg("s").arg("z").arg("KEEPTTL").query(&mut a).unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg("s").query(&mut a).unwrap();
+    assert_eq!(ttl, 1, "KEEPTTL keeps the expiry");
+    // An instant already past deletes the key.
+    let _: () = redis::cmd("SET").arg("p").arg("v").query(&mut a).unwrap();
+    let set: u64 = redis::cmd("PEXPIREAT").arg("p").arg(1).query(&mut a).unwrap();
+    assert_eq!(set, 1);
+    let gone: Option<String> = redis::cmd("GET").arg("p").query(&mut b).unwrap();
+    assert_eq!(gone, None);
+
+    // Keys nobody reads again are deleted once they expire: every node's
+    // expiring keys back to none, and the keys counted as expired.
+    for i in 0..300 {
+        let _: () = redis::cmd("SET").arg(format!("e{i}")).arg("v").arg("PX").arg(200).query(&mut a).unwrap();
+    }
+    let gone: Option<String> = {
+        std::thread::sleep(Duration::from_millis(400));
+        redis::cmd("GET").arg("e7").query(&mut b).unwrap()
+    };
+    assert_eq!(gone, None, "past its expiry a key reads as missing");
+    let mut conns: Vec<_> = (0..5).map(|i| c.conn(i)).collect();
+    eventually(Duration::from_secs(20), "expired keys to be deleted", || {
+        let left: u64 = conns.iter_mut().map(|c| info_field(c, "ec", "ec_expires")).sum();
+        (left == 0).then_some(())
+    });
+    let expired: u64 = conns.iter_mut().map(|c| info_field(c, "stats", "expired_keys")).sum();
+    assert!(expired >= 302, "300 keys and t, s: {expired}");
+    let keys: u64 = conns.iter_mut().map(|c| info_field(c, "ec", "ec_keys")).sum();
+    assert_eq!(keys, 0, "every key written expired or was deleted: {keys}");
 }
 
 /// Waits until node `via` serves a configuration without `gone`.

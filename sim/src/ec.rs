@@ -292,7 +292,12 @@ pub fn describe(msg: &EcMsg) -> String {
             "Update slot={slot} stamp={} key={} loc={} diff={}B",
             st(stamp),
             String::from_utf8_lossy(key),
-            meta.map_or("deleted".into(), |m| format!("{}+{}", m.loc.at, m.loc.len)),
+            meta.map_or("deleted".into(), |m| format!(
+                "{}+{}{}",
+                m.loc.at,
+                m.loc.len,
+                m.expires_at().map_or(String::new(), |at| format!(" until {at}"))
+            )),
             diffs.iter().map(|d| d.bytes.len()).sum::<usize>()
         ),
         EcMsg::Ack { slot, stamp } => format!("Ack slot={slot} stamp={}", st(stamp)),

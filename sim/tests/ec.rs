@@ -87,7 +87,7 @@ impl Run {
             let now = self.world.now() as i64;
             let kind = match (p.kind, reply) {
                 (Kind::Put(tag, _), Reply::Done { .. }) => OpKind::Put(tag),
-                (Kind::Get, Reply::Value(v)) => OpKind::Get(v.map(|(v, _)| tag(&v)).unwrap_or_default()),
+                (Kind::Get, Reply::Value(v)) => OpKind::Get(v.map(|(v, _, _)| tag(&v)).unwrap_or_default()),
                 (_, r) => panic!("unexpected reply {r:?}"),
             };
             self.history.push(Op { client: p.client, key: p.key, kind, call: p.call as i64, ret: Some(now) });

@@ -104,7 +104,7 @@ fn a_paused_data_member_cannot_get_a_write_acknowledged_during_the_preparation()
     h.flush(3);
     h.run_all();
     match h.reply(3) {
-        Some(Reply::Value(Some((v, _)))) if acked => {
+        Some(Reply::Value(Some((v, _, _)))) if acked => {
             assert_eq!(&v[..], b"second", "acknowledged SET lost: read {:?}", String::from_utf8_lossy(v))
         }
         Some(Reply::Value(Some(_))) => {}
@@ -172,7 +172,7 @@ fn a_leader_confirmed_after_a_loss_prepares() {
     assert_eq!(e.member(0).config().leader(), Some(3));
     assert_eq!(e.member(0).config().lost(), vec![0]);
     // partition 0 -> group 0, data slot 0.
-    e.request(7, 0, b("a"), None);
+    e.request(7, 0, b("a"), None, 0);
     let mut answered = false;
     let mut prepares = 0;
     for ms in 0..60_000u64 {
@@ -202,7 +202,7 @@ fn a_node_that_missed_the_forming_configuration_forms_from_a_hello() {
         e.tick(ms);
         e.drain();
     }
-    e.request(7, 3 * 5 + 3, b("a"), None); // some partition of node 3
+    e.request(7, 3 * 5 + 3, b("a"), None, 0); // some partition of node 3
     let a = e.drain();
     assert!(!matches!(a.as_slice(), [Action::Unavailable { .. }]), "node 3 never formed its groups: {:?}", e.status());
 }
@@ -220,7 +220,7 @@ fn a_restarted_process_never_serves_its_empty_member() {
     e.topology(&t);
     e.hello(formed(), vec![0]);
     e.drain();
-    e.request(7, 0, b("a"), None);
+    e.request(7, 0, b("a"), None, 0);
     let a = e.drain();
     assert!(
         !matches!(a.as_slice(), [Action::Answer { reply: Reply::Value(None), .. }]),

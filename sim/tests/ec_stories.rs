@@ -8,8 +8,10 @@
 //! rewrites them.
 //!
 //! * `group k=K m=M`: a new group, slots 0..K data, K..K+M parity.
-//! * `put slot=S key=K value=V` / `del slot=S key=K` / `get slot=S key=K`:
-//!   a client's request to the member serving data slot S.
+//! * `put slot=S key=K value=V [px=MS]` / `del slot=S key=K` /
+//!   `get slot=S key=K` / `expire slot=S key=K px=MS`: a client's request
+//!   to the member serving data slot S (an expiry is MS after the story's
+//!   time).
 //! * `deliver [from=A] [to=B] [count=N]`: the first message of each link
 //!   from A to B (any, if not given), link by link, until none is left (or
 //!   N were delivered); prints each and what clients are answered.
@@ -17,13 +19,16 @@
 //! * `crash S`: member S stops (what it sent stays on the links).
 //! * `reconfigure`: the coordinator's next configuration, without the
 //!   crashed members, reaches every live member.
-//! * `tick`: time passes on every live member (background repair).
+//! * `tick [ms=N]`: N ms (10) pass on every live member (background
+//!   repair, resends, expiry).
 //! * `status`: every live member's slots and parity.
 //! * `check`: every parity page is the code of the data pages.
 
 use bytes::Bytes;
 use causeway_core::ec::code::Code;
-use causeway_core::ec::{Config, EcMsg, Member, Out, Reply, Slot};
+use causeway_core::ec::member::OWN_OP;
+use causeway_core::ec::{Config, EcMsg, Member, Out, PutReq, Reply, Slot};
+use causeway_core::message::{Change, Condition, Expiry, NewValue};
 use causeway_sim::ec::{check_stripes, describe};
 use std::collections::{BTreeMap, VecDeque};
 use std::error::Error;
@@ -46,6 +51,16 @@ enum Command {
         key: String,
         #[arg(key)]
         value: String,
+        #[arg(key)]
+        px: Option<u64>,
+    },
+    Expire {
+        #[arg(key)]
+        slot: Slot,
+        #[arg(key)]
+        key: String,
+        #[arg(key)]
+        px: u64,
     },
     Del {
         #[arg(key)]
@@ -75,7 +90,10 @@ enum Command {
     },
     Crash(Slot),
     Reconfigure,
-    Tick,
+    Tick {
+        #[arg(key)]
+        ms: Option<u64>,
+    },
     Status,
     Check,
 }
@@ -106,24 +124,31 @@ impl Story {
                         Reply::Done { version: Some(version), .. } => format!("done v{version}"),
                         Reply::Done { version: None, .. } => "not written".to_string(),
                         Reply::Value(None) => "nil".to_string(),
-                        Reply::Value(Some((v, version))) => format!("{:?} v{version}", String::from_utf8_lossy(&v)),
+                        Reply::Value(Some((v, version, None))) => format!("{:?} v{version}", String::from_utf8_lossy(&v)),
+                        Reply::Value(Some((v, version, Some(at)))) => format!("{:?} v{version} until {at}", String::from_utf8_lossy(&v)),
                         Reply::NotHere => "not here".to_string(),
                     };
-                    writeln!(text, "op {op}: {what}")?;
+                    match op {
+                        OWN_OP => writeln!(text, "the member's own write: {what}")?,
+                        op => writeln!(text, "op {op}: {what}")?,
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    fn request(&mut self, slot: Slot, key: &str, value: Option<Option<&str>>, text: &mut String) -> Result<(), Box<dyn Error>> {
+    /// A read (`None`), or a write of `change` to `key` in data `slot`.
+    fn request(&mut self, slot: Slot, key: &str, change: Option<Change>, text: &mut String) -> Result<(), Box<dyn Error>> {
         self.ops += 1;
         let op = self.ops;
         let to = self.config.as_ref().ok_or("no group")?.acting(slot).ok_or("nobody serves that slot")?;
         let key = Bytes::from(key.to_string());
+        let now = self.now;
         let m = self.member(to)?;
-        match value {
-            Some(v) => m.put(op, slot, key, v.map(|v| Bytes::from(v.to_string())), op),
+        m.advance(now);
+        match change {
+            Some(change) => m.write(op, slot, PutReq { key, change, version: op, id: None }),
             None => m.get(op, slot, key),
         }
         writeln!(text, "op {op} at member {to}")?;
@@ -145,8 +170,17 @@ impl goldenscript::Runner for Story {
                 self.config = Some(config);
                 self.links.clear();
             }
-            Command::Put { slot, key, value } => self.request(*slot, key, Some(Some(value)), &mut out)?,
-            Command::Del { slot, key } => self.request(*slot, key, Some(None), &mut out)?,
+            Command::Put { slot, key, value, px } => {
+                let expiry = px.map_or(Expiry::Never, Expiry::After);
+                self.request(*slot, key, Some(Change { expiry, ..Change::set(Bytes::from(value.clone())) }), &mut out)?
+            }
+            Command::Expire { slot, key, px } => {
+                let change = Change { value: NewValue::Keep, expiry: Expiry::After(*px), condition: Condition::Always, get: false };
+                self.request(*slot, key, Some(change), &mut out)?
+            }
+            Command::Del { slot, key } => {
+                self.request(*slot, key, Some(Change { condition: Condition::Always, ..Change::delete() }), &mut out)?
+            }
             Command::Get { slot, key } => self.request(*slot, key, None, &mut out)?,
             Command::Deliver { from, to, count } => {
                 let mut n = 0;
@@ -209,8 +243,8 @@ impl goldenscript::Runner for Story {
                     }
                 }
             }
-            Command::Tick => {
-                self.now += 10;
+            Command::Tick { ms } => {
+                self.now += ms.unwrap_or(10);
                 for s in 0..self.members.len() as Slot {
                     if let Some(m) = self.members[s as usize].as_mut() {
                         m.tick(self.now);

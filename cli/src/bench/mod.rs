@@ -9,10 +9,13 @@
 //! tail (`--consistency linearizable`). `CW.CHAIN causeway-bench-hot-key`
 //! shows that key's chain, e.g. to kill its head or tail during a run.
 //!
+//! `--codec ec:K+M` measures the erasure code alone (`codec`).
+//!
 //! Every report ends with a per-second timeline of completed operations and
 //! errors, and the longest stretch any client went without a successful
 //! write: the write unavailability when a node is killed during the run.
 
+pub mod codec;
 pub mod dr;
 pub mod report;
 pub mod visibility;
@@ -110,6 +113,11 @@ pub struct BenchArgs {
     /// keys it serves complete, refuses or lost (see `dr`).
     #[arg(long, value_name = "BACKUP_ADDR")]
     disaster: Option<String>,
+    /// Measure the erasure code of `ec:K+M` alone instead (no server):
+    /// parity updates per write, stripes encoded, lost pages decoded, for
+    /// `--duration` seconds each (see `codec`).
+    #[arg(long, value_name = "ec:K+M")]
+    codec: Option<causeway_core::ring::Coding>,
 }
 
 /// One benchmark connection.
@@ -156,6 +164,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 }
 
 async fn bench(args: BenchArgs) -> Result<(), String> {
+    if let Some(coding) = args.codec {
+        return codec::run(coding, args.duration as f64);
+    }
     if let Some(to) = &args.visible_at {
         return visibility::run(&args.addr, to, args.link_ms, args.samples).await;
     }

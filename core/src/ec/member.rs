@@ -34,6 +34,12 @@
 //!   Requests that touch a missing page wait for it (it is repaired first);
 //!   the rest is repaired in the background, a few pages at a time.
 //!
+//! **Expiry**, as Redis's primary does it: the member serving a data slot
+//! decides a write's expiry (`chain::change::decide`, the same rules as a
+//! chain's head), keeps the instant in the key's metadata, answers reads
+//! of a key past it with nothing, and deletes such keys with ordinary
+//! updates (`tick`), so parity members never disagree about a key.
+//!
 //! A leader that fails is replaced by the next live parity member, which
 //! prepares the slots again (the old leader's committed writes are in every
 //! parity) and repairs them from scratch. Members never come back in this
@@ -41,8 +47,9 @@
 
 use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
+use crate::chain::change::{decide, Current};
 use crate::message::ec::{Diff, EcMsg, Meta, Slot, Stamp, WriteId};
-use crate::message::Condition;
+use crate::message::{Change, NewValue};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -58,6 +65,10 @@ const IN_FLIGHT: usize = 2;
 /// How long (ms) an update (or a preparation step) waits for its answers
 /// before it is sent again: a link that broke lost it.
 const RESEND_MS: u64 = 200;
+/// Expired keys a served slot deletes per tick, at most.
+const EXPIRE_PER_TICK: usize = 256;
+/// The op of a member's own writes (expiry): nobody waits for their answer.
+pub const OWN_OP: u64 = u64::MAX;
 /// How long (ms) a page repair may take before it is given up and
 /// started again.
 const REPAIR_MS: u64 = 2_000;
@@ -127,8 +138,8 @@ pub enum Reply {
     /// did not hold, or a DEL found nothing; nothing was written). `old`:
     /// the value the key had, if asked for.
     Done { version: Option<u64>, old: Option<Bytes> },
-    /// The value and its version, or nothing.
-    Value(Option<(Bytes, u64)>),
+    /// The value, its version and its expiry (Unix ms), or nothing.
+    Value(Option<(Bytes, u64, Option<u64>)>),
     /// This member does not serve that slot at its configuration.
     NotHere,
 }
@@ -151,6 +162,10 @@ pub struct Memory {
     /// Pages of taken-over slots not repaired yet, and repaired so far.
     pub missing: usize,
     pub repaired: u64,
+    /// Keys with an expiry in the slots served here, and keys expired
+    /// (deleted by this member) so far.
+    pub expires: usize,
+    pub expired: u64,
 }
 
 impl std::ops::AddAssign for Memory {
@@ -164,20 +179,20 @@ impl std::ops::AddAssign for Memory {
         self.buffered += o.buffered;
         self.missing += o.missing;
         self.repaired += o.repaired;
+        self.expires += o.expires;
+        self.expired += o.expired;
     }
 }
 
-/// A write to a key: SET (`Some`) or DEL (`None`), at `version` (or just
-/// above the key's current one if that is not above it), if `cond` holds,
-/// answering the value the key had with `get`. `id` names the client
-/// request, so that a resend is answered without writing again.
+/// A client's change to a key (SET with its options, DEL, EXPIRE, ...), at
+/// `version` (or just above the key's current one if that is not above
+/// it). `id` names the client request, so that a resend is answered
+/// without writing again.
 #[derive(Clone, Debug)]
 pub struct PutReq {
     pub key: Bytes,
-    pub value: Option<Bytes>,
+    pub change: Change,
     pub version: u64,
-    pub cond: Condition,
-    pub get: bool,
     pub id: Option<WriteId>,
 }
 
@@ -217,6 +232,8 @@ struct Data {
     free: Free,
     /// Committed places: what reads see.
     index: HashMap<Key, Meta>,
+    /// The committed keys with an expiry, soonest first.
+    expiring: BTreeSet<(u64, Key)>,
     /// Committed writes by request id.
     recent: Recent,
     next: Stamp,
@@ -323,6 +340,8 @@ pub struct Member {
     now: u64,
     /// Pages decoded so far.
     repaired: u64,
+    /// Keys expired so far.
+    expired: u64,
     out: Vec<Out>,
 }
 
@@ -360,6 +379,7 @@ impl Member {
             next_cut: 0,
             now: 0,
             repaired: 0,
+            expired: 0,
             out: Vec::new(),
         }
     }
@@ -377,22 +397,32 @@ impl Member {
         std::mem::take(&mut self.out)
     }
 
-    /// SET (`Some`) or DEL (`None`) of `key`, which belongs to data `slot`.
-    /// Its version is `version`, or just above the key's current one if
-    /// that is not above it.
+    /// SET (`Some`) or DEL (`None`) of `key`, which belongs to data `slot`,
+    /// unconditionally. Its version is `version`, or just above the key's
+    /// current one if that is not above it.
     pub fn put(&mut self, op: u64, slot: Slot, key: Bytes, value: Option<Bytes>, version: u64) {
-        self.write(op, slot, PutReq { key, value, version, cond: Condition::Always, get: false, id: None });
+        let change = match value {
+            Some(v) => Change::set(v),
+            None => Change { condition: crate::message::Condition::Always, ..Change::delete() },
+        };
+        self.write(op, slot, PutReq { key, change, version, id: None });
     }
 
-    /// A write (`PutReq`). A condition (NX, XX, DEL's "if present") is
-    /// decided against the committed state, after the key's writes in
-    /// flight commit: what reads see.
+    /// A write (`PutReq`). A condition (NX, XX, DEL's "if present", an
+    /// expiry's) is decided against the committed state, after the key's
+    /// writes in flight commit: what reads see.
     pub fn write(&mut self, op: u64, slot: Slot, put: PutReq) {
         self.request(slot, Req::Put { op, put });
     }
 
     pub fn get(&mut self, op: u64, slot: Slot, key: Bytes) {
         self.request(slot, Req::Get { op, key });
+    }
+
+    /// The time now (Unix ms) as a request arrives: what expiry is decided
+    /// against (ticks may be far apart when the node is idle).
+    pub fn advance(&mut self, now_ms: u64) {
+        self.now = self.now.max(now_ms);
     }
 
     fn request(&mut self, slot: Slot, req: Req) {
@@ -415,7 +445,8 @@ impl Member {
         let d = self.data.get_mut(&slot).expect("served slot");
         match req {
             Req::Get { op, key } => {
-                let Some(&Meta { loc, version }) = d.index.get(&key[..]) else {
+                let now = self.now;
+                let Some(&Meta { loc, version, expires_at_ms }) = d.index.get(&key[..]).filter(|m| !m.expired(now)) else {
                     return self.reply(op, Reply::Value(None));
                 };
                 let need: Vec<u32> = pages_of(loc).filter(|p| d.missing.contains(p)).collect();
@@ -425,7 +456,8 @@ impl Member {
                 }
                 let mut value = vec![0; loc.len as usize];
                 d.area.read(loc.at, &mut value);
-                self.reply(op, Reply::Value(Some((value.into(), version))));
+                let expires = (expires_at_ms != 0).then_some(expires_at_ms);
+                self.reply(op, Reply::Value(Some((value.into(), version, expires))));
             }
             Req::Put { op, put } => {
                 if let Some(id) = put.id {
@@ -438,50 +470,70 @@ impl Member {
                         return;
                     }
                 }
-                let PutReq { key, value, version, cond, get, id } = put;
-                let current = d.index.get(&key[..]).copied();
-                let conditional = cond != Condition::Always || get;
+                let PutReq { key, change, version, id } = put;
+                let now = self.now;
+                let raw = d.index.get(&key[..]).copied();
+                let current = raw.filter(|m| !m.expired(now));
+                let keep = change.value == NewValue::Keep;
                 let mut need: Vec<u32> = Vec::new();
-                if get {
+                if change.get {
                     need.extend(current.into_iter().flat_map(|m| pages_of(m.loc)).filter(|p| d.missing.contains(p)));
                 }
-                let loc = value.as_ref().map(|v| d.free.alloc(v.len() as u32));
+                // A new value gets a new place; an expiry change (EXPIRE,
+                // PERSIST, GETEX) leaves the value where it is.
+                let loc = match &change.value {
+                    NewValue::Set(v) => Some(d.free.alloc(v.len() as u32)),
+                    NewValue::Delete | NewValue::Keep => None,
+                };
                 need.extend(loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)));
-                let behind = d.queue.iter().any(|(r, _)| req_key(r) == &key) || conditional && d.pending.iter().any(|p| p.key == key);
+                let behind =
+                    d.queue.iter().any(|(r, _)| req_key(r) == &key) || !change.is_blind() && d.pending.iter().any(|p| p.key == key);
                 if !need.is_empty() || behind {
                     // Its bytes must be known before they can be diffed; a
                     // condition waits for the key's writes in flight.
                     if let Some(l) = loc {
                         d.free.free(l);
                     }
-                    d.queue.push_back((Req::Put { op, put: PutReq { key, value, version, cond, get, id } }, need));
+                    d.queue.push_back((Req::Put { op, put: PutReq { key, change, version, id } }, need));
                     return self.repair_soon();
                 }
-                let old = current.filter(|_| get).map(|m| {
+                let old = current.filter(|_| change.get).map(|m| {
                     let mut v = vec![0; m.loc.len as usize];
                     d.area.read(m.loc.at, &mut v);
                     Bytes::from(v)
                 });
-                let holds = match cond {
-                    Condition::Always => true,
-                    Condition::IfAbsent => current.is_none(),
-                    Condition::IfPresent => current.is_some(),
-                    // Expiry's conditions: no expiry here (refused before).
-                    _ => false,
-                };
-                if !holds || value.is_none() && current.is_none() {
+                // Decided as a chain's head decides it; the old value's
+                // bytes matter only to GET (read above).
+                let seen =
+                    Current { value: current.map(|_| old.as_deref().unwrap_or(&[])), expires_at_ms: current.and_then(|m| m.expires_at()) };
+                let decided = decide(&change, seen, now);
+                let decided_any = decided.write.is_some();
+                let write = decided.write.filter(|(value, _)| value.is_some() || raw.is_some());
+                let Some((value, expires)) = write else {
                     if let Some(l) = loc {
                         d.free.free(l);
                     }
-                    // Nothing to write: a DEL of a missing key, or a
-                    // condition that does not hold.
-                    let version = (holds && value.is_none()).then_some(version);
-                    return self.reply(op, Reply::Done { version, old });
-                }
+                    // Nothing to write: a condition that does not hold, or
+                    // a DEL of a key that was never there.
+                    let version = decided_any.then_some(version);
+                    return self.reply(op, Reply::Done { version, old: decided.old });
+                };
+                let loc = match (&value, keep) {
+                    (Some(_), true) => current.map(|m| m.loc),
+                    (Some(_), false) => loc,
+                    (None, _) => {
+                        if let Some(l) = loc {
+                            d.free.free(l); // an expiry already past: a delete
+                        }
+                        None
+                    }
+                };
+                let old = decided.old;
                 // Versions of a key only grow, whatever the caller's clock.
                 let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key[..]).map(|m| m.version));
                 let version = newest.map_or(version, |n| version.max(n + 1));
-                let meta = loc.map(|loc| Meta { loc, version });
+                let meta = loc.map(|loc| Meta { loc, version, expires_at_ms: expires.unwrap_or(0) });
+                let value = value.filter(|_| !keep);
                 let mut diffs = Vec::new();
                 if let (Some(l), Some(v)) = (loc, &value) {
                     let mut diff = vec![0; v.len()];
@@ -530,7 +582,15 @@ impl Member {
                 None => d.index.remove(&p.key[..]),
             };
             if let Some(old) = old {
-                d.free.free(old.loc);
+                if p.meta.map(|m| m.loc) != Some(old.loc) {
+                    d.free.free(old.loc); // not an expiry change in place
+                }
+                if let Some(at) = old.expires_at() {
+                    d.expiring.remove(&(at, Key::from(&p.key[..])));
+                }
+            }
+            if let Some(at) = p.meta.and_then(|m| m.expires_at()) {
+                d.expiring.insert((at, Key::from(&p.key[..])));
             }
             if let Some(id) = p.id {
                 d.recent.insert(id, p.version);
@@ -723,6 +783,7 @@ impl Member {
             let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 }, stable);
             d.free = Free::rebuild(index.values().map(|m| m.loc).collect(), extent);
             d.recent = par.recent[s as usize].clone();
+            d.expiring = index.iter().filter_map(|(key, m)| Some((m.expires_at()?, key.clone()))).collect();
             d.index = index;
             d.missing = (0..pages).collect();
             self.data.insert(s, d);
@@ -803,11 +864,38 @@ impl Member {
                 self.out.push(Out::Send { to: p, msg });
             }
         }
+        self.expire();
         self.repairs.retain(|_, r| now - r.since < REPAIR_MS);
         if let Some(par) = &mut self.parity {
             par.cuts.retain(|_, c| now - c.since < REPAIR_MS);
         }
         self.repair(true);
+    }
+
+    /// Deletes keys of the served slots whose expiry has passed, a few at a
+    /// time, with ordinary updates (skipping keys with writes in flight:
+    /// they may give the key a new expiry).
+    fn expire(&mut self) {
+        let now = self.now;
+        for slot in self.data.keys().copied().collect::<Vec<_>>() {
+            let d = &self.data[&slot];
+            let due: Vec<Key> = d
+                .expiring
+                .iter()
+                .take_while(|(at, _)| *at <= now)
+                .filter(|(_, key)| {
+                    !d.pending.iter().any(|p| p.key[..] == key[..]) && !d.queue.iter().any(|(r, _)| req_key(r)[..] == key[..])
+                })
+                .take(EXPIRE_PER_TICK)
+                .map(|(_, key)| key.clone())
+                .collect();
+            for key in due {
+                self.expired += 1;
+                let change = Change { condition: crate::message::Condition::Always, ..Change::delete() };
+                let put = PutReq { key: Bytes::from(key.into_vec()), change, version: 0, id: None };
+                self.serve(slot, Req::Put { op: OWN_OP, put });
+            }
+        }
     }
 
     /// Starts the repairs waiting requests need.
@@ -1030,7 +1118,7 @@ impl Member {
         let mut lines = Vec::new();
         for (slot, d) in &self.data {
             let mut keys: Vec<String> =
-                d.index.iter().map(|(k, m)| format!("{}@{}+{}", String::from_utf8_lossy(k), m.loc.at, m.loc.len)).collect();
+                d.index.iter().map(|(k, m)| format!("{}@{}+{}{}", String::from_utf8_lossy(k), m.loc.at, m.loc.len, until(m))).collect();
             keys.sort();
             let mut line = format!("slot {slot}: {}", if keys.is_empty() { "no keys".into() } else { keys.join(" ") });
             if !d.pending.is_empty() {
@@ -1058,8 +1146,9 @@ impl Member {
     }
 
     pub fn memory(&self) -> Memory {
-        let mut m = Memory { repaired: self.repaired, ..Memory::default() };
+        let mut m = Memory { repaired: self.repaired, expired: self.expired, ..Memory::default() };
         for d in self.data.values() {
+            m.expires += d.expiring.len();
             m.data += d.area.bytes();
             let (placed, holes) = d.free.used();
             m.placed += placed;
@@ -1076,12 +1165,18 @@ impl Member {
     }
 }
 
+/// A key's expiry, as status shows it.
+fn until(m: &Meta) -> String {
+    m.expires_at().map_or(String::new(), |at| format!(" until {at}"))
+}
+
 impl Data {
     fn new(next: Stamp, last: Stamp) -> Data {
         Data {
             area: Area::default(),
             free: Free::default(),
             index: HashMap::new(),
+            expiring: BTreeSet::new(),
             recent: Recent::default(),
             next,
             last,

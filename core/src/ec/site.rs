@@ -198,7 +198,8 @@ impl<R> Engine<R> {
 
     /// A client request for `key` of `partition`: served here, or passed on
     /// to the node serving its data slot; a read, or a write (`PutReq`).
-    pub fn request(&mut self, request: R, partition: PartitionId, key: Bytes, write: Option<PutReq>) {
+    /// `now_ms`: Unix time, what expiry is decided against.
+    pub fn request(&mut self, request: R, partition: PartitionId, key: Bytes, write: Option<PutReq>, now_ms: u64) {
         let (group, slot) = self.coding.place(partition);
         let config = self.members[group as usize].config().clone();
         if self.formed.is_none() || !self.confirmed && !self.lost.contains(&self.me) {
@@ -217,6 +218,7 @@ impl<R> Engine<R> {
         self.next_ticket += 1;
         self.tickets.insert(ticket, request);
         let member = &mut self.members[group as usize];
+        member.advance(now_ms);
         match write {
             Some(put) => member.write(ticket, slot, put),
             None => member.get(ticket, slot, key),

@@ -25,13 +25,27 @@ pub struct Loc {
     pub len: u32,
 }
 
-/// A key's metadata: where its value lies and the caller's word for its
-/// version (a node keeps its hybrid timestamp there). Replicated at every
-/// parity member; never erasure-coded.
+/// A key's metadata: where its value lies, the caller's word for its
+/// version (a node keeps its hybrid timestamp there), and when it expires
+/// (Unix ms, 0: never; a plain number keeps every key's metadata 8 bytes
+/// smaller than an `Option`). Replicated at every parity member; never
+/// erasure-coded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
     pub loc: Loc,
     pub version: u64,
+    pub expires_at_ms: u64,
+}
+
+impl Meta {
+    pub fn expires_at(&self) -> Option<u64> {
+        (self.expires_at_ms != 0).then_some(self.expires_at_ms)
+    }
+
+    /// Whether the key is gone at `now_ms` (a read finds nothing).
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at().is_some_and(|at| at <= now_ms)
+    }
 }
 
 /// Which client request a write is (its session and the write's number

@@ -6,14 +6,14 @@
 //! that serves them now.
 //!
 //! What an erasure-coded site does not do yet, and refuses with a clear
-//! error: expiry, multi-key snapshots (MGET), DBSIZE, MEMORY USAGE,
-//! FLUSHALL; several sites.
+//! error: multi-key snapshots (MGET), DBSIZE, MEMORY USAGE, FLUSHALL;
+//! several sites.
 
 use super::{send, Node, Now};
 use crate::ec::site::{Action, Engine};
 use crate::ec::{PutReq, Reply, WriteId};
 use crate::hlc::Timestamp;
-use crate::message::{Condition, Dest, Expiry, Item, Message, NewValue, OpId, Outbox, Refusal};
+use crate::message::{Dest, Item, Message, OpId, Outbox, Refusal};
 use crate::version::{Version, VersionVector};
 
 impl Node {
@@ -42,27 +42,18 @@ impl Node {
                 // No lease needed: a member removed without knowing it
                 // yet gets no acknowledgement from the parity members once
                 // the slot's new leader has asked them (`ec::member`).
-                let c = &put.change;
-                let value = match &c.value {
-                    NewValue::Set(v) => Some(v.clone()),
-                    NewValue::Delete => None,
-                    NewValue::Keep => return unsupported(put.op, "expiry", out),
-                };
-                if c.expiry != Expiry::Never || !matches!(c.condition, Condition::Always | Condition::IfAbsent | Condition::IfPresent) {
-                    return unsupported(put.op, "expiry", out);
-                }
                 // The write's version: the node's time, above what the
                 // session has seen (and the member keeps it above the key's).
                 let floor = put.past.0.iter().map(|ts| ts.to_bits() + 1).max().unwrap_or(0);
                 let version = Timestamp::new(now.wall_ms, 0).to_bits().max(floor);
                 let id = WriteId { client: put.op.client, write: put.write, done_below: put.done_below };
-                let write = PutReq { key: put.key.clone(), value, version, cond: c.condition, get: c.get, id: Some(id) };
+                let write = PutReq { key: put.key.clone(), change: put.change.clone(), version, id: Some(id) };
                 let (partition, key) = (put.partition, put.key.clone());
-                engine.request(Message::Put(put), partition, key, Some(write));
+                engine.request(Message::Put(put), partition, key, Some(write), now.wall_ms);
             }
             Message::Get { partition, ref key, .. } => {
                 let key = key.clone();
-                engine.request(msg, partition, key, None);
+                engine.request(msg, partition, key, None, now.wall_ms);
             }
             Message::SnapshotRead { op, .. } => return unsupported(op, "multi-key reads (MGET)", out),
             Message::Count { op, .. } => return unsupported(op, "DBSIZE", out),
@@ -100,8 +91,9 @@ impl Node {
                             Message::PutDone { op, version: v.map(version), seq: 0, chain_index: 0, stable: true, old }
                         }
                         Reply::Value(found) => {
-                            let (value, v) = found.map_or((None, None), |(value, v)| (Some(value), Some(version(v))));
-                            let item = Item { value, version: v, seq: 0, stable: true, expires_at_ms: None };
+                            let (value, v, expires_at_ms) =
+                                found.map_or((None, None, None), |(value, v, expires)| (Some(value), Some(version(v)), expires));
+                            let item = Item { value, version: v, seq: 0, stable: true, expires_at_ms };
                             Message::Value { op, item: Box::new(item), chain_index: 0 }
                         }
                         Reply::NotHere => Message::Refused { op, reason: Refusal::Unavailable { alive: 0, needed: 1 } },

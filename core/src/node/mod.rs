@@ -803,9 +803,10 @@ impl Node {
         self.parts.iter().flatten().map(|r| r.tombstones()).sum()
     }
 
-    /// Keys the heads here expired (INFO `expired_keys`).
+    /// Keys the heads (or the erasure-coded members) here expired (INFO
+    /// `expired_keys`).
     pub fn expired_keys(&self) -> u64 {
-        self.parts.iter().flatten().map(|r| r.expired_keys()).sum()
+        self.parts.iter().flatten().map(|r| r.expired_keys()).sum::<u64>() + self.ec.as_ref().map_or(0, |e| e.memory().expired)
     }
 
     /// Bytes the replicas' stores take (INFO `used_memory_dataset`).

@@ -251,6 +251,7 @@ fn ec_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("ec_standing", e.standing.into()),
         ("ec_lost_nodes", lost.join(",")),
         ("ec_keys", m.keys.to_string()),
+        ("ec_expires", m.expires.to_string()),
         ("ec_metadata_replicas", m.replicas.to_string()),
         ("ec_data_bytes", m.data.to_string()),
         ("ec_parity_bytes", m.parity.to_string()),

@@ -202,26 +202,56 @@ enum Req {
 }
 
 /// The writes of each session done here lately (session -> write number ->
-/// version), kept until the session says it finished them.
+/// version), kept until the session says it finished them, and the number
+/// below which it has finished every write (the highest `done_below` seen).
 #[derive(Clone, Default)]
-struct Recent(HashMap<u64, BTreeMap<u64, u64>>);
+struct Recent(HashMap<u64, Session>);
+
+#[derive(Clone, Default)]
+struct Session {
+    finished_below: u64,
+    writes: BTreeMap<u64, u64>,
+}
+
+/// What a member knows of a client's write request.
+enum Seen {
+    New,
+    /// Done here, at this version: a resend is answered with it.
+    Done(u64),
+    /// Below what its session has finished: a copy that wandered (held by a
+    /// paused node, say) and arrives after the session went on. Applying it
+    /// would put an old value back over newer ones.
+    Finished,
+}
 
 impl Recent {
-    fn get(&mut self, id: WriteId) -> Option<u64> {
-        let writes = self.0.get_mut(&id.client)?;
-        *writes = writes.split_off(&id.done_below);
-        writes.get(&id.write).copied()
+    fn seen(&mut self, id: WriteId) -> Seen {
+        let Some(session) = self.0.get_mut(&id.client) else { return Seen::New };
+        session.finish(id.done_below);
+        if id.write < session.finished_below {
+            return Seen::Finished;
+        }
+        session.writes.get(&id.write).map_or(Seen::New, |&v| Seen::Done(v))
     }
 
     fn insert(&mut self, id: WriteId, version: u64) {
-        let writes = self.0.entry(id.client).or_default();
-        *writes = writes.split_off(&id.done_below);
-        writes.insert(id.write, version);
+        let session = self.0.entry(id.client).or_default();
+        session.finish(id.done_below);
+        session.writes.insert(id.write, version);
     }
 
     fn remove(&mut self, id: WriteId) {
-        if let Some(w) = self.0.get_mut(&id.client) {
-            w.remove(&id.write);
+        if let Some(session) = self.0.get_mut(&id.client) {
+            session.writes.remove(&id.write);
+        }
+    }
+}
+
+impl Session {
+    fn finish(&mut self, below: u64) {
+        if below > self.finished_below {
+            self.finished_below = below;
+            self.writes = self.writes.split_off(&below);
         }
     }
 }
@@ -462,8 +492,10 @@ impl Member {
             Req::Put { op, put } => {
                 if let Some(id) = put.id {
                     // A resend: answered from the first, never written twice.
-                    if let Some(version) = d.recent.get(id) {
-                        return self.reply(op, Reply::Done { version: Some(version), old: None });
+                    match d.recent.seen(id) {
+                        Seen::Done(version) => return self.reply(op, Reply::Done { version: Some(version), old: None }),
+                        Seen::Finished => return self.reply(op, Reply::Done { version: None, old: None }),
+                        Seen::New => {}
                     }
                     if let Some(p) = d.pending.iter_mut().find(|p| p.id.is_some_and(|i| (i.client, i.write) == (id.client, id.write))) {
                         p.also.push(op);

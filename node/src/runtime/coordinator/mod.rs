@@ -25,6 +25,7 @@ use causeway_core::supervisor::{NodeReport, Supervisor};
 use parking_lot::Mutex;
 use raft::RaftHandle;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,15 +42,24 @@ pub type Deliver = Arc<dyn Fn(Outbox) + Send + Sync>;
 pub struct Coordinator {
     pub raft: Arc<RaftHandle>,
     supervisor: Mutex<Supervisor>,
+    /// When (mono ms) the last confirmation of this member's leadership
+    /// started (`confirm`); 0: never.
+    confirmed_ms: AtomicU64,
 }
 
 impl Coordinator {
     /// A node's heartbeat; on the leader, the lease to send back to it.
+    /// Only a leader whose leadership a quorum confirmed lately grants
+    /// leases: one that was paused, or is cut off from the others, may still
+    /// believe it leads while another has replaced it and removed the node
+    /// (which would then serve reads it should not).
     pub fn heartbeat(&self, beat: Beat) -> Option<Message> {
         let current = self.raft.watch().borrow().clone();
         let mut s = self.supervisor.lock();
-        s.heartbeat(beat.clone(), mono_ms());
-        if self.raft.is_leader() {
+        let now = mono_ms();
+        s.heartbeat(beat.clone(), now);
+        let confirmed = now.saturating_sub(self.confirmed_ms.load(Ordering::Relaxed)) < raft::LEADERSHIP_VALID_MS;
+        if self.raft.is_leader() && confirmed {
             s.lease(&beat, &current, self.raft.me(), mono_ms())
         } else {
             None
@@ -110,7 +120,8 @@ pub async fn start(
     }
     let dir = config.data_dir.as_ref().map(|d| std::path::Path::new(d).join("raft"));
     let raft = RaftHandle::start(me, voters, topology, dir.as_deref(), secret).await?;
-    Ok(Some(Arc::new(Coordinator { raft, supervisor: Mutex::new(Supervisor::new(config.failure_timeout_ms, mono_ms())) })))
+    let supervisor = Mutex::new(Supervisor::new(config.failure_timeout_ms, mono_ms()));
+    Ok(Some(Arc::new(Coordinator { raft, supervisor, confirmed_ms: AtomicU64::new(0) })))
 }
 
 /// Runs the member `c` of node `me`: it applies every committed
@@ -118,7 +129,23 @@ pub async fn start(
 /// configurations, all through `deliver`.
 pub fn spawn(c: &Arc<Coordinator>, me: NodeId, deliver: Deliver) {
     tokio::spawn(follow(me, c.clone(), deliver.clone()));
+    tokio::spawn(confirm(c.clone()));
     tokio::spawn(supervise(me, c.clone(), deliver));
+}
+
+/// While this member leads: asks a quorum to confirm it once per
+/// supervision period (well within `LEADERSHIP_VALID_MS`), so that its
+/// leases stay valid (`heartbeat`).
+async fn confirm(c: Arc<Coordinator>) {
+    loop {
+        crate::runtime::clock::next_on_grid(SUPERVISE).await;
+        if c.raft.is_leader() {
+            let started = mono_ms();
+            if c.raft.confirm_leadership().await {
+                c.confirmed_ms.fetch_max(started, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Applies every committed configuration on this node.

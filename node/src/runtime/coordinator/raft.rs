@@ -104,6 +104,11 @@ openraft::declare_raft_types!(
 const HEARTBEAT_MS: u64 = 200;
 const ELECTION_TIMEOUT_MS: (u64, u64) = (500, 800);
 
+/// How long after a confirmation of its leadership (`confirm_leadership`,
+/// started then) a leader may still act as one: no follower that heard it
+/// then stands for election sooner, so no other leader exists yet.
+pub const LEADERSHIP_VALID_MS: u64 = ELECTION_TIMEOUT_MS.0;
+
 /// How long `propose` waits for its entry to be applied. Without a quorum a
 /// Raft write waits forever; the caller should rather hear about it.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -217,6 +222,14 @@ impl RaftHandle {
     /// Who this member believes leads the group.
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.metrics().borrow().current_leader.map(node_id)
+    }
+
+    /// Whether a quorum still follows this member as leader (a round of
+    /// heartbeats, as for a linearizable read). A leader that was paused or
+    /// cut off believes it leads until it hears otherwise: this asks.
+    pub async fn confirm_leadership(&self) -> bool {
+        let asked = tokio::time::timeout(Duration::from_millis(LEADERSHIP_VALID_MS), self.raft.ensure_linearizable());
+        matches!(asked.await, Ok(Ok(_)))
     }
 
     pub fn is_leader(&self) -> bool {

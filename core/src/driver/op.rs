@@ -367,10 +367,19 @@ impl Op {
             Request::MultiGet(keys) => self.snapshot(cx, &keys, now_ms, &mut p),
             Request::Count => {
                 let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
-                // At the heads, which hold every write (the session's own
-                // included).
-                for (partition, chain) in cx.topology.chains.iter().enumerate() {
-                    by_node.entry(chain.head()).or_default().push(partition as PartitionId);
+                if cx.topology.shape.coding.is_some() {
+                    // Erasure-coded: every node counts the slots it serves
+                    // (a chain may name a node that passes requests on).
+                    let all: Vec<PartitionId> = (0..cx.topology.shape.partitions).collect();
+                    for n in &cx.topology.nodes {
+                        by_node.insert(n.id, all.clone());
+                    }
+                } else {
+                    // At the heads, which hold every write (the session's
+                    // own included).
+                    for (partition, chain) in cx.topology.chains.iter().enumerate() {
+                        by_node.entry(chain.head()).or_default().push(partition as PartitionId);
+                    }
                 }
                 self.phase = Phase::Counting { remaining: by_node.len(), total: Keyspace::default() };
                 for (node, partitions) in by_node {

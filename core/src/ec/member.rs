@@ -1138,6 +1138,21 @@ impl Member {
             && self.parity.as_ref().is_none_or(|p| p.cuts.is_empty())
     }
 
+    /// The committed keys (and those with an expiry) of the data slots
+    /// served here, of those `keep` says.
+    pub fn count(&self, keep: impl Fn(Slot, &[u8]) -> bool) -> (usize, usize) {
+        let (mut keys, mut expires) = (0, 0);
+        for (&slot, d) in &self.data {
+            for (key, meta) in &d.index {
+                if keep(slot, key) {
+                    keys += 1;
+                    expires += usize::from(meta.expires_at().is_some());
+                }
+            }
+        }
+        (keys, expires)
+    }
+
     /// The committed keys of data slot `slot` served here.
     pub fn keys(&self, slot: Slot) -> Vec<Bytes> {
         self.data.get(&slot).map(|d| d.index.keys().map(|k| Bytes::copy_from_slice(k)).collect()).unwrap_or_default()

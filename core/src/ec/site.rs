@@ -226,6 +226,25 @@ impl<R> Engine<R> {
         self.collect(group);
     }
 
+    /// The keys of `partitions` (and those with an expiry) in the data slots
+    /// this node serves (DBSIZE sums them over every node).
+    pub fn count(&self, partitions: &[PartitionId], partition_of: impl Fn(&[u8]) -> PartitionId) -> (u64, u64) {
+        if !self.alive(self.me) {
+            return (0, 0);
+        }
+        let wanted: std::collections::HashSet<PartitionId> = partitions.iter().copied().collect();
+        let (mut keys, mut expires) = (0, 0);
+        for (g, member) in self.members.iter().enumerate() {
+            let (k, e) = member.count(|slot, key| {
+                let p = partition_of(key);
+                self.coding.place(p) == (g as u16, slot) && wanted.contains(&p)
+            });
+            keys += k as u64;
+            expires += e as u64;
+        }
+        (keys, expires)
+    }
+
     /// A message of group `group` from its member at slot `from`.
     pub fn step(&mut self, group: u16, from: Slot, msg: EcMsg) {
         if !self.alive(self.me) || group >= self.coding.nodes() {

@@ -6,14 +6,14 @@
 //! that serves them now.
 //!
 //! What an erasure-coded site does not do yet, and refuses with a clear
-//! error: multi-key snapshots (MGET), DBSIZE, MEMORY USAGE, FLUSHALL;
-//! several sites.
+//! error: multi-key snapshots (MGET), MEMORY USAGE, FLUSHALL; several
+//! sites.
 
 use super::{send, Node, Now};
 use crate::ec::site::{Action, Engine};
 use crate::ec::{PutReq, Reply, WriteId};
 use crate::hlc::Timestamp;
-use crate::message::{Dest, Item, Message, OpId, Outbox, Refusal};
+use crate::message::{Dest, Item, Keyspace, Message, OpId, Outbox, Refusal};
 use crate::version::{Version, VersionVector};
 
 impl Node {
@@ -56,7 +56,15 @@ impl Node {
                 engine.request(msg, partition, key, None, now.wall_ms);
             }
             Message::SnapshotRead { op, .. } => return unsupported(op, "multi-key reads (MGET)", out),
-            Message::Count { op, .. } => return unsupported(op, "DBSIZE", out),
+            Message::Count { op, partitions, .. } => {
+                // Every node is asked (`driver::op`): each counts the slots
+                // it serves.
+                let topology = &self.topology;
+                let (keys, expires) = engine.count(&partitions, |key| topology.partition_of(key));
+                let keyspace = Keyspace { keys, expires };
+                send(out, Dest::Client(op.client), Message::Counted { op, keyspace });
+                return None;
+            }
             Message::KeyMemory { op, .. } => return unsupported(op, "MEMORY USAGE", out),
             Message::Flush { op } => return unsupported(op, "FLUSHALL", out),
             msg => return Some(msg),

@@ -46,8 +46,12 @@ fn an_ec_site_serves_redis_clients() {
     assert_eq!(gone, None);
     let xx: Option<String> = redis::cmd("SET").arg("k").arg("v4").arg("XX").query(&mut a).unwrap();
     assert_eq!(xx, None);
+    // MGET: each key read where its value lives, in rounds until two agree.
+    let _: () = redis::cmd("SET").arg("k").arg("v5").query(&mut a).unwrap();
+    let got: Vec<Option<String>> = redis::cmd("MGET").arg("k").arg("none").arg("big").query(&mut b).unwrap();
+    assert_eq!(got, vec![Some("v5".to_string()), None, Some(big.clone())]);
     // Not done yet: a clear error, nothing half done.
-    let e = redis::cmd("MGET").arg("k").arg("big").query::<Vec<Option<String>>>(&mut a).unwrap_err();
+    let e = redis::cmd("FLUSHALL").query::<()>(&mut a).unwrap_err();
     assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
 }
 

@@ -363,7 +363,11 @@ impl Op {
                     self.write(cx, &mut p);
                 }
             }
-            Request::MultiGet(keys) if self.consistency == Consistency::Linearizable => self.collect(cx, &keys, None, &mut p),
+            // An erasure-coded site keeps no versions to read a snapshot
+            // at: its reads are linearizable, and so is the double collect.
+            Request::MultiGet(keys) if self.consistency == Consistency::Linearizable || cx.topology.shape.coding.is_some() => {
+                self.collect(cx, &keys, None, &mut p)
+            }
             Request::MultiGet(keys) => self.snapshot(cx, &keys, now_ms, &mut p),
             Request::Count => {
                 let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();

@@ -5,9 +5,10 @@
 //! served; after a loss they arrive anywhere and are passed on to the node
 //! that serves them now.
 //!
-//! What an erasure-coded site does not do yet, and refuses with a clear
-//! error: multi-key snapshots (MGET), MEMORY USAGE, FLUSHALL; several
-//! sites.
+//! MGET reads each key at its data member, in rounds until two agree
+//! (the driver's double collect), since no older versions are kept to
+//! read a snapshot at. What an erasure-coded site does not do yet, and
+//! refuses with a clear error: MEMORY USAGE, FLUSHALL; several sites.
 
 use super::{send, Node, Now};
 use crate::ec::site::{Action, Engine};
@@ -55,7 +56,7 @@ impl Node {
                 let key = key.clone();
                 engine.request(msg, partition, key, None, now.wall_ms);
             }
-            Message::SnapshotRead { op, .. } => return unsupported(op, "multi-key reads (MGET)", out),
+            Message::SnapshotRead { op, .. } => return unsupported(op, "snapshot reads (MGET goes by rounds of GETs)", out),
             Message::Count { op, partitions, .. } => {
                 // Every node is asked (`driver::op`): each counts the slots
                 // it serves.

@@ -46,6 +46,10 @@ fn an_ec_site_serves_redis_clients() {
     assert_eq!(gone, None);
     let xx: Option<String> = redis::cmd("SET").arg("k").arg("v4").arg("XX").query(&mut a).unwrap();
     assert_eq!(xx, None);
+    // The partition map names each partition's group and roles.
+    let map: redis::Value = redis::cmd("CW.KEYRANGE").query(&mut a).unwrap();
+    let text = format!("{map:?}");
+    assert!(text.contains("group 0 slot 0") && text.contains("parity") && text.contains("data"), "{text}");
     // MGET: each key read where its value lives, in rounds until two agree.
     let _: () = redis::cmd("SET").arg("k").arg("v5").query(&mut a).unwrap();
     let got: Vec<Option<String>> = redis::cmd("MGET").arg("k").arg("none").arg("big").query(&mut b).unwrap();

@@ -47,6 +47,7 @@
 
 use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
+use super::index::Index;
 use crate::chain::change::{decide, Current};
 use crate::message::ec::{Diff, EcMsg, Meta, Slot, Stamp, WriteId};
 use crate::message::{Change, NewValue};
@@ -261,7 +262,7 @@ struct Data {
     area: Area,
     free: Free,
     /// Committed places: what reads see.
-    index: HashMap<Key, Meta>,
+    index: Index,
     /// The committed keys with an expiry, soonest first.
     expiring: BTreeSet<(u64, Key)>,
     /// Committed writes by request id.
@@ -301,7 +302,7 @@ struct Parity {
     /// Per data slot: its metadata as received, the last update received,
     /// the updates not committed yet, the end of its bytes, and the epoch
     /// below which its updates are refused.
-    index: Vec<HashMap<Key, Meta>>,
+    index: Vec<Index>,
     received: Vec<Stamp>,
     buffer: Vec<VecDeque<Buffered>>,
     extent: Vec<u64>,
@@ -388,7 +389,7 @@ impl Member {
             Some(Parity {
                 j: slot as usize - k,
                 area: Area::default(),
-                index: vec![HashMap::new(); k],
+                index: vec![Index::default(); k],
                 received: vec![Stamp::default(); k],
                 buffer: (0..k).map(|_| VecDeque::new()).collect(),
                 extent: vec![0; k],
@@ -476,7 +477,7 @@ impl Member {
         match req {
             Req::Get { op, key } => {
                 let now = self.now;
-                let Some(&Meta { loc, version, expires_at_ms }) = d.index.get(&key[..]).filter(|m| !m.expired(now)) else {
+                let Some(Meta { loc, version, expires_at_ms }) = d.index.get(&key).filter(|m| !m.expired(now)) else {
                     return self.reply(op, Reply::Value(None));
                 };
                 let need: Vec<u32> = pages_of(loc).filter(|p| d.missing.contains(p)).collect();
@@ -504,7 +505,7 @@ impl Member {
                 }
                 let PutReq { key, change, version, id } = put;
                 let now = self.now;
-                let raw = d.index.get(&key[..]).copied();
+                let raw = d.index.get(&key);
                 let current = raw.filter(|m| !m.expired(now));
                 let keep = change.value == NewValue::Keep;
                 let mut need: Vec<u32> = Vec::new();
@@ -562,7 +563,7 @@ impl Member {
                 };
                 let old = decided.old;
                 // Versions of a key only grow, whatever the caller's clock.
-                let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key[..]).map(|m| m.version));
+                let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key).map(|m| m.version));
                 let version = newest.map_or(version, |n| version.max(n + 1));
                 let meta = loc.map(|loc| Meta { loc, version, expires_at_ms: expires.unwrap_or(0) });
                 let value = value.filter(|_| !keep);
@@ -610,8 +611,8 @@ impl Member {
         while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
             let p = d.pending.pop_front().expect("front");
             let old = match p.meta {
-                Some(m) => d.index.insert(Key::from(&p.key[..]), m),
-                None => d.index.remove(&p.key[..]),
+                Some(m) => d.index.insert(&p.key, m),
+                None => d.index.remove(&p.key),
             };
             if let Some(old) = old {
                 if p.meta.map(|m| m.loc) != Some(old.loc) {
@@ -737,8 +738,8 @@ impl Member {
             }
         }
         let old = match meta {
-            Some(m) => par.index[i].insert(Key::from(&key[..]), m),
-            None => par.index[i].remove(&key[..]),
+            Some(m) => par.index[i].insert(&key, m),
+            None => par.index[i].remove(&key),
         };
         par.received[i] = stamp;
         if let Some(id) = id {
@@ -764,8 +765,8 @@ impl Member {
                     par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
                 }
                 match b.old {
-                    Some(m) => par.index[i].insert(Key::from(&b.key[..]), m),
-                    None => par.index[i].remove(&b.key[..]),
+                    Some(m) => par.index[i].insert(&b.key, m),
+                    None => par.index[i].remove(&b.key),
                 };
                 if let Some(id) = b.id {
                     par.recent[i].remove(id);
@@ -813,9 +814,9 @@ impl Member {
             let pages = extent.div_ceil(PAGE as u64) as u32;
             let stable = prep.stable.as_ref().and_then(|st| st.iter().find(|(x, _)| *x == s)).map(|(_, t)| *t).unwrap_or_default();
             let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 }, stable);
-            d.free = Free::rebuild(index.values().map(|m| m.loc).collect(), extent);
+            d.free = Free::rebuild(index.iter().map(|(_, m)| m.loc).collect(), extent);
             d.recent = par.recent[s as usize].clone();
-            d.expiring = index.iter().filter_map(|(key, m)| Some((m.expires_at()?, key.clone()))).collect();
+            d.expiring = index.iter().filter_map(|(key, m)| Some((m.expires_at()?, Key::from(key)))).collect();
             d.index = index;
             d.missing = (0..pages).collect();
             self.data.insert(s, d);
@@ -1143,7 +1144,7 @@ impl Member {
     pub fn count(&self, keep: impl Fn(Slot, &[u8]) -> bool) -> (usize, usize) {
         let (mut keys, mut expires) = (0, 0);
         for (&slot, d) in &self.data {
-            for (key, meta) in &d.index {
+            for (key, meta) in d.index.iter() {
                 if keep(slot, key) {
                     keys += 1;
                     expires += usize::from(meta.expires_at().is_some());
@@ -1155,7 +1156,7 @@ impl Member {
 
     /// The committed keys of data slot `slot` served here.
     pub fn keys(&self, slot: Slot) -> Vec<Bytes> {
-        self.data.get(&slot).map(|d| d.index.keys().map(|k| Bytes::copy_from_slice(k)).collect()).unwrap_or_default()
+        self.data.get(&slot).map(|d| d.index.iter().map(|(k, _)| Bytes::copy_from_slice(k)).collect()).unwrap_or_default()
     }
 
     /// One line per part, for the stories: the slots served (committed
@@ -1165,7 +1166,7 @@ impl Member {
         let mut lines = Vec::new();
         for (slot, d) in &self.data {
             let mut keys: Vec<String> =
-                d.index.iter().map(|(k, m)| format!("{}@{}+{}{}", String::from_utf8_lossy(k), m.loc.at, m.loc.len, until(m))).collect();
+                d.index.iter().map(|(k, m)| format!("{}@{}+{}{}", String::from_utf8_lossy(k), m.loc.at, m.loc.len, until(&m))).collect();
             keys.sort();
             let mut line = format!("slot {slot}: {}", if keys.is_empty() { "no keys".into() } else { keys.join(" ") });
             if !d.pending.is_empty() {
@@ -1222,7 +1223,7 @@ impl Data {
         Data {
             area: Area::default(),
             free: Free::default(),
-            index: HashMap::new(),
+            index: Index::default(),
             expiring: BTreeSet::new(),
             recent: Recent::default(),
             next,

@@ -21,8 +21,9 @@
 
 pub mod area;
 pub mod code;
+pub mod index;
 pub mod member;
 pub mod site;
 
-pub use crate::message::ec::{EcMsg, Loc, Slot, Stamp, WriteId};
+pub use crate::message::ec::{EcMsg, Loc, Meta, Slot, Stamp, WriteId};
 pub use member::{Config, Member, Memory, Out, PutReq, Reply};

@@ -50,6 +50,11 @@ fn an_ec_site_serves_redis_clients() {
     let map: redis::Value = redis::cmd("CW.KEYRANGE").query(&mut a).unwrap();
     let text = format!("{map:?}");
     assert!(text.contains("group 0 slot 0") && text.contains("parity") && text.contains("data"), "{text}");
+    // MEMORY USAGE: the value, the key and its metadata entry.
+    let used: u64 = redis::cmd("MEMORY").arg("USAGE").arg("big").query(&mut b).unwrap();
+    assert!(used > 100_000 && used < 100_200, "{used}");
+    let none: Option<u64> = redis::cmd("MEMORY").arg("USAGE").arg("nothing").query(&mut b).unwrap();
+    assert_eq!(none, None);
     // MGET: each key read where its value lives, in rounds until two agree.
     let _: () = redis::cmd("SET").arg("k").arg("v5").query(&mut a).unwrap();
     let got: Vec<Option<String>> = redis::cmd("MGET").arg("k").arg("none").arg("big").query(&mut b).unwrap();

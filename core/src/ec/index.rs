@@ -22,6 +22,9 @@ struct Item(Box<[u8]>);
 
 const HEAD: usize = 28;
 
+/// What an entry takes besides its key: the header and its bucket.
+pub const ENTRY_BYTES: usize = HEAD + std::mem::size_of::<Item>();
+
 impl Item {
     fn new(key: &[u8], meta: Meta) -> Item {
         let mut bytes = vec![0; HEAD + key.len()];

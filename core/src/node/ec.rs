@@ -8,7 +8,7 @@
 //! MGET reads each key at its data member, in rounds until two agree
 //! (the driver's double collect), since no older versions are kept to
 //! read a snapshot at. What an erasure-coded site does not do yet, and
-//! refuses with a clear error: MEMORY USAGE, FLUSHALL; several sites.
+//! refuses with a clear error: FLUSHALL; several sites.
 
 use super::{send, Node, Now};
 use crate::ec::site::{Action, Engine};
@@ -23,7 +23,7 @@ impl Node {
     pub(super) fn ec_step(&mut self, msg: Message, now: Now, out: &mut Outbox) -> Option<Message> {
         let leased = self.ec.is_some() && self.has_lease(now.mono_ms);
         let Some(engine) = self.ec.as_mut() else { return Some(msg) };
-        let request = matches!(msg, Message::Put(_) | Message::Get { .. });
+        let request = matches!(msg, Message::Put(_) | Message::Get { .. } | Message::KeyMemory { .. });
         if request && (!engine.ready() || matches!(msg, Message::Get { .. }) && !leased) {
             // The groups are forming, or this node has no lease of the
             // current configuration (removed without knowing it yet, say:
@@ -66,7 +66,11 @@ impl Node {
                 send(out, Dest::Client(op.client), Message::Counted { op, keyspace });
                 return None;
             }
-            Message::KeyMemory { op, .. } => return unsupported(op, "MEMORY USAGE", out),
+            Message::KeyMemory { partition, ref key, .. } => {
+                // Read like a GET where the value lives (any copy would do).
+                let key = key.clone();
+                engine.request(msg, partition, key, None, now.wall_ms);
+            }
             Message::Flush { op } => return unsupported(op, "FLUSHALL", out),
             msg => return Some(msg),
         }
@@ -98,6 +102,15 @@ impl Node {
                         Reply::Done { version: v, old } => {
                             let old = old.map(Box::new);
                             Message::PutDone { op, version: v.map(version), seq: 0, chain_index: 0, stable: true, old }
+                        }
+                        Reply::Value(found) if matches!(request, Message::KeyMemory { .. }) => {
+                            // What the key takes where its value lives: the
+                            // value, the key and its metadata entry (each
+                            // parity member keeps another entry and its
+                            // share of the parity).
+                            let Message::KeyMemory { key, .. } = &request else { unreachable!("matched above") };
+                            let bytes = found.map(|(value, ..)| (value.len() + key.len() + crate::ec::index::ENTRY_BYTES) as u64);
+                            Message::KeyMemoryIs { op, bytes }
                         }
                         Reply::Value(found) => {
                             let (value, v, expires_at_ms) =

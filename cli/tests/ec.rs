@@ -64,6 +64,28 @@ fn an_ec_site_serves_redis_clients() {
     assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
 }
 
+/// A coded node keeps nothing on disk yet: asking for a log or a disk
+/// tier is refused at start, not silently ignored.
+#[test]
+fn an_ec_node_refuses_a_log_it_would_not_keep() {
+    let dir = std::env::temp_dir().join(format!("causeway-ec-refuse-{}", std::process::id()));
+    let nodes = "0=127.0.0.1:1,1=127.0.0.1:2,2=127.0.0.1:3,3=127.0.0.1:4,4=127.0.0.1:5";
+    let (ok, _, stderr) = common::run_causeway(&[
+        "node",
+        "--id",
+        "0",
+        "--listen",
+        "127.0.0.1:0",
+        "--nodes",
+        nodes,
+        "--redundancy",
+        "ec:3+2",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!ok && stderr.contains("no write-ahead log (--data-dir)"), "{stderr}");
+}
+
 fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> u64 {
     let info: String = redis::cmd("INFO").arg(section).query(conn).unwrap();
     let line = info.lines().find_map(|l| l.strip_prefix(&format!("{field}:"))).unwrap_or_else(|| panic!("no {field} in {info}"));

@@ -203,6 +203,14 @@ impl NodeConfig {
         if self.redundancy.is_some() && !self.remote_sites.is_empty() {
             return Err("--redundancy ec:K+M is for one site: erasure-coded sites do not replicate to other sites yet".into());
         }
+        if self.redundancy.is_some() && (self.data_dir.is_some() || self.disk_tier.is_some()) {
+            // Its values would not be in the log, and a restart would
+            // silently come back empty.
+            return Err(
+                "--redundancy ec:K+M keeps everything in memory: it has no write-ahead log (--data-dir) or disk tier (--disk-tier) yet"
+                    .into(),
+            );
+        }
         if self.remote_sites.iter().any(|s| s.id == self.site || s.addrs.is_empty()) {
             return Err(format!("site {} lists itself, or a remote site without an address", self.site));
         }

@@ -170,7 +170,8 @@ pub fn run(args: TortureArgs) -> Result<(), String> {
         k: 2.min(args.nodes as usize),
         partitions: args.partitions,
         coding: args.redundancy,
-        data_dir: Some(dir.to_string_lossy().into_owned()),
+        // A coded site keeps no log (its nodes refuse one).
+        data_dir: args.redundancy.is_none().then(|| dir.to_string_lossy().into_owned()),
         disk_tier: args.disk_tier.then(|| dir.join("tier").to_string_lossy().into_owned()),
         node_args: ["--fsync", "always", "--failure-timeout-ms", "1000", "--request-timeout-ms", "2000"]
             .map(String::from)

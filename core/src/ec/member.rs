@@ -1154,6 +1154,11 @@ impl Member {
         (keys, expires)
     }
 
+    /// The data slots served here.
+    pub fn served(&self) -> Vec<Slot> {
+        self.data.keys().copied().collect()
+    }
+
     /// The committed keys of data slot `slot` served here.
     pub fn keys(&self, slot: Slot) -> Vec<Bytes> {
         self.data.get(&slot).map(|d| d.index.iter().map(|(k, _)| Bytes::copy_from_slice(k)).collect()).unwrap_or_default()

@@ -78,6 +78,10 @@ pub struct Engine<R> {
     epoch: u64,
     tickets: HashMap<u64, R>,
     next_ticket: u64,
+    /// FLUSHALLs in progress: the deletes they wait for (ticket -> flush),
+    /// and each flush's request and deletes left.
+    flush_parts: HashMap<u64, u64>,
+    flushes: HashMap<u64, (R, usize)>,
     last_hello_ms: Option<u64>,
     actions: Vec<Action<R>>,
 }
@@ -105,6 +109,8 @@ impl<R> Engine<R> {
             epoch: 1,
             tickets: HashMap::new(),
             next_ticket: 0,
+            flush_parts: HashMap::new(),
+            flushes: HashMap::new(),
             last_hello_ms: None,
             actions: Vec::new(),
         })
@@ -245,6 +251,34 @@ impl<R> Engine<R> {
         (keys, expires)
     }
 
+    /// FLUSHALL: every key of the data slots this node serves is deleted
+    /// with an ordinary update (the parity follows); answered (`Done`)
+    /// once all are. Keys written meanwhile may stay, as they would have
+    /// a moment later. (The data areas keep their pages, as holes.)
+    pub fn flush(&mut self, request: R, now_ms: u64) {
+        let mut deletes = Vec::new();
+        for (g, member) in self.members.iter_mut().enumerate() {
+            member.advance(now_ms);
+            for slot in member.served() {
+                deletes.extend(member.keys(slot).into_iter().map(|key| (g, slot, key)));
+            }
+        }
+        if !self.alive(self.me) || deletes.is_empty() {
+            return self.actions.push(Action::Answer { request, reply: Reply::Done { version: None, old: None } });
+        }
+        let flush = self.next_ticket;
+        self.flushes.insert(flush, (request, deletes.len()));
+        for (g, slot, key) in deletes {
+            self.next_ticket += 1;
+            self.flush_parts.insert(self.next_ticket, flush);
+            self.members[g].put(self.next_ticket, slot, key, None, 0);
+        }
+        self.next_ticket += 1;
+        for g in 0..self.coding.nodes() {
+            self.collect(g);
+        }
+    }
+
     /// A message of group `group` from its member at slot `from`.
     pub fn step(&mut self, group: u16, from: Slot, msg: EcMsg) {
         if !self.alive(self.me) || group >= self.coding.nodes() {
@@ -285,6 +319,15 @@ impl<R> Engine<R> {
                         match reply {
                             Reply::NotHere => self.actions.push(Action::Unavailable { request }),
                             reply => self.actions.push(Action::Answer { request, reply }),
+                        }
+                    } else if let Some(flush) = self.flush_parts.remove(&op) {
+                        let left = self.flushes.get_mut(&flush).map(|(_, left)| {
+                            *left -= 1;
+                            *left
+                        });
+                        if left == Some(0) {
+                            let (request, _) = self.flushes.remove(&flush).expect("flush");
+                            self.actions.push(Action::Answer { request, reply: Reply::Done { version: None, old: None } });
                         }
                     }
                 }

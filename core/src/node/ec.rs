@@ -7,8 +7,8 @@
 //!
 //! MGET reads each key at its data member, in rounds until two agree
 //! (the driver's double collect), since no older versions are kept to
-//! read a snapshot at. What an erasure-coded site does not do yet, and
-//! refuses with a clear error: FLUSHALL; several sites.
+//! read a snapshot at. FLUSHALL deletes every key with ordinary updates.
+//! Several sites are not supported yet.
 
 use super::{send, Node, Now};
 use crate::ec::site::{Action, Engine};
@@ -23,7 +23,7 @@ impl Node {
     pub(super) fn ec_step(&mut self, msg: Message, now: Now, out: &mut Outbox) -> Option<Message> {
         let leased = self.ec.is_some() && self.has_lease(now.mono_ms);
         let Some(engine) = self.ec.as_mut() else { return Some(msg) };
-        let request = matches!(msg, Message::Put(_) | Message::Get { .. } | Message::KeyMemory { .. });
+        let request = matches!(msg, Message::Put(_) | Message::Get { .. } | Message::KeyMemory { .. } | Message::Flush { .. });
         if request && (!engine.ready() || matches!(msg, Message::Get { .. }) && !leased) {
             // The groups are forming, or this node has no lease of the
             // current configuration (removed without knowing it yet, say:
@@ -71,7 +71,7 @@ impl Node {
                 let key = key.clone();
                 engine.request(msg, partition, key, None, now.wall_ms);
             }
-            Message::Flush { op } => return unsupported(op, "FLUSHALL", out),
+            Message::Flush { .. } => engine.flush(msg, now.wall_ms),
             msg => return Some(msg),
         }
         self.ec_flush(out);
@@ -99,6 +99,7 @@ impl Node {
                     let Some(op) = request.op() else { continue };
                     let version = |v: u64| Version { ts: Timestamp::from_bits(v), site, vv: VersionVector::default() };
                     let msg = match reply {
+                        Reply::Done { .. } if matches!(request, Message::Flush { .. }) => Message::Flushed { op },
                         Reply::Done { version: v, old } => {
                             let old = old.map(Box::new);
                             Message::PutDone { op, version: v.map(version), seq: 0, chain_index: 0, stable: true, old }

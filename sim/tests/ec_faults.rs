@@ -279,3 +279,68 @@ fn a_write_copy_arriving_after_its_session_went_on_is_not_applied() {
     }
     assert!(matches!(h.reply(6), Some(Reply::Value(Some((v, _, _)))) if v == &b("new")), "{:?}", h.reply(6));
 }
+
+fn change_req(key: &str, change: causeway_core::message::Change) -> causeway_core::ec::PutReq {
+    causeway_core::ec::PutReq { key: b(key), change, version: 0, id: None }
+}
+
+/// Two DELs of a key set once, the second arriving while the first is in
+/// flight: one deletes, the other finds nothing (as Redis answers 1, then
+/// 0). Found by review: a DEL was decided against the committed state
+/// without waiting for the key's writes in flight.
+#[test]
+fn two_concurrent_dels_delete_once() {
+    use causeway_core::message::Change;
+    let mut h = H::new(3, 2);
+    h.m(0).put(1, 0, b("k"), Some(b("v")), 1);
+    h.flush(0);
+    h.run_all();
+    h.m(0).write(2, 0, change_req("k", Change::delete()));
+    h.m(0).write(3, 0, change_req("k", Change::delete()));
+    h.flush(0);
+    h.run_all();
+    let deleted = [2, 3].iter().filter(|&&op| matches!(h.reply(op), Some(Reply::Done { version: Some(_), .. }))).count();
+    let found_nothing = [2, 3].iter().filter(|&&op| matches!(h.reply(op), Some(Reply::Done { version: None, .. }))).count();
+    assert_eq!((deleted, found_nothing), (1, 1), "{:?}", h.replies);
+}
+
+/// PERSIST decided before the key's expiry, committed after it: a read
+/// between waits for it, rather than answer "gone" and then see the key
+/// back. Found by review.
+#[test]
+fn a_read_past_the_expiry_waits_for_a_persist_in_flight() {
+    use causeway_core::message::{Change, Condition, Expiry, NewValue};
+    let mut h = H::new(3, 2);
+    h.m(0).advance(1_000);
+    h.m(0).write(1, 0, change_req("k", Change { expiry: Expiry::At(1_050), ..Change::set(b("v")) }));
+    h.flush(0);
+    h.run_all();
+    let persist = Change { value: NewValue::Keep, expiry: Expiry::Never, condition: Condition::Always, get: false };
+    h.m(0).write(2, 0, change_req("k", persist));
+    h.flush(0); // PERSIST in flight: its updates wait on the links
+    h.m(0).advance(1_100);
+    h.m(0).get(3, 0, b("k"));
+    h.flush(0);
+    assert!(h.reply(3).is_none(), "answered before the PERSIST committed: {:?}", h.reply(3));
+    h.run_all();
+    assert!(matches!(h.reply(2), Some(Reply::Done { version: Some(_), .. })));
+    assert!(matches!(h.reply(3), Some(Reply::Value(Some((v, _, None)))) if v == &b("v")), "{:?}", h.reply(3));
+}
+
+/// A SET whose expiry has already passed (a delete) right behind a SET of
+/// the same key still in flight: the key ends deleted, not with the first
+/// value. Found by review: the delete was dropped because the key was not
+/// committed yet.
+#[test]
+fn a_past_expiry_set_behind_a_set_in_flight_deletes() {
+    use causeway_core::message::{Change, Expiry};
+    let mut h = H::new(3, 2);
+    h.m(0).advance(1_000);
+    h.m(0).write(1, 0, change_req("k", Change::set(b("a"))));
+    h.m(0).write(2, 0, change_req("k", Change { expiry: Expiry::At(1), ..Change::set(b("b")) }));
+    h.flush(0);
+    h.run_all();
+    h.m(0).get(3, 0, b("k"));
+    h.flush(0);
+    assert!(matches!(h.reply(3), Some(Reply::Value(None))), "{:?}", h.reply(3));
+}

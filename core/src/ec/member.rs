@@ -477,7 +477,14 @@ impl Member {
         match req {
             Req::Get { op, key } => {
                 let now = self.now;
-                let Some(Meta { loc, version, expires_at_ms }) = d.index.get(&key).filter(|m| !m.expired(now)) else {
+                let committed = d.index.get(&key);
+                if committed.is_some_and(|m| m.expired(now)) && d.pending.iter().any(|p| p.key == key) {
+                    // A change decided before the instant (PERSIST, EXPIRE)
+                    // may still commit: whether the key is gone depends on it.
+                    d.queue.push_back((Req::Get { op, key }, Vec::new()));
+                    return;
+                }
+                let Some(Meta { loc, version, expires_at_ms }) = committed.filter(|m| !m.expired(now)) else {
                     return self.reply(op, Reply::Value(None));
                 };
                 let need: Vec<u32> = pages_of(loc).filter(|p| d.missing.contains(p)).collect();
@@ -519,8 +526,10 @@ impl Member {
                     NewValue::Delete | NewValue::Keep => None,
                 };
                 need.extend(loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)));
-                let behind =
-                    d.queue.iter().any(|(r, _)| req_key(r) == &key) || !change.is_blind() && d.pending.iter().any(|p| p.key == key);
+                // A condition (DEL's "if present" too) is decided after the
+                // key's writes in flight: two DELs must not both delete.
+                let decides = !change.is_blind() || change.condition != crate::message::Condition::Always;
+                let behind = d.queue.iter().any(|(r, _)| req_key(r) == &key) || decides && d.pending.iter().any(|p| p.key == key);
                 if !need.is_empty() || behind {
                     // Its bytes must be known before they can be diffed; a
                     // condition waits for the key's writes in flight.
@@ -541,7 +550,9 @@ impl Member {
                     Current { value: current.map(|_| old.as_deref().unwrap_or(&[])), expires_at_ms: current.and_then(|m| m.expires_at()) };
                 let decided = decide(&change, seen, now);
                 let decided_any = decided.write.is_some();
-                let write = decided.write.filter(|(value, _)| value.is_some() || raw.is_some());
+                // (A delete of a key only in flight is written too: it
+                // orders after that write.)
+                let write = decided.write.filter(|(value, _)| value.is_some() || raw.is_some() || d.pending.iter().any(|p| p.key == key));
                 let Some((value, expires)) = write else {
                     if let Some(l) = loc {
                         d.free.free(l);
@@ -645,6 +656,14 @@ impl Member {
     }
 
     pub fn step(&mut self, from: Slot, msg: EcMsg) {
+        let slots = self.config.alive.len() as Slot;
+        let names = match &msg {
+            EcMsg::Update { slot, .. } | EcMsg::Ack { slot, .. } | EcMsg::Commit { slot, .. } => Some(*slot),
+            _ => None,
+        };
+        if from >= slots || names.is_some_and(|s| s >= self.config.k) {
+            return; // not a member of this group
+        }
         match msg {
             EcMsg::Update { slot, stamp, key, meta, version, id, diffs } => {
                 self.on_update(from, slot, stamp, key, meta, (version, id), diffs)
@@ -1152,6 +1171,11 @@ impl Member {
             }
         }
         (keys, expires)
+    }
+
+    /// Whether a lost slot is being taken over here (its requests wait).
+    pub fn preparing(&self) -> bool {
+        self.prep.is_some() || !self.held.is_empty()
     }
 
     /// The data slots served here.

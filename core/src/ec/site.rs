@@ -256,6 +256,11 @@ impl<R> Engine<R> {
     /// once all are. Keys written meanwhile may stay, as they would have
     /// a moment later. (The data areas keep their pages, as holes.)
     pub fn flush(&mut self, request: R, now_ms: u64) {
+        if self.members.iter().any(Member::preparing) {
+            // A lost slot's keys are not served here until its takeover is
+            // prepared: a flush now would miss them.
+            return self.actions.push(Action::Unavailable { request });
+        }
         let mut deletes = Vec::new();
         for (g, member) in self.members.iter_mut().enumerate() {
             member.advance(now_ms);

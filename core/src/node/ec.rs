@@ -23,7 +23,10 @@ impl Node {
     pub(super) fn ec_step(&mut self, msg: Message, now: Now, out: &mut Outbox) -> Option<Message> {
         let leased = self.ec.is_some() && self.has_lease(now.mono_ms);
         let Some(engine) = self.ec.as_mut() else { return Some(msg) };
-        let request = matches!(msg, Message::Put(_) | Message::Get { .. } | Message::KeyMemory { .. } | Message::Flush { .. });
+        let request = matches!(
+            msg,
+            Message::Put(_) | Message::Get { .. } | Message::KeyMemory { .. } | Message::Flush { .. } | Message::Count { .. }
+        );
         if request && (!engine.ready() || matches!(msg, Message::Get { .. }) && !leased) {
             // The groups are forming, or this node has no lease of the
             // current configuration (removed without knowing it yet, say:

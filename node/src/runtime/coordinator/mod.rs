@@ -58,7 +58,8 @@ impl Coordinator {
         let mut s = self.supervisor.lock();
         let now = mono_ms();
         s.heartbeat(beat.clone(), now);
-        let confirmed = now.saturating_sub(self.confirmed_ms.load(Ordering::Relaxed)) < raft::LEADERSHIP_VALID_MS;
+        let at = self.confirmed_ms.load(Ordering::Relaxed);
+        let confirmed = at != 0 && now.saturating_sub(at) < raft::LEADERSHIP_VALID_MS;
         if self.raft.is_leader() && confirmed {
             s.lease(&beat, &current, self.raft.me(), mono_ms())
         } else {
@@ -142,7 +143,7 @@ async fn confirm(c: Arc<Coordinator>) {
         if c.raft.is_leader() {
             let started = mono_ms();
             if c.raft.confirm_leadership().await {
-                c.confirmed_ms.fetch_max(started, Ordering::Relaxed);
+                c.confirmed_ms.fetch_max(started.max(1), Ordering::Relaxed);
             }
         }
     }

@@ -66,6 +66,8 @@ const IN_FLIGHT: usize = 2;
 /// How long (ms) an update (or a preparation step) waits for its answers
 /// before it is sent again: a link that broke lost it.
 const RESEND_MS: u64 = 200;
+/// How often (ms) sessions that stopped writing are forgotten.
+const SWEEP_MS: u64 = 1_000;
 /// Expired keys a served slot deletes per tick, at most.
 const EXPIRE_PER_TICK: usize = 256;
 /// The op of a member's own writes (expiry): nobody waits for their answer.
@@ -205,6 +207,8 @@ enum Req {
 /// The writes of each session done here lately (session -> write number ->
 /// version), kept until the session says it finished them, and the number
 /// below which it has finished every write (the highest `done_below` seen).
+/// A session that stops writing is forgotten `WRITE_MEMORY_MS` after its
+/// last write, as a chain's replica forgets it (`chain::writes`).
 #[derive(Clone, Default)]
 struct Recent(HashMap<u64, Session>);
 
@@ -212,6 +216,8 @@ struct Recent(HashMap<u64, Session>);
 struct Session {
     finished_below: u64,
     writes: BTreeMap<u64, u64>,
+    /// When it last wrote (the member's clock, ms).
+    last_ms: u64,
 }
 
 /// What a member knows of a client's write request.
@@ -235,10 +241,15 @@ impl Recent {
         session.writes.get(&id.write).map_or(Seen::New, |&v| Seen::Done(v))
     }
 
-    fn insert(&mut self, id: WriteId, version: u64) {
+    fn insert(&mut self, id: WriteId, version: u64, now_ms: u64) {
         let session = self.0.entry(id.client).or_default();
         session.finish(id.done_below);
         session.writes.insert(id.write, version);
+        session.last_ms = now_ms;
+    }
+
+    fn forget_idle(&mut self, now_ms: u64) {
+        self.0.retain(|_, s| now_ms.saturating_sub(s.last_ms) < crate::chain::WRITE_MEMORY_MS);
     }
 
     fn remove(&mut self, id: WriteId) {
@@ -373,6 +384,8 @@ pub struct Member {
     repaired: u64,
     /// Keys expired so far.
     expired: u64,
+    /// When idle sessions were last forgotten (ms).
+    swept_ms: u64,
     out: Vec<Out>,
 }
 
@@ -411,6 +424,7 @@ impl Member {
             now: 0,
             repaired: 0,
             expired: 0,
+            swept_ms: 0,
             out: Vec::new(),
         }
     }
@@ -637,7 +651,7 @@ impl Member {
                 d.expiring.insert((at, Key::from(&p.key[..])));
             }
             if let Some(id) = p.id {
-                d.recent.insert(id, p.version);
+                d.recent.insert(id, p.version, self.now);
             }
             for op in p.also {
                 self.out.push(Out::Reply { op, reply: Reply::Done { version: Some(p.version), old: p.old.clone() } });
@@ -762,7 +776,7 @@ impl Member {
         };
         par.received[i] = stamp;
         if let Some(id) = id {
-            par.recent[i].insert(id, version);
+            par.recent[i].insert(id, version, self.now);
         }
         par.buffer[i].push_back(Buffered { stamp, key, old, id, diffs });
         self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
@@ -884,6 +898,15 @@ impl Member {
     pub fn tick(&mut self, now_ms: u64) {
         self.now = self.now.max(now_ms);
         let now = self.now;
+        if now >= self.swept_ms + SWEEP_MS {
+            self.swept_ms = now;
+            for d in self.data.values_mut() {
+                d.recent.forget_idle(now);
+            }
+            for recent in self.parity.iter_mut().flat_map(|p| p.recent.iter_mut()) {
+                recent.forget_idle(now);
+            }
+        }
         let mask = self.config.parity_mask();
         for (&slot, d) in self.data.iter_mut() {
             if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_MS) {
@@ -1285,5 +1308,25 @@ fn req_key(r: &Req) -> &Bytes {
     match r {
         Req::Put { put, .. } => &put.key,
         Req::Get { key, .. } => key,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_remembered_until_it_stops_writing_for_a_minute() {
+        let mut recent = Recent::default();
+        let id = |write, done_below| WriteId { client: 7, write, done_below };
+        recent.insert(id(3, 3), 30, 1_000);
+        assert!(matches!(recent.seen(id(3, 3)), Seen::Done(30)), "a resend is answered");
+        recent.insert(id(4, 4), 40, 2_000);
+        assert!(matches!(recent.seen(id(3, 3)), Seen::Finished), "a late copy of a finished write is not applied");
+        recent.forget_idle(2_000 + crate::chain::WRITE_MEMORY_MS - 1);
+        assert!(matches!(recent.seen(id(4, 4)), Seen::Done(40)));
+        recent.forget_idle(2_000 + crate::chain::WRITE_MEMORY_MS);
+        assert!(matches!(recent.seen(id(4, 4)), Seen::New), "forgotten");
+        assert!(recent.0.is_empty());
     }
 }

@@ -120,6 +120,9 @@ pub struct BenchArgs {
     codec: Option<causeway_core::ring::Coding>,
 }
 
+/// How long a client waits after a failed operation before the next.
+const ERROR_PAUSE: Duration = Duration::from_millis(10);
+
 /// One benchmark connection.
 enum Target {
     Native(Box<Client>),
@@ -251,6 +254,9 @@ async fn bench(args: BenchArgs) -> Result<(), String> {
                     Err(_) => {
                         rec.record_error(op.name());
                         errors.fetch_add(1, Ordering::Relaxed);
+                        // A node that is gone refuses connections at once:
+                        // do not spin on it (and count millions of errors).
+                        tokio::time::sleep(ERROR_PAUSE).await;
                     }
                 }
             }

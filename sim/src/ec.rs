@@ -113,12 +113,7 @@ impl EcWorld {
             self.detections = later;
             for (_, slot) in due {
                 self.config = self.config.without(slot);
-                for s in 0..self.members.len() {
-                    if let Some(m) = self.members[s].as_mut() {
-                        m.reconfigure(self.config.clone());
-                        replies.extend(self.flush(s as Slot));
-                    }
-                }
+                replies.extend(self.reconfigure_all());
             }
             let (again, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.resend).into_iter().partition(|(at, _)| *at <= now);
             self.resend = later;
@@ -126,6 +121,14 @@ impl EcWorld {
                 replies.extend(self.submit(req));
             }
             replies.extend(self.deliver_due());
+            // A replacement whose parity (or nothing, for a data member) is
+            // rebuilt is alive: the coordinator hears it and says so.
+            let rebuilt = (0..self.members.len() as Slot)
+                .find(|&s| self.config.joining[s as usize] && self.members[s as usize].as_ref().is_some_and(|m| m.rebuilt()));
+            if let Some(slot) = rebuilt {
+                self.config = self.config.with(slot);
+                replies.extend(self.reconfigure_all());
+            }
             if now.is_multiple_of(5) {
                 for s in 0..self.members.len() {
                     if let Some(m) = self.members[s].as_mut() {
@@ -179,6 +182,31 @@ impl EcWorld {
         replies
     }
 
+    fn reconfigure_all(&mut self) -> Vec<(u64, Reply)> {
+        let mut replies = Vec::new();
+        for s in 0..self.members.len() {
+            if let Some(m) = self.members[s].as_mut() {
+                m.reconfigure(self.config.clone());
+                replies.extend(self.flush(s as Slot));
+            }
+        }
+        replies
+    }
+
+    /// A new, empty member for lost slot `slot` (crashed and noticed):
+    /// the coordinator admits it as joining; it is rebuilt, then alive.
+    pub fn replace(&mut self, slot: Slot) -> Vec<(u64, Reply)> {
+        assert!(self.members[slot as usize].is_none() && !self.config.alive[slot as usize], "replace a lost member");
+        self.config = self.config.rejoining(slot);
+        self.members[slot as usize] = Some(Member::new(slot, self.code.clone(), self.config.clone()));
+        self.reconfigure_all()
+    }
+
+    /// Whether `slot` is lost (crashed and noticed), so it can be replaced.
+    pub fn is_lost(&self, slot: Slot) -> bool {
+        self.members[slot as usize].is_none() && !self.config.alive[slot as usize] && !self.detections.iter().any(|(_, s)| *s == slot)
+    }
+
     /// Member `slot` stops; the coordinator notices `detect_ms` later.
     pub fn crash(&mut self, slot: Slot) {
         if self.members[slot as usize].take().is_none() {
@@ -213,7 +241,8 @@ impl EcWorld {
             let at = self.config.acting(s).ok_or(format!("data slot {s} has nobody"))?;
             holders.push(self.members[at as usize].as_ref().ok_or(format!("slot {s}'s member {at} is down"))?);
         }
-        let parity: Vec<Option<&Member>> = (k..k + m).map(|p| self.members[p as usize].as_ref()).collect();
+        let parity: Vec<Option<&Member>> =
+            (k..k + m).map(|p| self.members[p as usize].as_ref().filter(|_| self.config.alive[p as usize])).collect();
         let pages = holders
             .iter()
             .enumerate()
@@ -261,6 +290,9 @@ pub fn kind(msg: &EcMsg) -> &'static str {
         EcMsg::Cut { .. } => "cut",
         EcMsg::Marker { .. } => "marker",
         EcMsg::Pages { .. } => "pages",
+        EcMsg::Join { .. } => "join",
+        EcMsg::Stale { .. } => "stale",
+        EcMsg::State { .. } => "state",
     }
 }
 
@@ -275,12 +307,35 @@ pub fn check_stripes(code: &Code, stripes: &[Vec<Option<Vec<u8>>>]) -> Result<()
         for j in 0..m {
             if let Some(p) = &row[k + j] {
                 if p[..] != shards[k + j][..] {
-                    return Err(format!("parity slot {} page {page} is not the code of the data pages", k + j));
+                    return Err(format!("parity slot {} page {page} is not the code of the data pages{}", k + j, culprit(code, row)));
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Which one data page of a stripe that does not check out would make it
+/// check out if it were decoded from the others (when all parity is there).
+fn culprit(code: &Code, row: &[Option<Vec<u8>>]) -> String {
+    let (k, m) = (code.k(), code.m());
+    if row[k..].iter().any(|p| p.is_none()) {
+        return String::new();
+    }
+    for s in 0..k {
+        let mut shards: Vec<Option<Vec<u8>>> = row.to_vec();
+        shards[s] = None;
+        shards[k + m - 1] = None;
+        if code.reconstruct_data(&mut shards).is_err() {
+            continue;
+        }
+        let mut all: Vec<Vec<u8>> = shards[..k].iter().map(|d| d.clone().expect("decoded")).collect();
+        all.extend((0..m).map(|_| vec![0u8; PAGE]));
+        if code.encode(&mut all).is_ok() && (0..m).all(|j| row[k + j].as_deref() == Some(&all[k + j][..])) {
+            return format!(" (data slot {s}'s page is not what the parity says)");
+        }
+    }
+    String::new()
 }
 
 /// One line for a message, for the stories.
@@ -309,5 +364,13 @@ pub fn describe(msg: &EcMsg) -> String {
         EcMsg::Cut { id, pages, sources, parity, .. } => format!("Cut id={id} pages={pages:?} sources={sources:?} parity={parity:?}"),
         EcMsg::Marker { id, slot, .. } => format!("Marker id={id} slot={slot}"),
         EcMsg::Pages { id, slot, pages, .. } => format!("Pages id={id} slot={slot} pages={}", pages.len()),
+        EcMsg::Join { epoch, slot } => format!("Join epoch={epoch} slot={slot}"),
+        EcMsg::Stale { epoch, slot } => format!("Stale epoch={epoch} slot={slot}"),
+        EcMsg::State { epoch, slot, part, pages, entries, end } => format!(
+            "State epoch={epoch} slot={slot} part={part} pages={} keys={}{}",
+            pages.len(),
+            entries.len(),
+            end.as_ref().map_or(String::new(), |e| format!(" end last={}.{} pending={}", e.last.epoch, e.last.seq, e.pending.len()))
+        ),
     }
 }

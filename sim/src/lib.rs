@@ -739,7 +739,19 @@ impl Sim {
                     return self.enqueue_at(env, at_ms);
                 }
                 let now = node.now(now);
+                if let (Message::Ec { group, from, msg }, Some(g)) = (&env.msg, ec_trace()) {
+                    if *group == g || g == 99 {
+                        eprintln!("{} ms: g{group} s{from} -> node {n}: {}", self.now_ms, crate::ec::describe(msg));
+                    }
+                }
+                let before = ec_trace().and_then(|_| self.nodes[n as usize].core.ec().map(|e| e.status()[0].clone()));
                 self.step_node(n as usize, |core, out| core.step(env.msg, now, out));
+                if let Some(before) = before {
+                    let after = self.nodes[n as usize].core.ec().map(|e| e.status()[0].clone()).unwrap_or_default();
+                    if after != before {
+                        eprintln!("{} ms: node {n}: {after}", self.now_ms);
+                    }
+                }
             }
             Dest::Client(id) => {
                 let Some(i) = self.clients.iter().position(|c| c.driver.id() == id && !c.gone) else {
@@ -910,6 +922,9 @@ impl Sim {
     /// Stops `node` dead: it handles nothing from now on (kill -9). What its
     /// disk had not synced is lost.
     pub fn crash(&mut self, node: NodeId) {
+        if ec_trace().is_some() {
+            eprintln!("{} ms: node {node} crashes", self.now_ms);
+        }
         let n = &mut self.nodes[node as usize];
         n.crashed = true;
         if std::env::var_os("SIM_TRACE").is_some() {
@@ -936,6 +951,9 @@ impl Sim {
     /// Starts a crashed `node` again from its disk, as a new incarnation:
     /// it recovers its replicas from the log and waits to be admitted.
     pub fn restart(&mut self, node: NodeId) {
+        if ec_trace().is_some() {
+            eprintln!("{} ms: node {node} restarts", self.now_ms);
+        }
         self.incarnations += 1;
         let identity = identity(node, self.incarnations, self.site, &self.sites, self.replication, self.nodes.len() as u16);
         let n = &mut self.nodes[node as usize];
@@ -1161,4 +1179,10 @@ impl Sim {
 fn identity(me: NodeId, incarnation: u64, site: SiteId, sites: &[SiteId], replication: Replication, nodes: u16) -> Identity {
     let coordinators = if sites.len() > 1 { (0..nodes.min(3)).collect() } else { vec![COORDINATOR] };
     Identity { me, site, addr: format!("sim-{me}"), incarnation, coordinators, sites: sites.to_vec(), replication, dr: None }
+}
+
+/// `EC_TRACE=g`: print group g's messages as they are delivered, and the
+/// nodes' coded-site standings as they change.
+fn ec_trace() -> Option<u16> {
+    std::env::var("EC_TRACE").ok().and_then(|g| g.parse().ok())
 }

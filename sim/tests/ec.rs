@@ -8,6 +8,10 @@
 //! and, once quiet, every live parity page must be the code of the data
 //! pages (the recovered ones included).
 //!
+//! With replacements: members crash in sequence, never more than M down
+//! at once, and each lost one is replaced by an empty member, rebuilt
+//! while the clients go on (more than M failures over the run in all).
+//!
 //! `SEED=n cargo test -p causeway-sim --test ec` replays one schedule,
 //! `SEEDS=a..b` runs more.
 
@@ -116,7 +120,7 @@ impl Run {
     }
 }
 
-fn run(seed: u64) -> Result<String, String> {
+fn run(seed: u64, replace: bool) -> Result<String, String> {
     let mut rng = Rng::new(seed ^ 0xec);
     let mut world = EcWorld::new(seed, 3, 2);
     world.max_delay_ms = 1 + rng.below(12);
@@ -127,11 +131,48 @@ fn run(seed: u64) -> Result<String, String> {
     let second = (first + 1 + rng.below(4) as Slot) % 5;
     let crash_at = [300 + rng.below(600), 0];
     let crash_at = [crash_at[0], crash_at[0] + 20 + rng.below(700)];
+    // With replacements: a crash every 300-1000 ms while fewer than M are
+    // down, and each lost member replaced 0-300 ms after it is noticed.
+    let mut next_crash = crash_at[0];
+    let mut replace_at: Vec<(Slot, u64)> = Vec::new();
+    let mut victims = Vec::new();
+    let write_ms = if replace { 3 * WRITE_MS } else { WRITE_MS };
     let mut r = Run { world, rng, pending: HashMap::new(), busy: vec![false; CLIENTS + 1], history: Vec::new(), next_op: 0, written: 0 };
-    while r.world.now() < WRITE_MS {
-        for (i, &at) in crash_at.iter().enumerate() {
-            if r.world.now() == at {
-                r.world.crash([first, second][i]);
+    while r.world.now() < write_ms {
+        if !replace {
+            for (i, &at) in crash_at.iter().enumerate() {
+                if r.world.now() == at {
+                    r.world.crash([first, second][i]);
+                }
+            }
+        } else {
+            let now = r.world.now();
+            // Down: crashed, lost, joining, or a replacement not whole yet
+            // (its slot not taken back, or pages not decoded yet).
+            let down = (0..5)
+                .filter(|&s| {
+                    let m = r.world.member(s);
+                    m.is_none() || !r.world.config.alive[s as usize] || m.is_some_and(|m| !m.whole())
+                })
+                .count();
+            if now >= next_crash && now < write_ms - 1_000 {
+                next_crash = now + 300 + r.rng.below(700);
+                let victim = r.rng.below(5) as Slot;
+                if down < 2 && r.world.member(victim).is_some() {
+                    r.world.crash(victim);
+                    victims.push(victim);
+                }
+            }
+            for s in 0..5 {
+                if r.world.is_lost(s) && !replace_at.iter().any(|(x, _)| *x == s) {
+                    replace_at.push((s, now + r.rng.below(300)));
+                }
+            }
+            let due: Vec<Slot> = replace_at.iter().filter(|(_, at)| *at <= now).map(|(s, _)| *s).collect();
+            replace_at.retain(|(_, at)| *at > now);
+            for s in due {
+                let replies = r.world.replace(s);
+                r.answer(replies);
             }
         }
         for c in 0..CLIENTS {
@@ -160,8 +201,23 @@ fn run(seed: u64) -> Result<String, String> {
     while !(r.pending.is_empty() && r.world.quiet()) {
         r.step(10);
         waited += 10;
+        if replace {
+            for s in 0..5 {
+                if r.world.is_lost(s) {
+                    let replies = r.world.replace(s);
+                    r.answer(replies);
+                }
+            }
+        }
         if waited > 60_000 {
-            return Err(format!("not quiet 60 s after the writers stopped (crashed {first} then {second})"));
+            let status: Vec<String> =
+                (0..5).map(|s| format!("{s}: {:?}", r.world.member(s).map(|m| (m.settled(), m.rebuilt(), m.status())))).collect();
+            return Err(format!(
+                "not quiet 60 s after the writers stopped (crashed {first} then {second}, victims {victims:?}), {:?}, pending {}:\n{}",
+                r.world.config,
+                r.pending.len(),
+                status.join("\n")
+            ));
         }
     }
     check_stripes(r.world.code(), &r.world.stripes()?)?;
@@ -178,7 +234,15 @@ fn run(seed: u64) -> Result<String, String> {
         }
     }
     if !lincheck::check(&r.history) {
+        if replace {
+            return Err(format!("not linearizable (crashed and replaced {victims:?})"));
+        }
         return Err(format!("not linearizable (crashed {first} at {} then {second} at {})", crash_at[0], crash_at[1]));
+    }
+    if replace {
+        let joins = r.world.delivered.get("state").copied().unwrap_or(0);
+        let acked = r.history.iter().filter(|o| matches!(o.kind, OpKind::Put(_)) && o.ret.is_some()).count();
+        return Ok(format!("crashed and replaced {victims:?}; {} ops, {acked} writes acknowledged; {joins} state parts", r.history.len()));
     }
     let acked = r.history.iter().filter(|o| matches!(o.kind, OpKind::Put(_)) && o.ret.is_some()).count();
     let d = &r.world.delivered;
@@ -195,7 +259,17 @@ fn run(seed: u64) -> Result<String, String> {
 #[test]
 fn any_two_members_of_a_3_plus_2_group_fail_and_nothing_acknowledged_is_lost() {
     for seed in seeds(0..100) {
-        match run(seed) {
+        match run(seed, false) {
+            Ok(summary) => eprintln!("seed {seed}: {summary}"),
+            Err(e) => panic!("seed {seed}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn members_fail_in_sequence_and_replacements_are_rebuilt_under_load() {
+    for seed in seeds(0..60) {
+        match run(seed, true) {
             Ok(summary) => eprintln!("seed {seed}: {summary}"),
             Err(e) => panic!("seed {seed}: {e}"),
         }

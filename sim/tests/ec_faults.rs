@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use causeway_core::ec::code::Code;
 use causeway_core::ec::site::{Action, Engine};
-use causeway_core::ec::{Config, EcMsg, Member, Out, Reply, Slot};
+use causeway_core::ec::{Config, EcMsg, Member, Out, Reply, Slot, Standing};
 use causeway_core::ring::{Coding, NodeInfo, Shape, Topology};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -55,8 +55,17 @@ impl H {
     }
 }
 
-fn formed() -> BTreeMap<u16, u64> {
-    (0..5).map(|id| (id, 1)).collect()
+/// Every node's standing as the groups formed with incarnation 1, the
+/// nodes `lost` lost since.
+fn standings(lost: &[u16]) -> BTreeMap<u16, Standing> {
+    (0..5).map(|id| (id, Standing { gen: u64::from(lost.contains(&id)), incarnation: 1 })).collect()
+}
+
+/// Hellos from peers `from` (two, with this node, are a majority of five).
+fn hellos(e: &mut Engine<u32>, from: &[u16], lost: &[u16]) {
+    for &p in from {
+        e.hello(p, standings(lost));
+    }
 }
 
 fn b(s: &str) -> Bytes {
@@ -167,7 +176,7 @@ fn a_leader_confirmed_after_a_loss_prepares() {
     let mut e: Engine<u32> = Engine::new(3, 1, Coding { data: 3, parity: 2 }).unwrap();
     e.topology(&topology(&[0, 1, 2, 3, 4])); // forms
     e.topology(&topology(&[1, 2, 3, 4])); // node 0 removed
-    e.hello(formed(), vec![0]); // a peer confirms node 3
+    hellos(&mut e, &[1, 2], &[0]); // peers confirm node 3
     e.drain();
     assert_eq!(e.member(0).config().leader(), Some(3));
     assert_eq!(e.member(0).config().lost(), vec![0]);
@@ -197,7 +206,7 @@ fn a_leader_confirmed_after_a_loss_prepares() {
 fn a_node_that_missed_the_forming_configuration_forms_from_a_hello() {
     let mut e: Engine<u32> = Engine::new(3, 1, Coding { data: 3, parity: 2 }).unwrap();
     e.topology(&topology(&[1, 2, 3, 4]));
-    e.hello(formed(), vec![0]);
+    hellos(&mut e, &[1, 2], &[0]);
     for ms in 0..10_000u64 {
         e.tick(ms);
         e.drain();
@@ -218,7 +227,7 @@ fn a_restarted_process_never_serves_its_empty_member() {
     let mut t = topology(&[0, 1, 2, 3, 4]);
     t.admitted.insert(0, 2);
     e.topology(&t);
-    e.hello(formed(), vec![0]);
+    hellos(&mut e, &[1], &[0]);
     e.drain();
     e.request(7, 0, b("a"), None, 0);
     let a = e.drain();

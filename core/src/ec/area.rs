@@ -64,6 +64,11 @@ impl Area {
         self.pages.len() as u32
     }
 
+    /// The pages written so far (number, bytes): the others are zeros.
+    pub fn written(&self) -> impl Iterator<Item = (u32, &[u8])> {
+        self.pages.iter().enumerate().filter_map(|(n, p)| Some((n as u32, &p.as_ref()?[..])))
+    }
+
     fn page_mut(&mut self, page: usize) -> &mut [u8] {
         if self.pages.len() <= page {
             self.pages.resize_with(page + 1, || None);

@@ -42,14 +42,33 @@
 //!
 //! A leader that fails is replaced by the next live parity member, which
 //! prepares the slots again (the old leader's committed writes are in every
-//! parity) and repairs them from scratch. Members never come back in this
-//! version: a replacement member rebuilt by decoding is not built yet.
+//! parity) and repairs them from scratch.
+//!
+//! **Replacement** of a lost member by a new, empty one (a restarted
+//! process), `joining` in the configuration:
+//! * A parity member asks the member serving each data slot for its state
+//!   (`Join`): the server sends its pages and metadata as they are, with
+//!   its updates not committed yet (`State`, in parts), and from then on
+//!   sends it every update and waits for its acknowledgement too, so the
+//!   parity built from the state plus the updates that follow is the
+//!   slot's. A new configuration while joining starts it over. Once every
+//!   slot's state is in, its node says it is alive; a server that never
+//!   sent it its slot's state (the slot changed server meanwhile) tells it
+//!   it is `Stale`, and it starts over.
+//! * A data member, once alive, takes its slot back from the leader like a
+//!   leader takes a lost one: it prepares (the leader answers only once it
+//!   has let the slot go), fetches the metadata replica from the leader
+//!   (`Join`/`State` without pages), and serves the slot with every page
+//!   missing, decoded at cuts as above. A cut's source that has not
+//!   decoded the page yet either (two slots handed back at once) sends no
+//!   pages, only its marker, and is decoded too, with one more parity
+//!   member's pages.
 
 use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
 use super::index::Index;
 use crate::chain::change::{decide, Current};
-use crate::message::ec::{Diff, EcMsg, Meta, Slot, Stamp, WriteId};
+use crate::message::ec::{Diff, EcMsg, Meta, Sessions, Slot, Stamp, StateEnd, StatePending, WriteId};
 use crate::message::{Change, NewValue};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -75,19 +94,29 @@ pub const OWN_OP: u64 = u64::MAX;
 /// How long (ms) a page repair may take before it is given up and
 /// started again.
 const REPAIR_MS: u64 = 2_000;
+/// How long (ms) a joining member waits for the next part of a slot's
+/// state before it asks again.
+const JOIN_RETRY_MS: u64 = 3_000;
+/// Pages (16 MB) and metadata entries in one part of a slot's state.
+const STATE_PAGES: usize = 4_096;
+const STATE_ENTRIES: usize = 65_536;
 
-/// Who is alive in the group, as the coordinator decided at `epoch`.
+/// Who is alive in the group, as the coordinator decided at `epoch`, and
+/// who is coming back: a member `joining` is being rebuilt (a parity
+/// member gets every data slot's state; a data member nothing yet: its slot
+/// is still served by the leader) and counts as lost until it is alive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub epoch: u64,
     pub k: u8,
     pub m: u8,
     pub alive: Vec<bool>,
+    pub joining: Vec<bool>,
 }
 
 impl Config {
     pub fn new(k: u8, m: u8) -> Config {
-        Config { epoch: 1, k, m, alive: vec![true; (k + m) as usize] }
+        Config { epoch: 1, k, m, alive: vec![true; (k + m) as usize], joining: vec![false; (k + m) as usize] }
     }
 
     /// The next configuration, with `slot` failed.
@@ -95,6 +124,23 @@ impl Config {
         let mut c = self.clone();
         c.epoch += 1;
         c.alive[slot as usize] = false;
+        c.joining[slot as usize] = false;
+        c
+    }
+
+    /// The next configuration, with a replacement of lost `slot` joining.
+    pub fn rejoining(&self, slot: Slot) -> Config {
+        let mut c = self.without(slot);
+        c.joining[slot as usize] = true;
+        c
+    }
+
+    /// The next configuration, with `slot` (rebuilt) alive.
+    pub fn with(&self, slot: Slot) -> Config {
+        let mut c = self.clone();
+        c.epoch += 1;
+        c.alive[slot as usize] = true;
+        c.joining[slot as usize] = false;
         c
     }
 
@@ -252,6 +298,20 @@ impl Recent {
         self.0.retain(|_, s| now_ms.saturating_sub(s.last_ms) < crate::chain::WRITE_MEMORY_MS);
     }
 
+    /// As a slot's state carries it (client, finished below, writes).
+    fn export(&self) -> Sessions {
+        self.0.iter().map(|(&c, s)| (c, s.finished_below, s.writes.iter().map(|(&w, &v)| (w, v)).collect())).collect()
+    }
+
+    fn import(sessions: Sessions, now_ms: u64) -> Recent {
+        let session = |(finished_below, writes): (u64, Vec<(u64, u64)>)| Session {
+            finished_below,
+            writes: writes.into_iter().collect(),
+            last_ms: now_ms,
+        };
+        Recent(sessions.into_iter().map(|(c, f, w)| (c, session((f, w)))).collect())
+    }
+
     fn remove(&mut self, id: WriteId) {
         if let Some(session) = self.0.get_mut(&id.client) {
             session.writes.remove(&id.write);
@@ -286,6 +346,10 @@ struct Data {
     missing: BTreeSet<u32>,
     /// Requests waiting for missing pages, in arrival order.
     queue: VecDeque<(Req, Vec<u32>)>,
+    /// Rebuilding parity members sent this slot's state at the current
+    /// configuration: its updates go to them too, and commit waits for
+    /// their acknowledgements as for the live ones'.
+    joined: u64,
 }
 
 struct Pending {
@@ -323,6 +387,34 @@ struct Parity {
     recent: Vec<Recent>,
     /// Copies at cuts, by (leader, epoch, id): two leaders' ids may meet.
     cuts: HashMap<(Slot, u64, u64), CutCopy>,
+    /// Being rebuilt (a replacement joining the group).
+    rebuild: Option<Rebuild>,
+}
+
+/// A replacement parity member's rebuilding, at one configuration: each
+/// data slot's state (`State`), asked of the member serving it, is added
+/// to the parity as a diff from zero; the slot's updates that follow it on
+/// the link go in as usual. Done when every slot's state is in.
+struct Rebuild {
+    epoch: u64,
+    have: Vec<bool>,
+    /// The part of each slot's state expected next.
+    next_part: Vec<u32>,
+    /// When each slot's state was last asked for, or a part of it arrived.
+    heard: Vec<u64>,
+}
+
+/// A data member taking its slot back (a replacement, alive again): after
+/// its preparation, the metadata replica asked of a parity member.
+struct Fetch {
+    epoch: u64,
+    slot: Slot,
+    from: Slot,
+    stable: Stamp,
+    index: Index,
+    next_part: u32,
+    /// When it was asked, or a part arrived.
+    since: u64,
 }
 
 struct Buffered {
@@ -376,6 +468,7 @@ pub struct Member {
     /// Requests for lost slots while they are being prepared.
     held: VecDeque<(Slot, Req)>,
     prep: Option<Prep>,
+    fetch: Option<Fetch>,
     repairs: BTreeMap<u64, Repair>,
     next_cut: u64,
     /// The time of the last tick (ms).
@@ -384,6 +477,8 @@ pub struct Member {
     repaired: u64,
     /// Keys expired so far.
     expired: u64,
+    /// Told its parity misses a slot's updates (`Stale`).
+    stale: bool,
     /// When idle sessions were last forgotten (ms).
     swept_ms: u64,
     out: Vec<Out>,
@@ -392,26 +487,22 @@ pub struct Member {
 impl Member {
     /// A member of a new group. Stamps start at 1: `Stamp::default()`
     /// means nothing received.
+    ///
+    /// A member created `joining` (a replacement) starts empty: a parity
+    /// member asks for every data slot's state; a data member waits to be
+    /// alive, then takes its slot back from the leader.
     pub fn new(slot: Slot, code: Arc<Code>, config: Config) -> Member {
         let k = config.k as usize;
         let mut data = BTreeMap::new();
         let parity = if config.is_data(slot) {
-            data.insert(slot, Data::new(Stamp { epoch: 0, seq: 1 }, Stamp::default()));
+            if !config.joining[slot as usize] {
+                data.insert(slot, Data::new(Stamp { epoch: 0, seq: 1 }, Stamp::default()));
+            }
             None
         } else {
-            Some(Parity {
-                j: slot as usize - k,
-                area: Area::default(),
-                index: vec![Index::default(); k],
-                received: vec![Stamp::default(); k],
-                buffer: (0..k).map(|_| VecDeque::new()).collect(),
-                extent: vec![0; k],
-                fence: vec![0; k],
-                recent: vec![Recent::default(); k],
-                cuts: HashMap::new(),
-            })
+            Some(Parity::new(slot as usize - k, k))
         };
-        Member {
+        let mut member = Member {
             slot,
             code,
             config,
@@ -419,14 +510,18 @@ impl Member {
             parity,
             held: VecDeque::new(),
             prep: None,
+            fetch: None,
             repairs: BTreeMap::new(),
             next_cut: 0,
             now: 0,
             repaired: 0,
             expired: 0,
+            stale: false,
             swept_ms: 0,
             out: Vec::new(),
-        }
+        };
+        member.start_rebuild();
+        member
     }
 
     pub fn slot(&self) -> Slot {
@@ -605,7 +700,7 @@ impl Member {
                 let stamp = d.next;
                 d.next.seq += 1;
                 d.last = stamp;
-                let waiting = self.config.parity_mask();
+                let waiting = d.targets(&self.config);
                 d.pending.push_back(Pending {
                     stamp,
                     key: key.clone(),
@@ -619,7 +714,7 @@ impl Member {
                     old,
                     sent: self.now,
                 });
-                for p in self.config.live_parity().collect::<Vec<_>>() {
+                for p in bits(waiting) {
                     let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone() };
                     self.out.push(Out::Send { to: p, msg });
                 }
@@ -630,8 +725,8 @@ impl Member {
 
     /// Commits the acknowledged prefix of `slot`'s pending updates.
     fn try_commit(&mut self, slot: Slot) {
-        let mask = self.config.parity_mask();
         let Some(d) = self.data.get_mut(&slot) else { return };
+        let mask = d.targets(&self.config);
         let mut last = None;
         while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
             let p = d.pending.pop_front().expect("front");
@@ -660,7 +755,7 @@ impl Member {
             last = Some(p.stamp);
         }
         if let Some(stamp) = last {
-            for p in self.config.live_parity().collect::<Vec<_>>() {
+            for p in bits(mask) {
                 self.out.push(Out::Send { to: p, msg: EcMsg::Commit { slot, stamp } });
             }
             if self.data.get(&slot).is_some_and(|d| !d.queue.is_empty()) {
@@ -672,7 +767,12 @@ impl Member {
     pub fn step(&mut self, from: Slot, msg: EcMsg) {
         let slots = self.config.alive.len() as Slot;
         let names = match &msg {
-            EcMsg::Update { slot, .. } | EcMsg::Ack { slot, .. } | EcMsg::Commit { slot, .. } => Some(*slot),
+            EcMsg::Update { slot, .. }
+            | EcMsg::Ack { slot, .. }
+            | EcMsg::Commit { slot, .. }
+            | EcMsg::Join { slot, .. }
+            | EcMsg::Stale { slot, .. }
+            | EcMsg::State { slot, .. } => Some(*slot),
             _ => None,
         };
         if from >= slots || names.is_some_and(|s| s >= self.config.k) {
@@ -699,7 +799,13 @@ impl Member {
                 }
             }
             EcMsg::Prepare { epoch, slots } => {
-                let Some(par) = &mut self.parity else { return };
+                // Only from the member this one knows serves the slots: a
+                // member that lags (still serving a slot handed back to
+                // its rejoined member, say) answers once it has let it go.
+                if slots.iter().any(|&s| self.config.acting(s) != Some(from)) {
+                    return;
+                }
+                let Some(par) = self.parity.as_mut().filter(|p| p.rebuild.is_none()) else { return };
                 if epoch >= self.config.epoch {
                     // What this answers must be final: from now on nothing
                     // more from the lost members (a paused one may wake),
@@ -730,6 +836,13 @@ impl Member {
                 self.on_marker(epoch, id, slot, through, pages, sources, leader)
             }
             EcMsg::Pages { epoch, id, slot, pages } => self.on_pages(epoch, id, slot, pages),
+            EcMsg::Join { epoch, slot } => self.on_join(from, epoch, slot),
+            EcMsg::Stale { .. } => {
+                if self.parity.is_some() && self.config.alive[self.slot as usize] {
+                    self.stale = true;
+                }
+            }
+            EcMsg::State { epoch, slot, part, pages, entries, end } => self.on_state(from, epoch, slot, part, pages, entries, end),
         }
     }
 
@@ -749,6 +862,9 @@ impl Member {
         let i = slot as usize;
         if stamp.epoch < par.fence[i] || self.config.acting(slot) != Some(from) {
             return; // from a member that lost the slot (or not yet known to serve it)
+        }
+        if par.rebuild.as_ref().is_some_and(|r| !r.have[i]) {
+            return; // before the slot's state: in it
         }
         if stamp <= par.received[i] {
             // A resend whose ack was lost: acknowledged again if it is the
@@ -837,51 +953,270 @@ impl Member {
         if !live.iter().all(|p| prep.prepared.contains(p)) {
             return;
         }
-        // Every parity member agrees on the lost slots: serve them from
-        // this member's replica of their metadata.
+        // Every parity member agrees on the slots: the leader serves lost
+        // ones from its replica of their metadata; a data member taking its
+        // own slot back asks the leader for that replica first.
         let prep = self.prep.take().expect("prep");
-        let par = self.parity.as_ref().expect("the leader is a parity member");
+        let stable_of = |s: Slot| prep.stable.as_ref().and_then(|st| st.iter().find(|(x, _)| *x == s)).map(|(_, t)| *t).unwrap_or_default();
+        let Some(par) = self.parity.as_ref() else {
+            let (slot, leader) = (self.slot, self.config.leader().expect("prepared with a live parity member"));
+            let stable = stable_of(slot);
+            self.fetch =
+                Some(Fetch { epoch: prep.epoch, slot, from: leader, stable, index: Index::default(), next_part: 0, since: self.now });
+            self.out.push(Out::Send { to: leader, msg: EcMsg::Join { epoch: prep.epoch, slot } });
+            return;
+        };
         for &s in &prep.slots {
             let index = par.index[s as usize].clone();
-            let extent = par.extent[s as usize];
-            let pages = extent.div_ceil(PAGE as u64) as u32;
-            let stable = prep.stable.as_ref().and_then(|st| st.iter().find(|(x, _)| *x == s)).map(|(_, t)| *t).unwrap_or_default();
-            let mut d = Data::new(Stamp { epoch: prep.epoch, seq: 1 }, stable);
-            d.free = Free::rebuild(index.iter().map(|(_, m)| m.loc).collect(), extent);
-            d.recent = par.recent[s as usize].clone();
-            d.expiring = index.iter().filter_map(|(key, m)| Some((m.expires_at()?, Key::from(key)))).collect();
-            d.index = index;
-            d.missing = (0..pages).collect();
+            let (extent, recent) = (par.extent[s as usize], par.recent[s as usize].clone());
+            let d = Data::taken_over(Stamp { epoch: prep.epoch, seq: 1 }, stable_of(s), index, extent, recent);
             self.data.insert(s, d);
         }
+        self.serve_held();
+    }
+
+    /// The requests held while their slots were being taken over.
+    fn serve_held(&mut self) {
         for (slot, req) in std::mem::take(&mut self.held) {
             self.request(slot, req);
         }
         self.repair_soon();
     }
 
+    /// A parity member joining (a replacement): starts (again, at a new
+    /// configuration) from nothing, and asks the member serving each data
+    /// slot for its state.
+    fn start_rebuild(&mut self) {
+        let (epoch, now, k) = (self.config.epoch, self.now, self.config.k as usize);
+        let Some(par) = self.parity.as_mut().filter(|_| self.config.joining[self.slot as usize]) else { return };
+        *par = Parity::new(par.j, k);
+        par.rebuild = Some(Rebuild { epoch, have: vec![false; k], next_part: vec![0; k], heard: vec![now; k] });
+        for slot in 0..self.config.k {
+            if let Some(to) = self.config.acting(slot) {
+                self.out.push(Out::Send { to, msg: EcMsg::Join { epoch, slot } });
+            }
+        }
+    }
+
+    /// A `Join`: a rebuilding parity member asks for a data slot served
+    /// here; a data member taking its slot back asks this parity member
+    /// for its metadata replica.
+    fn on_join(&mut self, from: Slot, epoch: u64, slot: Slot) {
+        if epoch != self.config.epoch {
+            return;
+        }
+        let now = self.now;
+        if self.config.is_data(from) {
+            // Only once its preparation has fenced the slot here: nothing
+            // changes the replica after that but the new server's updates.
+            let i = slot as usize;
+            let Some(par) = self.parity.as_ref().filter(|p| p.rebuild.is_none() && p.fence[i] >= epoch) else { return };
+            if from != slot || self.config.acting(slot) != Some(from) {
+                return;
+            }
+            let entries = par.index[i].iter().map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
+            let end = StateEnd { last: par.received[i], extent: par.extent[i], sessions: par.recent[i].export(), pending: Vec::new() };
+            return self.send_state(from, epoch, slot, Vec::new(), entries, end);
+        }
+        if !self.config.joining[from as usize] || self.prep.is_some() {
+            return;
+        }
+        let Some(d) = self.data.get_mut(&slot) else { return };
+        if !d.missing.is_empty() {
+            return; // asked again once the pages are decoded here
+        }
+        // The pages as they are (with the updates in flight), and the
+        // metadata as a parity member holds it: the committed entries
+        // with the updates in flight applied, which it can undo.
+        let pages = d.area.written().map(|(n, bytes)| (n, Bytes::copy_from_slice(bytes))).collect();
+        let mut recent = d.recent.clone();
+        let mut newest: HashMap<&[u8], Option<Meta>> = HashMap::new();
+        let mut pending = Vec::new();
+        for p in &d.pending {
+            let old = newest.get(&p.key[..]).copied().unwrap_or_else(|| d.index.get(&p.key));
+            newest.insert(&p.key[..], p.meta);
+            if let Some(id) = p.id {
+                recent.insert(id, p.version, now);
+            }
+            let diffs = p.diffs.clone();
+            pending.push(StatePending { stamp: p.stamp, key: p.key.clone(), old, version: p.version, id: p.id, diffs });
+        }
+        let mut entries: Vec<(Bytes, Meta)> =
+            d.index.iter().filter(|(key, _)| !newest.contains_key(key)).map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
+        entries.extend(newest.iter().filter_map(|(key, m)| Some((Bytes::copy_from_slice(key), (*m)?))));
+        let end = StateEnd { last: d.last, extent: d.free.used().0, sessions: recent.export(), pending };
+        // From now on its updates go to it, and commit waits for it.
+        d.joined |= 1 << from;
+        self.send_state(from, epoch, slot, pages, entries, end);
+    }
+
+    /// A slot's state, in parts of bounded size, all sent now (what follows
+    /// on the link is not in it).
+    fn send_state(&mut self, to: Slot, epoch: u64, slot: Slot, pages: Vec<(u32, Bytes)>, entries: Vec<(Bytes, Meta)>, end: StateEnd) {
+        let mut pages = pages.into_iter().peekable();
+        let mut entries = entries.into_iter().peekable();
+        let mut end = Some(Box::new(end));
+        let mut part = 0;
+        while end.is_some() {
+            let chunk: Vec<(u32, Bytes)> = pages.by_ref().take(STATE_PAGES).collect();
+            let keys: Vec<(Bytes, Meta)> = entries.by_ref().take(STATE_ENTRIES).collect();
+            let last = pages.peek().is_none() && entries.peek().is_none();
+            let msg = EcMsg::State { epoch, slot, part, pages: chunk, entries: keys, end: if last { end.take() } else { None } };
+            self.out.push(Out::Send { to, msg });
+            part += 1;
+        }
+    }
+
+    /// A part of a slot's state: added to the parity being rebuilt here, or
+    /// to the metadata of the slot this data member takes back.
+    #[allow(clippy::too_many_arguments)]
+    fn on_state(
+        &mut self,
+        from: Slot,
+        epoch: u64,
+        slot: Slot,
+        part: u32,
+        pages: Vec<(u32, Bytes)>,
+        entries: Vec<(Bytes, Meta)>,
+        end: Option<Box<StateEnd>>,
+    ) {
+        let (now, i) = (self.now, slot as usize);
+        if epoch != self.config.epoch {
+            return;
+        }
+        if self.parity.is_none() {
+            let Some(f) = self.fetch.as_mut().filter(|f| f.epoch == epoch && f.slot == slot && f.from == from) else { return };
+            if part != f.next_part {
+                return; // a part lost on the way: asked again (`tick`)
+            }
+            f.next_part += 1;
+            f.since = now;
+            for (key, meta) in entries {
+                f.index.insert(&key, meta);
+            }
+            let Some(end) = end else { return };
+            let f = self.fetch.take().expect("fetch");
+            let recent = Recent::import(end.sessions, now);
+            let d = Data::taken_over(Stamp { epoch, seq: 1 }, f.stable, f.index, end.extent, recent);
+            self.data.insert(slot, d);
+            return self.serve_held();
+        }
+        let code = self.code.clone();
+        let acting = self.config.acting(slot);
+        let Some(par) = self.parity.as_mut() else { return };
+        let Some(rb) = par.rebuild.as_mut().filter(|r| r.epoch == epoch && !r.have[i] && acting == Some(from)) else { return };
+        if part != rb.next_part[i] {
+            if part == 0 {
+                // A stream started again after one cut short: what came of
+                // the first is in the parity, so start over.
+                self.start_rebuild();
+            }
+            return;
+        }
+        rb.next_part[i] += 1;
+        rb.heard[i] = now;
+        for (n, bytes) in pages {
+            par.area.add_delta(&code, par.j, i, n as u64 * PAGE as u64, &bytes);
+        }
+        for (key, meta) in entries {
+            par.index[i].insert(&key, meta);
+        }
+        let Some(end) = end else { return };
+        rb.have[i] = true;
+        par.received[i] = end.last;
+        par.extent[i] = end.extent;
+        par.recent[i] = Recent::import(end.sessions, now);
+        par.buffer[i] =
+            end.pending.into_iter().map(|p| Buffered { stamp: p.stamp, key: p.key, old: p.old, id: p.id, diffs: p.diffs }).collect();
+    }
+
+    /// A parity member alive now that was not: counted with the live ones
+    /// from now on if it got this slot's state from this member (its
+    /// updates since went to it, and commit waited for it); if not (the
+    /// slot changed server while it was rebuilding, and it was told alive
+    /// before it heard), its parity is not this slot's, and it must be
+    /// rebuilt again (`Stale`). A member lost or joining again is dropped
+    /// from the slot's `joined` (a new process asks for the state again).
+    fn welcome(&mut self, old: &Config) {
+        let epoch = self.config.epoch;
+        let mut stale = Vec::new();
+        for (&slot, d) in self.data.iter_mut() {
+            for p in self.config.k..self.config.k + self.config.m {
+                let bit = 1u64 << p;
+                let (was, is) = (old.alive[p as usize], self.config.alive[p as usize]);
+                if !is {
+                    if !self.config.joining[p as usize] {
+                        d.joined &= !bit;
+                    }
+                } else if !was {
+                    if d.joined & bit == 0 {
+                        stale.push((p, slot));
+                    }
+                    d.joined &= !bit;
+                }
+            }
+        }
+        for (to, slot) in stale {
+            self.out.push(Out::Send { to, msg: EcMsg::Stale { epoch, slot } });
+        }
+    }
+
+    /// Whether this member was told its parity misses a slot's updates
+    /// (`Stale`): its node must be rebuilt again.
+    pub fn stale(&self) -> bool {
+        self.stale
+    }
+
+    /// Whether this member has its part: a rebuilding parity member once
+    /// every data slot's state is in.
+    pub fn rebuilt(&self) -> bool {
+        self.parity.as_ref().and_then(|p| p.rebuild.as_ref()).is_none_or(|r| r.have.iter().all(|&h| h))
+    }
+
+    /// Lets go of the slots no longer served here (handed back to their
+    /// rejoined member): what waited is answered `NotHere` (sent on).
+    fn hand_back(&mut self) {
+        let me = Some(self.slot);
+        let gone: Vec<Slot> = self.data.keys().copied().filter(|&s| self.config.acting(s) != me).collect();
+        for s in gone {
+            let d = self.data.remove(&s).expect("served");
+            let ops = d.pending.into_iter().flat_map(|p| std::iter::once(p.op).chain(p.also));
+            let ops: Vec<u64> = ops.chain(d.queue.into_iter().map(|(r, _)| req_op(&r))).collect();
+            for op in ops {
+                self.reply(op, Reply::NotHere);
+            }
+        }
+        let (held, gone): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut self.held).into_iter().partition(|(s, _)| self.config.acting(*s) == me);
+        self.held = held;
+        for (_, r) in gone {
+            self.reply(req_op(&r), Reply::NotHere);
+        }
+    }
+
     pub fn reconfigure(&mut self, config: Config) {
         if config.epoch <= self.config.epoch {
             return;
         }
-        self.config = config;
+        let old = std::mem::replace(&mut self.config, config);
         if let Some(par) = &mut self.parity {
             let epoch = self.config.epoch;
             par.cuts.retain(|_, c| c.epoch >= epoch);
+            par.rebuild = None;
         }
+        self.start_rebuild(); // still joining: again, at this configuration
         self.repairs.clear();
+        self.fetch = None; // prepared again below
+        self.hand_back();
+        self.welcome(&old);
         for slot in self.data.keys().copied().collect::<Vec<_>>() {
             self.try_commit(slot);
         }
-        if self.config.leader() != Some(self.slot) {
-            return;
-        }
-        let mut slots: Vec<Slot> = self.config.lost().into_iter().filter(|s| !self.data.contains_key(s)).collect();
-        if let Some(prep) = self.prep.take() {
-            slots.extend(prep.slots);
-            slots.sort_unstable();
-            slots.dedup();
-        }
+        // The slots to take over: lost ones at the leader, its own slot at
+        // a data member alive again (a replacement). Either prepares first.
+        self.prep = None;
+        let me = Some(self.slot);
+        let slots: Vec<Slot> = (0..self.config.k).filter(|&s| self.config.acting(s) == me && !self.data.contains_key(&s)).collect();
         if slots.is_empty() {
             return self.repair_soon();
         }
@@ -907,12 +1242,12 @@ impl Member {
                 recent.forget_idle(now);
             }
         }
-        let mask = self.config.parity_mask();
         for (&slot, d) in self.data.iter_mut() {
+            let mask = d.targets(&self.config);
             if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_MS) {
                 for p in d.pending.iter_mut().filter(|p| now - p.sent >= RESEND_MS) {
                     p.sent = now;
-                    for to in (0..64).filter(|b| p.waiting & mask & (1 << b) != 0) {
+                    for to in bits(p.waiting & mask) {
                         let msg = EcMsg::Update {
                             slot,
                             stamp: p.stamp,
@@ -939,12 +1274,41 @@ impl Member {
                 self.out.push(Out::Send { to: p, msg });
             }
         }
+        self.ask_again(now);
         self.expire();
         self.repairs.retain(|_, r| now - r.since < REPAIR_MS);
         if let Some(par) = &mut self.parity {
             par.cuts.retain(|_, c| now - c.since < REPAIR_MS);
         }
         self.repair(true);
+    }
+
+    /// A joining member asks again for a slot's state that stopped coming
+    /// (a link broke, or the server was still decoding its pages).
+    fn ask_again(&mut self, now: u64) {
+        let epoch = self.config.epoch;
+        if let Some(f) = self.fetch.as_mut().filter(|f| now - f.since >= JOIN_RETRY_MS) {
+            (f.since, f.next_part, f.index) = (now, 0, Index::default());
+            let msg = EcMsg::Join { epoch: f.epoch, slot: f.slot };
+            self.out.push(Out::Send { to: f.from, msg });
+        }
+        let Some(rb) = self.parity.as_mut().and_then(|p| p.rebuild.as_mut()) else { return };
+        let mut again = Vec::new();
+        for i in 0..rb.have.len() {
+            if !rb.have[i] && now - rb.heard[i] >= JOIN_RETRY_MS {
+                rb.heard[i] = now;
+                if rb.next_part[i] > 0 {
+                    // Cut short: its parts are in the parity already.
+                    return self.start_rebuild();
+                }
+                again.push(i as Slot);
+            }
+        }
+        for slot in again {
+            if let Some(to) = self.config.acting(slot) {
+                self.out.push(Out::Send { to, msg: EcMsg::Join { epoch, slot } });
+            }
+        }
     }
 
     /// Deletes keys of the served slots whose expiry has passed, a few at a
@@ -1015,7 +1379,8 @@ impl Member {
                 }
             }
             urgent.retain(|p| !pages.contains(p));
-            if !self.start_repair(pages, lost) {
+            let n = lost.len();
+            if !self.start_repair(pages, lost, n) {
                 return;
             }
         }
@@ -1026,8 +1391,10 @@ impl Member {
         self.data.iter().filter(|(_, d)| d.missing.contains(&page)).map(|(&s, _)| s).collect()
     }
 
-    fn start_repair(&mut self, pages: Vec<u32>, lost: Vec<Slot>) -> bool {
-        let parity: Vec<Slot> = self.config.live_parity().take(lost.len()).collect();
+    /// A cut of `pages` to decode the `lost` slots' (served here), with
+    /// `parity` parity members' pages (one per erasure).
+    fn start_repair(&mut self, pages: Vec<u32>, lost: Vec<Slot>, parity: usize) -> bool {
+        let parity: Vec<Slot> = self.config.live_parity().take(parity).collect();
         if lost.is_empty() || parity.len() < lost.len() {
             return false; // more members lost than the code covers
         }
@@ -1057,7 +1424,16 @@ impl Member {
         }
         for &s in &sources {
             let Some(d) = self.data.get(&s) else { continue };
-            let bytes = pages.iter().map(|&p| Bytes::from(d.area.page(p))).collect();
+            // Pages not decoded here yet either (two slots handed back to
+            // their rejoined members at once) go as none: the leader
+            // decodes this slot's too. The marker goes all the same, so
+            // that the parity copies agree on this slot's updates (it may
+            // be written elsewhere in the stripe meanwhile).
+            let bytes = if pages.iter().any(|p| d.missing.contains(p)) {
+                Vec::new()
+            } else {
+                pages.iter().map(|&p| Bytes::from(d.area.page(p))).collect()
+            };
             let through = d.last;
             self.out.push(Out::Send { to: leader, msg: EcMsg::Pages { epoch, id, slot: s, pages: bytes } });
             for &p in &parity {
@@ -1070,7 +1446,7 @@ impl Member {
     #[allow(clippy::too_many_arguments)]
     fn on_marker(&mut self, epoch: u64, id: u64, slot: Slot, through: Stamp, pages: Vec<u32>, sources: Vec<Slot>, leader: Slot) {
         let now = self.now;
-        let Some(par) = &mut self.parity else { return };
+        let Some(par) = self.parity.as_mut().filter(|p| p.rebuild.is_none()) else { return };
         if epoch < self.config.epoch {
             return;
         }
@@ -1118,7 +1494,15 @@ impl Member {
         if !r.sources.iter().chain(&r.parity).all(|s| r.got.contains_key(s)) {
             return;
         }
-        let r = self.repairs.remove(&id).expect("repair");
+        let mut r = self.repairs.remove(&id).expect("repair");
+        // Sources without the pages are decoded too, if there is parity
+        // enough; if not, again with more.
+        r.got.retain(|_, pages| !pages.is_empty());
+        let erasures = r.lost.len() + r.sources.iter().filter(|s| !r.got.contains_key(s)).count();
+        if erasures > r.parity.len() {
+            self.start_repair(r.pages, r.lost, erasures);
+            return;
+        }
         let (k, m) = (self.config.k as usize, self.config.m as usize);
         for (n, &page) in r.pages.iter().enumerate() {
             let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
@@ -1127,7 +1511,7 @@ impl Member {
             }
             self.code.reconstruct_data(&mut shards).expect("a cut has K shards");
             for &s in &r.lost {
-                let d = self.data.get_mut(&s).expect("served");
+                let Some(d) = self.data.get_mut(&s).filter(|d| d.missing.contains(&page)) else { continue };
                 d.area.set_page(page, shards[s as usize].as_ref().expect("decoded"));
                 d.missing.remove(&page);
                 self.repaired += 1;
@@ -1176,6 +1560,8 @@ impl Member {
     /// lost on the way: the slot's next commit covers them.)
     pub fn settled(&self) -> bool {
         self.prep.is_none()
+            && self.fetch.is_none()
+            && self.rebuilt()
             && self.held.is_empty()
             && self.data.values().all(|d| d.missing.is_empty() && d.queue.is_empty() && d.pending.is_empty())
             && self.parity.as_ref().is_none_or(|p| p.cuts.is_empty())
@@ -1196,9 +1582,18 @@ impl Member {
         (keys, expires)
     }
 
+    /// Whether this member holds its whole part: its own data slot (once
+    /// alive) with every page, its parity rebuilt, and no slot it serves
+    /// still being taken over. Until then it does not count towards the
+    /// group's tolerance (M more failures).
+    pub fn whole(&self) -> bool {
+        let own = !self.config.is_data(self.slot) || !self.config.alive[self.slot as usize] || self.data.contains_key(&self.slot);
+        own && self.rebuilt() && self.prep.is_none() && self.fetch.is_none() && self.data.values().all(|d| d.missing.is_empty())
+    }
+
     /// Whether a lost slot is being taken over here (its requests wait).
     pub fn preparing(&self) -> bool {
-        self.prep.is_some() || !self.held.is_empty()
+        self.prep.is_some() || self.fetch.is_some() || !self.held.is_empty()
     }
 
     /// The data slots served here.
@@ -1283,6 +1678,43 @@ impl Data {
             pending: VecDeque::new(),
             missing: BTreeSet::new(),
             queue: VecDeque::new(),
+            joined: 0,
+        }
+    }
+
+    /// A slot taken over (by the leader, or back by its rejoined member)
+    /// from a parity member's metadata replica, every page missing until
+    /// it is decoded: its updates are stamped from `next` on, after the
+    /// last stable one.
+    fn taken_over(next: Stamp, stable: Stamp, index: Index, extent: u64, recent: Recent) -> Data {
+        let mut d = Data::new(next, stable);
+        d.free = Free::rebuild(index.iter().map(|(_, m)| m.loc).collect(), extent);
+        d.recent = recent;
+        d.expiring = index.iter().filter_map(|(key, m)| Some((m.expires_at()?, Key::from(key)))).collect();
+        d.missing = (0..extent.div_ceil(PAGE as u64) as u32).collect();
+        d.index = index;
+        d
+    }
+
+    /// The parity members an update goes to and commit waits for.
+    fn targets(&self, config: &Config) -> u64 {
+        config.parity_mask() | self.joined
+    }
+}
+
+impl Parity {
+    fn new(j: usize, k: usize) -> Parity {
+        Parity {
+            j,
+            area: Area::default(),
+            index: vec![Index::default(); k],
+            received: vec![Stamp::default(); k],
+            buffer: (0..k).map(|_| VecDeque::new()).collect(),
+            extent: vec![0; k],
+            fence: vec![0; k],
+            recent: vec![Recent::default(); k],
+            cuts: HashMap::new(),
+            rebuild: None,
         }
     }
 }
@@ -1301,6 +1733,17 @@ impl CutCopy {
                 code.add_delta(j, i, &d.bytes[range], &mut self.bytes[n][off..off + len]);
             }
         });
+    }
+}
+
+/// The slots of a mask.
+fn bits(mask: u64) -> impl Iterator<Item = Slot> {
+    (0..64).filter(move |b| mask & (1 << b) != 0)
+}
+
+fn req_op(r: &Req) -> u64 {
+    match r {
+        Req::Put { op, .. } | Req::Get { op, .. } => *op,
     }
 }
 

@@ -25,5 +25,5 @@ pub mod index;
 pub mod member;
 pub mod site;
 
-pub use crate::message::ec::{EcMsg, Loc, Meta, Slot, Stamp, WriteId};
+pub use crate::message::ec::{EcMsg, Loc, Meta, Slot, Stamp, Standing, State, WriteId};
 pub use member::{Config, Member, Memory, Out, PutReq, Reply};

@@ -8,20 +8,32 @@
 //! (p / N) % K.
 //!
 //! Who is alive: the group forms when the coordinator's configuration first
-//! admits all N nodes; each node's incarnation then is its member's. A
-//! node removed by the coordinator, or admitted again as another
-//! incarnation (a restart: its memory is gone), is lost for good: a
-//! replacement rebuilt by decoding is not built yet. Every engine tells the
-//! others, once a second, which nodes it knows lost and which incarnation it
-//! holds for them (`Hello`): a node serves its own slots only after a peer
-//! has confirmed its incarnation, so a restarted process never serves the
-//! empty member it came back with, and a node that learns it was declared
-//! lost (it was paused, say) stops serving. The configuration's epoch is 1
-//! + the number of lost nodes: the same at every node for the same losses.
+//! admits all N nodes, with each node's incarnation then. From then on each
+//! node has a `Standing` that only moves forward (`gen`), merged by every
+//! engine from the coordinator's configurations and the peers' hellos (once
+//! a second):
+//! * alive -> lost: the coordinator removed the node, or admitted it again
+//!   as another incarnation (a restart: its memory is gone). Any engine
+//!   decides it from its configuration.
+//! * lost -> joining: the node itself, admitted by the coordinator and told
+//!   it was lost (a restarted process, or one paused past the failure
+//!   timeout), starts over as a replacement with empty members: its parity
+//!   members are rebuilt from every data slot's state (`ec::member`).
+//! * joining -> alive: the node itself, once every member is rebuilt; its
+//!   data members then take their slots back from the leaders (preparation,
+//!   the metadata replica, then page repair by decoding).
+//!
+//! The configuration's epoch is 1 + the sum of the gens: the same at every
+//! node for the same standings, and growing with every change (two changes
+//! made at once by different nodes may share an epoch until the standings
+//! merge: a member checks who serves a slot, not the epoch alone). A node
+//! serves as formed (gen 0) only once a majority has confirmed its
+//! incarnation, so a restarted process never serves the empty member it
+//! came back with.
 
 use super::code::Code;
 use super::member::{Config, Member, Out, PutReq, Reply};
-use crate::message::ec::{EcMsg, Slot};
+use crate::message::ec::{EcMsg, Slot, Standing, State};
 use crate::ring::{Coding, NodeId, PartitionId, Topology};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -41,11 +53,10 @@ pub enum Action<R> {
         from: Slot,
         msg: EcMsg,
     },
-    /// The incarnations the groups formed with, and the nodes known lost.
+    /// Every node's standing as this one knows it.
     Hello {
         to: NodeId,
-        formed: BTreeMap<NodeId, u64>,
-        lost: Vec<NodeId>,
+        nodes: BTreeMap<NodeId, Standing>,
     },
     /// Pass the request on to the node serving its slot.
     Forward {
@@ -61,6 +72,11 @@ pub enum Action<R> {
     Unavailable {
         request: R,
     },
+    /// Its slot moved while it waited (handed back to a rejoined member):
+    /// the client sends it again where the configuration says.
+    Moved {
+        request: R,
+    },
 }
 
 pub struct Engine<R> {
@@ -70,11 +86,13 @@ pub struct Engine<R> {
     code: Arc<Code>,
     /// One member per group (this node's slot in each).
     members: Vec<Member>,
-    /// The incarnation of each node when the group formed.
-    formed: Option<BTreeMap<NodeId, u64>>,
-    lost: BTreeSet<NodeId>,
-    /// A peer has confirmed this node's incarnation.
-    confirmed: bool,
+    /// Every node's standing, once the groups formed.
+    nodes: Option<BTreeMap<NodeId, Standing>>,
+    /// The peers that said this node's standing is what it holds (a
+    /// process serves as formed only once a majority did).
+    confirmed_by: BTreeSet<NodeId>,
+    /// The coordinator's last configuration admits this process.
+    admitted: bool,
     epoch: u64,
     tickets: HashMap<u64, R>,
     next_ticket: u64,
@@ -88,7 +106,7 @@ pub struct Engine<R> {
 
 impl<R> std::fmt::Debug for Engine<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("me", &self.me).field("epoch", &self.epoch).field("lost", &self.lost).finish_non_exhaustive()
+        f.debug_struct("Engine").field("me", &self.me).field("epoch", &self.epoch).field("nodes", &self.nodes).finish_non_exhaustive()
     }
 }
 
@@ -103,9 +121,9 @@ impl<R> Engine<R> {
             coding,
             code,
             members,
-            formed: None,
-            lost: BTreeSet::new(),
-            confirmed: false,
+            nodes: None,
+            confirmed_by: BTreeSet::new(),
+            admitted: false,
             epoch: 1,
             tickets: HashMap::new(),
             next_ticket: 0,
@@ -125,81 +143,142 @@ impl<R> Engine<R> {
         std::mem::take(&mut self.actions)
     }
 
+    fn standing_of(&self, node: NodeId) -> Option<Standing> {
+        self.nodes.as_ref().and_then(|n| n.get(&node).copied())
+    }
+
+    /// This process's own standing, if it is the process the groups count.
+    fn mine(&self) -> Option<State> {
+        self.standing_of(self.me).filter(|s| s.incarnation == self.incarnation).map(|s| s.state())
+    }
+
     fn alive(&self, node: NodeId) -> bool {
-        self.formed.is_some() && !self.lost.contains(&node) && (node != self.me || self.confirmed)
+        if node == self.me {
+            // As formed: only once a majority confirmed this process.
+            let confirmed = 2 * (self.confirmed_by.len() + 1) > self.coding.nodes() as usize;
+            return self.mine() == Some(State::Alive) && (confirmed || self.standing_of(node).is_some_and(|s| s.gen > 0));
+        }
+        self.standing_of(node).is_some_and(|s| s.state() == State::Alive)
+    }
+
+    fn joining(&self, node: NodeId) -> bool {
+        if node == self.me {
+            return self.mine() == Some(State::Joining);
+        }
+        self.standing_of(node).is_some_and(|s| s.state() == State::Joining)
     }
 
     /// The coordinator's new configuration: forms the groups, or marks
     /// removed and restarted nodes lost.
     pub fn topology(&mut self, t: &Topology) {
         let n = self.coding.nodes();
-        if self.formed.is_none() {
+        self.admitted = t.node(self.me).is_some() && t.admits(self.me, self.incarnation);
+        let Some(mut nodes) = self.nodes.clone() else {
             if (0..n).all(|id| t.admitted.contains_key(&id) && t.node(id).is_some()) {
-                self.form((0..n).map(|id| (id, t.admitted[&id])).collect());
-            } else {
-                return;
+                let formed = (0..n).map(|id| (id, Standing { gen: 0, incarnation: t.admitted[&id] })).collect();
+                self.nodes = Some(formed);
+                self.reconfigure();
+            }
+            return;
+        };
+        for (id, s) in nodes.iter_mut() {
+            let gone = t.node(*id).is_none() || t.admitted.get(id).is_some_and(|i| *i != s.incarnation);
+            if gone && s.state() != State::Lost {
+                *s = s.then(State::Lost, s.incarnation);
             }
         }
-        let formed = self.formed.as_ref().expect("formed");
-        let gone: Vec<NodeId> =
-            (0..n).filter(|id| t.node(*id).is_none() || t.admitted.get(id).is_some_and(|i| Some(i) != formed.get(id))).collect();
-        self.lose(gone);
+        self.update(nodes, self.alive(self.me));
     }
 
-    /// The groups formed with these incarnations (from the configuration
-    /// that first admitted every node, or a peer's hello for a node that
-    /// missed it).
-    fn form(&mut self, formed: BTreeMap<NodeId, u64>) {
-        let other = formed.get(&self.me) != Some(&self.incarnation);
-        self.formed = Some(formed);
-        // This node's slots count as lost until a peer confirms it (`alive`).
-        self.reconfigure();
-        if other {
-            // The groups formed with another process on this node.
-            self.lose(vec![self.me]);
+    /// A peer's hello: every node's standing as it knows it. The higher
+    /// gen wins.
+    pub fn hello(&mut self, from: NodeId, theirs: BTreeMap<NodeId, Standing>) {
+        let mut nodes = self.nodes.clone().unwrap_or_else(|| theirs.clone());
+        for (id, s) in &theirs {
+            let mine = nodes.entry(*id).or_insert(*s);
+            if s.gen > mine.gen {
+                *mine = *s;
+            }
         }
+        let was_alive = self.alive(self.me);
+        if theirs.get(&self.me) == nodes.get(&self.me) {
+            self.confirmed_by.insert(from);
+        }
+        self.update(nodes, was_alive);
     }
 
-    fn lose(&mut self, nodes: Vec<NodeId>) {
-        let before = self.lost.len();
-        self.lost.extend(nodes.into_iter().filter(|&id| id < self.coding.nodes()));
-        if self.lost.len() != before {
+    /// New standings: what this node decides for itself follows (rejoining
+    /// when lost, alive once rebuilt), then every member's configuration.
+    fn update(&mut self, mut nodes: BTreeMap<NodeId, Standing>, was_alive: bool) {
+        let before = self.nodes.clone();
+        let mine = nodes[&self.me];
+        let other = mine.incarnation != self.incarnation;
+        if self.admitted && (mine.state() == State::Lost || other && mine.state() != State::Lost) {
+            // Declared lost (or the groups count another process here):
+            // start over as a replacement.
+            nodes.insert(self.me, mine.then(State::Joining, self.incarnation));
+        }
+        let changed = before.as_ref().and_then(|b| b.get(&self.me)) != nodes.get(&self.me);
+        if changed && before.is_some() {
+            self.confirmed_by.clear();
+        }
+        self.nodes = Some(nodes);
+        let fresh = self.mine() == Some(State::Joining) && changed
+            || !was_alive && self.alive(self.me) && self.standing_of(self.me).is_some_and(|s| s.gen == 0);
+        if fresh {
+            // A member now (confirmed as formed), or a replacement: its
+            // members start afresh (nothing reached them before), at
+            // configuration 0 so that the one below is news to them.
+            self.members = (0..self.coding.nodes())
+                .map(|g| Member::new(self.coding.slot(g, self.me), self.code.clone(), Config { epoch: 0, ..self.config_of(g) }))
+                .collect();
+            for g in 0..self.coding.nodes() {
+                self.members[g as usize].drain();
+            }
+        }
+        if fresh || before != self.nodes {
             self.reconfigure();
         }
     }
 
-    /// Every member's configuration from who is alive now.
+    /// Group `group`'s configuration as this node sees the standings.
+    fn config_of(&self, group: u16) -> Config {
+        let slots = 0..self.coding.nodes() as Slot;
+        Config {
+            epoch: self.epoch,
+            k: self.coding.data,
+            m: self.coding.parity,
+            alive: slots.clone().map(|s| self.alive(self.coding.node(group, s))).collect(),
+            joining: slots.map(|s| self.joining(self.coding.node(group, s))).collect(),
+        }
+    }
+
+    /// Every member's configuration from the standings now.
     fn reconfigure(&mut self) {
-        let dead = (0..self.coding.nodes()).filter(|&id| !self.alive(id)).count() as u64;
-        self.epoch = 1 + dead;
+        let gens: u64 = self.nodes.iter().flat_map(|n| n.values()).map(|s| s.gen).sum();
+        self.epoch = 1 + gens;
         for g in 0..self.coding.nodes() {
-            let alive = (0..self.coding.nodes() as Slot).map(|s| self.alive(self.coding.node(g, s))).collect();
-            let config = Config { epoch: self.epoch, k: self.coding.data, m: self.coding.parity, alive };
+            let config = self.config_of(g);
             self.members[g as usize].reconfigure(config);
             self.collect(g);
         }
     }
 
-    /// A peer's hello: the incarnations the groups formed with (its word
-    /// for this node among them), and the nodes it knows lost.
-    pub fn hello(&mut self, formed: BTreeMap<NodeId, u64>, lost: Vec<NodeId>) {
-        if self.formed.is_none() {
-            self.form(formed.clone());
+    /// A joining node whose members are all rebuilt is alive; an alive
+    /// one told its parity misses a slot's updates is lost (and starts over).
+    fn rejoin(&mut self) {
+        if self.alive(self.me) && self.members.iter().any(Member::stale) {
+            let mut nodes = self.nodes.clone().expect("alive");
+            let mine = nodes[&self.me];
+            nodes.insert(self.me, mine.then(State::Lost, self.incarnation));
+            return self.update(nodes, true);
         }
-        let yours = formed.get(&self.me).copied();
-        if lost.contains(&self.me) || yours != Some(self.incarnation) || self.formed.as_ref() != Some(&formed) {
-            self.lose(vec![self.me]);
-        } else if !self.confirmed && !self.lost.contains(&self.me) {
-            self.confirmed = true;
-            // A member now: its members start afresh (nothing reached them
-            // while it was not one), then take the losses known so far
-            // (the leader among them starts preparing).
-            self.members = (0..self.coding.nodes())
-                .map(|g| Member::new(self.coding.slot(g, self.me), self.code.clone(), Config::new(self.coding.data, self.coding.parity)))
-                .collect();
-            self.reconfigure();
+        if self.joining(self.me) && self.members.iter().all(Member::rebuilt) {
+            let mut nodes = self.nodes.clone().expect("joining");
+            let mine = nodes[&self.me];
+            nodes.insert(self.me, mine.then(State::Alive, self.incarnation));
+            self.update(nodes, false);
         }
-        self.lose(lost);
     }
 
     /// A client request for `key` of `partition`: served here, or passed on
@@ -208,7 +287,7 @@ impl<R> Engine<R> {
     pub fn request(&mut self, request: R, partition: PartitionId, key: Bytes, write: Option<PutReq>, now_ms: u64) {
         let (group, slot) = self.coding.place(partition);
         let config = self.members[group as usize].config().clone();
-        if self.formed.is_none() || !self.confirmed && !self.lost.contains(&self.me) {
+        if !self.ready() {
             // Not a member yet: no peer has confirmed this process is the
             // one the groups formed with.
             return self.actions.push(Action::Unavailable { request });
@@ -286,30 +365,28 @@ impl<R> Engine<R> {
 
     /// A message of group `group` from its member at slot `from`.
     pub fn step(&mut self, group: u16, from: Slot, msg: EcMsg) {
-        if !self.alive(self.me) || group >= self.coding.nodes() {
+        if !self.alive(self.me) && !self.joining(self.me) || group >= self.coding.nodes() {
             return; // not a member (yet, or any more): say nothing
         }
         self.members[group as usize].step(from, msg);
         self.collect(group);
+        self.rejoin();
     }
 
     /// Time passes: background repair, and the hello when it is due.
     pub fn tick(&mut self, now_ms: u64) {
-        if self.formed.is_none() {
-            return;
-        }
-        if self.alive(self.me) {
+        let Some(nodes) = self.nodes.clone() else { return };
+        if self.alive(self.me) || self.joining(self.me) {
             for g in 0..self.coding.nodes() {
                 self.members[g as usize].tick(now_ms);
                 self.collect(g);
             }
+            self.rejoin();
         }
         if self.last_hello_ms.is_none_or(|at| now_ms >= at + HELLO_MS) {
             self.last_hello_ms = Some(now_ms);
-            let formed = self.formed.clone().expect("formed");
-            let lost: Vec<NodeId> = self.lost.iter().copied().collect();
-            for &to in formed.keys().filter(|&&id| id != self.me) {
-                self.actions.push(Action::Hello { to, formed: formed.clone(), lost: lost.clone() });
+            for &to in nodes.keys().filter(|&&id| id != self.me) {
+                self.actions.push(Action::Hello { to, nodes: nodes.clone() });
             }
         }
     }
@@ -322,7 +399,7 @@ impl<R> Engine<R> {
                 Out::Reply { op, reply } => {
                     if let Some(request) = self.tickets.remove(&op) {
                         match reply {
-                            Reply::NotHere => self.actions.push(Action::Unavailable { request }),
+                            Reply::NotHere => self.actions.push(Action::Moved { request }),
                             reply => self.actions.push(Action::Answer { request, reply }),
                         }
                     } else if let Some(flush) = self.flush_parts.remove(&op) {
@@ -346,9 +423,18 @@ impl<R> Engine<R> {
     }
 
     /// Whether requests can be taken: the groups formed, and this node is
-    /// confirmed a member or known lost (then it passes them on).
+    /// a confirmed member, or lost or joining (then it passes them on).
     pub fn ready(&self) -> bool {
-        self.formed.is_some() && (self.confirmed || self.lost.contains(&self.me))
+        self.nodes.is_some()
+            && (self.alive(self.me)
+                || self.standing_of(self.me).is_some_and(|s| s.state() != State::Alive || s.incarnation != self.incarnation))
+    }
+
+    /// Whether this node is a member holding its whole part in every group
+    /// (`Member::whole`): a replacement once rebuilt and its slots taken
+    /// back, with every page.
+    pub fn whole(&self) -> bool {
+        self.alive(self.me) && self.members.iter().all(Member::whole)
     }
 
     /// Whether nothing waits on time here but the hello.
@@ -368,32 +454,27 @@ impl<R> Engine<R> {
     /// The configuration as this node sees it: its epoch, whether the
     /// groups formed and this node is a member of them, the nodes lost.
     pub fn standing(&self) -> (u64, &'static str, Vec<NodeId>) {
-        let what = if self.formed.is_none() {
-            "forming"
-        } else if self.alive(self.me) {
-            "member"
-        } else if self.lost.contains(&self.me) {
-            "lost"
-        } else {
-            "unconfirmed"
+        let what = match (&self.nodes, self.mine()) {
+            (None, _) => "forming",
+            _ if self.alive(self.me) => "member",
+            (_, Some(State::Joining)) => "joining",
+            (_, Some(State::Alive)) => "unconfirmed",
+            _ => "lost",
         };
-        (self.epoch, what, self.lost.iter().copied().collect())
+        (self.epoch, what, self.not_alive())
+    }
+
+    /// The nodes lost or joining.
+    fn not_alive(&self) -> Vec<NodeId> {
+        self.nodes.iter().flatten().filter(|(_, s)| s.state() != State::Alive).map(|(&id, _)| id).collect()
     }
 
     /// One line per group: its members' roles and state, for status.
     pub fn status(&self) -> Vec<String> {
-        let mut lines = vec![format!(
-            "epoch {}, {}, lost {:?}",
-            self.epoch,
-            if self.formed.is_none() {
-                "not formed"
-            } else if self.alive(self.me) {
-                "serving"
-            } else {
-                "not a member"
-            },
-            self.lost
-        )];
+        let (epoch, what, _) = self.standing();
+        let joining: Vec<NodeId> = self.nodes.iter().flatten().filter(|(_, s)| s.state() == State::Joining).map(|(&id, _)| id).collect();
+        let lost: Vec<NodeId> = self.nodes.iter().flatten().filter(|(_, s)| s.state() == State::Lost).map(|(&id, _)| id).collect();
+        let mut lines = vec![format!("epoch {epoch}, {what}, lost {lost:?}, joining {joining:?}")];
         for (g, m) in self.members.iter().enumerate() {
             let nodes: Vec<String> = (0..self.coding.nodes() as Slot)
                 .map(|s| format!("{}{}", if s < self.coding.data { "d" } else { "p" }, self.coding.node(g as u16, s)))

@@ -59,6 +59,44 @@ pub struct WriteId {
     pub done_below: u64,
 }
 
+/// A node's standing in a coded site's groups, as every node's engine
+/// merges it (the higher `gen` wins): `gen` counts its changes, round and
+/// round alive (`gen % 3 == 0`), lost (1), joining (2: a replacement being
+/// rebuilt), and `incarnation` is the process it stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standing {
+    pub gen: u64,
+    pub incarnation: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Alive,
+    Lost,
+    Joining,
+}
+
+impl Standing {
+    pub fn state(&self) -> State {
+        match self.gen % 3 {
+            0 => State::Alive,
+            1 => State::Lost,
+            _ => State::Joining,
+        }
+    }
+
+    /// The next standing in `state`, for `incarnation`.
+    pub fn then(&self, state: State, incarnation: u64) -> Standing {
+        let want = match state {
+            State::Alive => 0,
+            State::Lost => 1,
+            State::Joining => 2,
+        };
+        let gen = (self.gen + 1..).find(|g| g % 3 == want).expect("one of the next three");
+        Standing { gen, incarnation }
+    }
+}
+
 /// `old ^ new` for the bytes at `at` of a data slot's area: a parity
 /// member adds `coefficient * bytes` to its parity at the same offset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,4 +178,59 @@ pub enum EcMsg {
         slot: Slot,
         pages: Vec<Bytes>,
     },
+    /// A member coming back (a replacement, rebuilt at configuration
+    /// `epoch`) asks for data slot `slot`'s state: a rebuilding parity
+    /// member asks the member serving each data slot (pages and metadata);
+    /// a data member taking its slot back asks a parity member (the
+    /// metadata replica, once its preparation fenced the slot).
+    Join {
+        epoch: u64,
+        slot: Slot,
+    },
+    /// You are alive in my configuration, but I never sent you data slot
+    /// `slot`'s state as its server (it changed server while you were
+    /// being rebuilt): your parity is not its; be rebuilt again.
+    Stale {
+        epoch: u64,
+        slot: Slot,
+    },
+    /// Part `part` (from 0) of data slot `slot`'s state for a `Join`: pages (number, bytes;
+    /// pages never written are left out), metadata entries, and in the last
+    /// part what comes with them. The sender's updates of the slot that
+    /// follow on the link are not in it.
+    State {
+        epoch: u64,
+        slot: Slot,
+        part: u32,
+        pages: Vec<(u32, Bytes)>,
+        entries: Vec<(Bytes, Meta)>,
+        end: Option<Box<StateEnd>>,
+    },
+}
+
+/// The last part of a slot's state: the last update in it, where its bytes
+/// end, the sessions' recent writes (`WriteId`s: client, finished below,
+/// write -> version), and the updates in it not committed yet (a parity
+/// member may have to undo them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateEnd {
+    pub last: Stamp,
+    pub extent: u64,
+    pub sessions: Sessions,
+    pub pending: Vec<StatePending>,
+}
+
+/// Sessions' recent writes: (client, finished below, [(write, version)]).
+pub type Sessions = Vec<(u64, u64, Vec<(u64, u64)>)>;
+
+/// An update in a slot's state that is not committed yet: as a parity
+/// member buffers it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatePending {
+    pub stamp: Stamp,
+    pub key: Bytes,
+    pub old: Option<Meta>,
+    pub version: u64,
+    pub id: Option<WriteId>,
+    pub diffs: Vec<Diff>,
 }

@@ -301,11 +301,11 @@ pub enum Message {
         from: u8,
         msg: Box<ec::EcMsg>,
     },
-    /// Erasure coding: the incarnations of the nodes the sender's groups
-    /// formed with, and the nodes it knows lost (`ec::site`).
+    /// Erasure coding: each node's standing in the groups as the sender
+    /// knows it (`ec::site`).
     EcHello {
-        formed: Vec<(NodeId, u64)>,
-        lost: Vec<NodeId>,
+        from: NodeId,
+        nodes: Vec<(NodeId, ec::Standing)>,
     },
 }
 

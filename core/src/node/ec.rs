@@ -41,7 +41,7 @@ impl Node {
         }
         match msg {
             Message::Ec { group, from, msg } => engine.step(group, from, *msg),
-            Message::EcHello { formed, lost } => engine.hello(formed.into_iter().collect(), lost),
+            Message::EcHello { from, nodes } => engine.hello(from, nodes.into_iter().collect()),
             Message::Put(put) => {
                 // No lease needed: a member removed without knowing it
                 // yet gets no acknowledgement from the parity members once
@@ -88,10 +88,18 @@ impl Node {
         for action in engine.drain() {
             match action {
                 Action::Send { to, group, from, msg } => send(out, Dest::Node(to), Message::Ec { group, from, msg: Box::new(msg) }),
-                Action::Hello { to, formed, lost } => {
-                    send(out, Dest::Node(to), Message::EcHello { formed: formed.into_iter().collect(), lost })
+                Action::Hello { to, nodes } => {
+                    let from = self.id.me;
+                    send(out, Dest::Node(to), Message::EcHello { from, nodes: nodes.into_iter().collect() })
                 }
                 Action::Forward { to, request } => send(out, Dest::Node(to), request),
+                Action::Moved { request } => {
+                    // Its slot was handed back to its rejoined member: the
+                    // driver refreshes and sends it there.
+                    if let Some(op) = request.op() {
+                        send_back(out, op, Refusal::NotResponsible { epoch: self.topology.epoch });
+                    }
+                }
                 Action::Unavailable { request } => {
                     if let Some(op) = request.op() {
                         let (alive, needed) = (0, 1);

@@ -79,6 +79,18 @@ pub enum Action<R> {
     },
 }
 
+/// How the groups stand, as this node sees it (INFO).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Standings {
+    pub epoch: u64,
+    /// This node: forming, member, joining, unconfirmed or lost.
+    pub what: &'static str,
+    pub lost: Vec<NodeId>,
+    pub joining: Vec<NodeId>,
+    /// This node holds its whole part (`Engine::whole`).
+    pub whole: bool,
+}
+
 pub struct Engine<R> {
     me: NodeId,
     incarnation: u64,
@@ -453,7 +465,7 @@ impl<R> Engine<R> {
 
     /// The configuration as this node sees it: its epoch, whether the
     /// groups formed and this node is a member of them, the nodes lost.
-    pub fn standing(&self) -> (u64, &'static str, Vec<NodeId>) {
+    pub fn standing(&self) -> Standings {
         let what = match (&self.nodes, self.mine()) {
             (None, _) => "forming",
             _ if self.alive(self.me) => "member",
@@ -461,19 +473,13 @@ impl<R> Engine<R> {
             (_, Some(State::Alive)) => "unconfirmed",
             _ => "lost",
         };
-        (self.epoch, what, self.not_alive())
-    }
-
-    /// The nodes lost or joining.
-    fn not_alive(&self) -> Vec<NodeId> {
-        self.nodes.iter().flatten().filter(|(_, s)| s.state() != State::Alive).map(|(&id, _)| id).collect()
+        let of = |state| self.nodes.iter().flatten().filter(|(_, s)| s.state() == state).map(|(&id, _)| id).collect();
+        Standings { epoch: self.epoch, what, lost: of(State::Lost), joining: of(State::Joining), whole: self.whole() }
     }
 
     /// One line per group: its members' roles and state, for status.
     pub fn status(&self) -> Vec<String> {
-        let (epoch, what, _) = self.standing();
-        let joining: Vec<NodeId> = self.nodes.iter().flatten().filter(|(_, s)| s.state() == State::Joining).map(|(&id, _)| id).collect();
-        let lost: Vec<NodeId> = self.nodes.iter().flatten().filter(|(_, s)| s.state() == State::Lost).map(|(&id, _)| id).collect();
+        let Standings { epoch, what, lost, joining, .. } = self.standing();
         let mut lines = vec![format!("epoch {epoch}, {what}, lost {lost:?}, joining {joining:?}")];
         for (g, m) in self.members.iter().enumerate() {
             let nodes: Vec<String> = (0..self.coding.nodes() as Slot)

@@ -82,10 +82,7 @@ pub struct Status {
 /// This node's members of its site's erasure-coded groups.
 pub struct EcStatus {
     pub coding: causeway_core::ring::Coding,
-    pub epoch: u64,
-    /// forming, member, unconfirmed or lost.
-    pub standing: &'static str,
-    pub lost: Vec<NodeId>,
+    pub standing: causeway_core::ec::site::Standings,
     pub memory: causeway_core::ec::Memory,
 }
 
@@ -272,12 +269,7 @@ impl Handle {
             let (policy, stats) = node.with_core(|core| core.tier_stats())?;
             Some(TierStatus { policy, stats, usage: worker.tier.usage(), reads: worker.reads() })
         });
-        let ec = node.with_core(|core| {
-            core.ec().map(|e| {
-                let (epoch, standing, lost) = e.standing();
-                EcStatus { coding: e.coding(), epoch, standing, lost, memory: e.memory() }
-            })
-        });
+        let ec = node.with_core(|core| core.ec().map(|e| EcStatus { coding: e.coding(), standing: e.standing(), memory: e.memory() }));
         let (expired_keys, evicted_keys, store_bytes, geo, parked_writes) = node.with_core(|core| {
             let geo = core.geo().map(|geo| GeoStatus {
                 leader: geo.leader_of(&topology),

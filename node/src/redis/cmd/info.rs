@@ -243,13 +243,15 @@ pub fn memory_fields(status: &Status) -> Vec<(&'static str, String)> {
 fn ec_fields(status: &Status) -> Vec<(&'static str, String)> {
     let Some(e) = &status.ec else { return vec![("ec_enabled", "0".into())] };
     let m = &e.memory;
-    let lost: Vec<String> = e.lost.iter().map(|n| n.to_string()).collect();
+    let list = |nodes: &[u16]| nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",");
     vec![
         ("ec_enabled", "1".into()),
         ("ec_code", format!("{}+{}", e.coding.data, e.coding.parity)),
-        ("ec_epoch", e.epoch.to_string()),
-        ("ec_standing", e.standing.into()),
-        ("ec_lost_nodes", lost.join(",")),
+        ("ec_epoch", e.standing.epoch.to_string()),
+        ("ec_standing", e.standing.what.into()),
+        ("ec_lost_nodes", list(&e.standing.lost)),
+        ("ec_joining_nodes", list(&e.standing.joining)),
+        ("ec_whole", u8::from(e.standing.whole).to_string()),
         ("ec_keys", m.keys.to_string()),
         ("ec_expires", m.expires.to_string()),
         ("ec_metadata_replicas", m.replicas.to_string()),

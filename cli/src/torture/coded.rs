@@ -1,19 +1,19 @@
-//! The faults of an erasure-coded site (`torture --redundancy ec:K+M`): as
-//! many as the code covers, M losses in all (a lost member does not come
-//! back yet), one after the other under the writers, each taken in (the
-//! coordinator removed the node, every group's lost slots decoded again)
-//! before the next:
+//! The faults of an erasure-coded site (`torture --redundancy ec:K+M`): one
+//! after the other under the writers, more than M in all (at least M + 1,
+//! and more while the run's time lasts), each taken in before the next: the
+//! coordinator removed the node, the groups decoded what it held, and it
+//! came back as a replacement, rebuilt by decoding (its parity from every
+//! data slot's state, its data slots taken back and their pages decoded):
 //!
-//! * kill -9 of a node, then a restart of its process: it must come back
-//!   as a non-member that passes requests on, never serving its empty
-//!   member;
+//! * kill -9 of a node, then a restart of its process (empty): it must
+//!   pass requests on, never serving its empty member, until it is rebuilt;
 //! * a pause (SIGSTOP) longer than the failure timeout: the coordinator
-//!   removes the node, and when it wakes it must serve nothing it holds.
+//!   removes the node, and when it wakes it must serve nothing it holds,
+//!   and rejoin as a replacement.
 //!
 //! Every node is the data member of K groups and a parity member of M, so
-//! the first fault loses data members and the second a data member and a
-//! parity member of other groups (and, where both held a group, two
-//! members of it).
+//! each fault loses data members of some groups and parity members of
+//! others.
 
 use super::{rng::Rng, Failure};
 use crate::resp_client::RespConn;
@@ -22,55 +22,78 @@ use causeway_resp::Frame;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Strikes the site `faults` times; what each was.
-pub async fn strike(site: &mut Site, faults: u8, rng: &mut Rng, failure_timeout: Duration) -> Result<Vec<String>, Failure> {
-    let mut lost: Vec<u16> = Vec::new();
+/// Strikes the site until `deadline` (at least `parity` + 1 times); what
+/// each fault was.
+pub async fn strike(
+    site: &mut Site,
+    parity: u8,
+    rng: &mut Rng,
+    failure_timeout: Duration,
+    deadline: Instant,
+) -> Result<Vec<String>, Failure> {
     let mut said = Vec::new();
     let started = Instant::now();
-    for f in 0..faults {
+    let mut f = 0;
+    while f <= parity as usize || Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(1_000 + rng.below(1_500))).await;
-        let alive: Vec<u16> = (0..site.shape.nodes).filter(|n| !lost.contains(n)).collect();
-        let node = alive[rng.below(alive.len() as u64) as usize];
+        let node = rng.below(site.shape.nodes as u64) as u16;
         let at = started.elapsed().as_secs_f64();
         let what = if f % 2 == 0 {
             site.kill(node);
-            wait_lost(site, &[lost.clone(), vec![node]].concat(), Some(node)).await?;
+            wait_lost(site, node).await?;
             site.restart(node)?;
-            "kill -9, then a restart (no longer a member)"
+            "kill -9, then a restart (empty)"
         } else {
             site.signal(node, "STOP");
             tokio::time::sleep(failure_timeout * 3).await;
             site.signal(node, "CONT");
             "pause (SIGSTOP) past the failure timeout"
         };
-        lost.push(node);
-        wait_lost(site, &lost, None).await?;
-        println!("{at:7.1} s  node {node}: {what}; groups recovered");
+        let took = wait_rebuilt(site).await?;
+        println!("{at:7.1} s  node {node}: {what}; rebuilt {took:.1} s later");
         said.push(format!("node {node}: {what}"));
+        f += 1;
     }
     Ok(said)
 }
 
-/// Waits until every member of the site (all nodes but `lost`, and
-/// `skipping` which is down) knows `lost` lost and has decoded every page
-/// of the slots it took over.
-async fn wait_lost(site: &Site, lost: &[u16], skipping: Option<u16>) -> Result<(), Failure> {
-    let mut want: Vec<u16> = lost.to_vec();
-    want.sort_unstable();
-    let want: Vec<String> = want.iter().map(|n| n.to_string()).collect();
+/// Waits until the other nodes know `node` is lost (or rejoining).
+async fn wait_lost(site: &Site, node: u16) -> Result<(), Failure> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut done = true;
-        for n in (0..site.shape.nodes).filter(|n| !lost.contains(n) && Some(*n) != skipping) {
+        for n in (0..site.shape.nodes).filter(|&n| n != node) {
             let ec = info_ec(site, n).await.unwrap_or_default();
-            done &= ec.get("ec_lost_nodes").map(String::as_str) == Some(&want.join(","))
-                && ec.get("ec_missing_pages").map(String::as_str) == Some("0");
+            let listed = |field: &str| ec.get(field).is_some_and(|v| v.split(',').any(|x| x == node.to_string()));
+            done &= listed("ec_lost_nodes") || listed("ec_joining_nodes");
         }
         if done {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(Failure::Unavailable(format!("the site did not take the loss of nodes {} within 60 s", want.join(","))));
+            return Err(Failure::Unavailable(format!("the site did not take the loss of node {node} within 60 s")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every node is a member holding its whole part (nobody lost
+/// or joining, every page decoded); how long that took.
+async fn wait_rebuilt(site: &Site) -> Result<f64, Failure> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120);
+    loop {
+        let mut done = true;
+        for n in 0..site.shape.nodes {
+            let ec = info_ec(site, n).await.unwrap_or_default();
+            let is = |field: &str, value: &str| ec.get(field).map(String::as_str) == Some(value);
+            done &= is("ec_standing", "member") && is("ec_whole", "1") && is("ec_lost_nodes", "") && is("ec_joining_nodes", "");
+        }
+        if done {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            return Err(Failure::Unavailable("the site did not rebuild its lost node within 120 s".into()));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -277,7 +277,7 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(args.seconds));
     if let Some(c) = args.redundancy {
-        for what in coded::strike(&mut sites[0], c.parity, &mut rng, Duration::from_millis(1_000)).await? {
+        for what in coded::strike(&mut sites[0], c.parity, &mut rng, Duration::from_millis(1_000), deadline).await? {
             *faults.entry(if what.contains("kill") { "kill -9, then a restart" } else { "pause past the failure timeout" }).or_default() +=
                 1;
         }
@@ -327,7 +327,7 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
         }
     }
     let replicas = match args.redundancy {
-        Some(_) => "erasure-coded: every group's lost slots decoded (parity is compared in the simulator)".to_string(),
+        Some(_) => "erasure-coded: every group's lost slots decoded, every node rebuilt (parity is compared in the simulator)".to_string(),
         None => format!("{partitions} partitions with identical replicas"),
     };
     let total: u32 = faults.values().sum();

@@ -4,7 +4,10 @@
 # with node 4 killed (-9) 5 s in. Reports when the coordinator removed it,
 # when every page of its data slots was decoded by the parity members that
 # took them over (INFO ec: ec_missing_pages back to 0), the pages and MB/s
-# repaired, and both runs' latencies.
+# repaired, and both runs' latencies. Then YCSB B for 30 s again with node 4
+# restarted (empty) 5 s in: when it was rebuilt (its parity from the data
+# slots' state, its data slots taken back and decoded: INFO ec_whole 1 on
+# every node), the MB it holds again, and the latencies.
 # Usage: scripts/bench-ec-recovery.sh [keys] [value size]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +31,7 @@ $B bench --target causeway --addr "$addrs" --records "$n" --value-size "$size" -
 b=$!
 sleep 5
 victim=$(pgrep -f "causeway node --id 4 --listen 127.0.0.1:$((port + 4))" | head -1)
+cmdline=$(tr '\0' '\n' < /proc/"$victim"/cmdline)
 kill -9 "$victim"
 killed=$(now_ms)
 removed=""
@@ -45,5 +49,28 @@ done
 done_at=$(now_ms)
 secs=$(awk -v a="$removed" -v b="$done_at" 'BEGIN { printf "%.2f", (b - a) / 1000 }')
 echo "removed $((removed - killed)) ms after the kill; $repaired pages ($((repaired * 4096 / 1048576)) MB) decoded in $secs s ($(awk -v p="$repaired" -v s="$secs" 'BEGIN { printf "%.0f", p * 4096 / 1048576 / (s > 0 ? s : 1) }') MB/s)"
+wait $b
+grep -E "^(read|update|total)|stretch" /tmp/bench-ec-recovery.out
+echo "--- YCSB B, 30 s, node 4 restarted empty 5 s in"
+$B bench --target causeway --addr "$addrs" --records "$n" --value-size "$size" --clients 16 --duration 30 --workload b --no-load > /tmp/bench-ec-recovery.out &
+b=$!
+sleep 5
+mapfile -t argv <<< "$cmdline"
+"${argv[@]}" >/dev/null 2>&1 &
+r=$!
+trap 'kill $d $r 2>/dev/null || true' EXIT
+restarted=$(now_ms)
+while true; do
+  whole=1
+  for i in 0 1 2 3 4; do
+    [ "$(field $((port + i)) ec_whole 2>/dev/null)" = "1" ] && [ -z "$(field $((port + i)) ec_joining_nodes 2>/dev/null)" ] || whole=0
+  done
+  [ $whole = 1 ] && break
+  sleep 0.1
+done
+done_at=$(now_ms)
+secs=$(awk -v a="$restarted" -v b="$done_at" 'BEGIN { printf "%.2f", (b - a) / 1000 }')
+held=$(( ($(field $((port + 4)) ec_data_bytes) + $(field $((port + 4)) ec_parity_bytes)) / 1048576 ))
+echo "node 4 rebuilt $secs s after its restart: it holds $held MB again ($(field $((port + 4)) ec_data_bytes) B data pages, $(field $((port + 4)) ec_parity_bytes) B parity; $(awk -v m="$held" -v s="$secs" 'BEGIN { printf "%.0f", m / (s > 0 ? s : 1) }') MB/s)"
 wait $b
 grep -E "^(read|update|total)|stretch" /tmp/bench-ec-recovery.out

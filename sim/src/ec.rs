@@ -358,8 +358,11 @@ pub fn describe(msg: &EcMsg) -> String {
         EcMsg::Ack { slot, stamp } => format!("Ack slot={slot} stamp={}", st(stamp)),
         EcMsg::Commit { slot, stamp } => format!("Commit slot={slot} stamp={}", st(stamp)),
         EcMsg::Prepare { epoch, slots } => format!("Prepare epoch={epoch} slots={slots:?}"),
-        EcMsg::Received { epoch, stamps: s } => format!("Received epoch={epoch} {}", stamps(s)),
-        EcMsg::Stable { epoch, stamps: s } => format!("Stable epoch={epoch} {}", stamps(s)),
+        EcMsg::Received { epoch, stamps: s } => {
+            let (got, sources): (Vec<(Slot, causeway_core::ec::Stamp)>, Vec<u64>) = s.iter().map(|&(slot, t, f)| ((slot, t), f)).unzip();
+            format!("Received epoch={epoch} {} source={sources:?}", stamps(&got))
+        }
+        EcMsg::Stable { epoch, stamps: s, source } => format!("Stable epoch={epoch} {} source={source}", stamps(s)),
         EcMsg::Prepared { epoch } => format!("Prepared epoch={epoch}"),
         EcMsg::Cut { id, pages, sources, parity, .. } => format!("Cut id={id} pages={pages:?} sources={sources:?} parity={parity:?}"),
         EcMsg::Marker { id, slot, .. } => format!("Marker id={id} slot={slot}"),

@@ -14,16 +14,54 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 struct H {
+    code: Arc<Code>,
     members: Vec<Option<Member>>,
     links: BTreeMap<(Slot, Slot), VecDeque<EcMsg>>,
     replies: Vec<(u64, Reply)>,
+    now: u64,
 }
 
 impl H {
     fn new(k: u8, m: u8) -> H {
         let code = Arc::new(Code::new(k as usize, m as usize).unwrap());
         let c = Config::new(k, m);
-        H { members: (0..k + m).map(|s| Some(Member::new(s, code.clone(), c.clone()))).collect(), links: BTreeMap::new(), replies: vec![] }
+        let members = (0..k + m).map(|s| Some(Member::new(s, code.clone(), c.clone()))).collect();
+        H { code, members, links: BTreeMap::new(), replies: vec![], now: 0 }
+    }
+    /// Member `s` (if up) takes configuration `c`.
+    fn conf(&mut self, s: Slot, c: &Config) {
+        if let Some(m) = self.members[s as usize].as_mut() {
+            m.reconfigure(c.clone());
+            self.flush(s);
+        }
+    }
+    fn crash(&mut self, s: Slot) {
+        self.members[s as usize] = None;
+        self.links.retain(|(f, t), _| *f != s && *t != s);
+    }
+    /// A new, empty member at `s` with configuration `c`.
+    fn replace(&mut self, s: Slot, c: &Config) {
+        self.members[s as usize] = Some(Member::new(s, self.code.clone(), c.clone()));
+        self.flush(s);
+    }
+    /// `ms` of ticks, every message delivered after each.
+    fn settle(&mut self, ms: u64) {
+        for _ in 0..ms / 50 {
+            self.now += 50;
+            for s in 0..self.members.len() as Slot {
+                if let Some(m) = self.members[s as usize].as_mut() {
+                    m.tick(self.now);
+                    self.flush(s);
+                }
+            }
+            self.run_all();
+        }
+    }
+    fn set(&mut self, at: Slot, op: u64, slot: Slot, key: &str, value: &str) {
+        let now = self.now;
+        self.m(at).advance(now);
+        self.m(at).put(op, slot, b(key), Some(b(value)), op);
+        self.flush(at);
     }
     fn m(&mut self, s: Slot) -> &mut Member {
         self.members[s as usize].as_mut().unwrap()
@@ -352,4 +390,146 @@ fn a_past_expiry_set_behind_a_set_in_flight_deletes() {
     h.m(0).get(3, 0, b("k"));
     h.flush(0);
     assert!(matches!(h.reply(3), Some(Reply::Value(None))), "{:?}", h.reply(3));
+}
+
+/// K=2, M=2. Parity 2 is replaced and rebuilt from data 0's state, and
+/// says it is alive before it hears that data 0 was lost; meanwhile parity
+/// 3, then the only live parity member, takes slot 0 over and acknowledges
+/// a write. When the standings merge, 2 is the leader: its preparation
+/// finds its stream of slot 0 older than 3's (it missed the change of
+/// server) and it must not serve the slot from its replica (an
+/// acknowledged write would be lost); its node starts over, and 3 serves
+/// the write. (Found by a review.)
+#[test]
+fn a_rebuilt_member_that_missed_a_change_of_server_does_not_lead() {
+    let mut h = H::new(2, 2);
+    h.set(0, 1, 0, "a", "old");
+    h.run_all();
+    let c2 = Config::new(2, 2).without(2);
+    h.crash(2);
+    for s in [0, 1, 3] {
+        h.conf(s, &c2);
+    }
+    let c3 = c2.rejoining(2);
+    h.replace(2, &c3);
+    for s in [0, 1, 3] {
+        h.conf(s, &c3);
+    }
+    h.run_all();
+    assert!(h.m(2).rebuilt());
+    // 2's view: alive. The others': 0 lost, 2 still joining.
+    h.conf(2, &c3.with(2));
+    let mut c4 = c3.without(0);
+    c4.joining[2] = true;
+    h.crash(0);
+    for s in [1, 3] {
+        h.conf(s, &c4);
+    }
+    h.run_all();
+    h.set(3, 2, 0, "a", "new");
+    h.settle(500);
+    assert!(matches!(h.reply(2), Some(Reply::Done { version: Some(_), .. })), "{:?}", h.reply(2));
+    // Merged: 0 lost, 2 alive (and the leader).
+    let mut c5 = c4.clone();
+    c5.epoch = 6;
+    (c5.alive[2], c5.joining[2]) = (true, false);
+    for s in [1, 2, 3] {
+        h.conf(s, &c5);
+    }
+    h.settle(1_000);
+    assert!(h.m(2).stale(), "the leader with the older stream must find itself stale: {:?}", h.m(2).status());
+    // Its node starts over (lost, then joining): 3 leads, and serves the
+    // acknowledged write.
+    let c6 = c5.rejoining(2);
+    h.replace(2, &c6);
+    for s in [1, 3] {
+        h.conf(s, &c6);
+    }
+    h.settle(3_000);
+    h.m(3).get(3, 0, b("a"));
+    h.flush(3);
+    h.settle(1_000);
+    assert!(matches!(h.reply(3), Some(Reply::Value(Some((v, _, _)))) if v == &b("new")), "{:?}", h.reply(3));
+}
+
+/// K=2, M=2. Parity 3 is replaced, rebuilt from data 0's state and alive in
+/// its own view before it hears that 0 was lost; leader 2 takes slot 0 over
+/// and commits a write without 3. Then 0 comes back and 2 hears "0 alive,
+/// 3 alive" at once: 2 must tell 3 it is stale before it hands slot 0 back
+/// (3's parity misses the write), and 0's preparation must not count 3.
+/// (Found by a review: 3's parity silently stopped being the code of the
+/// data.)
+#[test]
+fn a_member_told_alive_after_a_change_of_server_it_missed_is_stale() {
+    let mut h = H::new(2, 2);
+    h.set(0, 1, 0, "a", "old");
+    h.set(1, 11, 1, "x", "xx");
+    h.run_all();
+    let c2 = Config::new(2, 2).without(3);
+    h.crash(3);
+    for s in [0, 1, 2] {
+        h.conf(s, &c2);
+    }
+    let c3 = c2.rejoining(3);
+    h.replace(3, &c3);
+    for s in [0, 1, 2] {
+        h.conf(s, &c3);
+    }
+    h.run_all();
+    assert!(h.m(3).rebuilt());
+    h.conf(3, &c3.with(3));
+    let mut c4 = c3.without(0);
+    c4.joining[3] = true;
+    h.crash(0);
+    for s in [1, 2] {
+        h.conf(s, &c4);
+    }
+    h.run_all();
+    h.set(2, 2, 0, "a", "mid");
+    h.settle(3_000);
+    assert!(matches!(h.reply(2), Some(Reply::Done { version: Some(_), .. })));
+    // 0 comes back; everyone takes "0 alive, 3 alive" at once.
+    let mut c5 = c4.clone();
+    c5.epoch = 6;
+    (c5.alive[3], c5.joining[3], c5.alive[0]) = (true, false, true);
+    let mut joining = c5.clone();
+    (joining.epoch, joining.alive[0], joining.joining[0]) = (5, false, true);
+    h.replace(0, &joining);
+    for s in [0, 1, 2, 3] {
+        h.conf(s, &c5);
+    }
+    h.settle(5_000);
+    assert!(h.m(3).stale(), "3 missed slot 0's change of server: {:?}", h.m(3).status());
+    h.m(0).get(3, 0, b("a"));
+    h.flush(0);
+    h.settle(1_000);
+    assert!(matches!(h.reply(3), Some(Reply::Value(Some((v, _, _)))) if v == &b("mid")), "{:?}", h.reply(3));
+    // Parity 2 (not stale) is the code of the data pages.
+    let mut shards: Vec<Vec<u8>> = (0..2).map(|s| h.m(s).page(s, 0).expect("page")).collect();
+    shards.extend((0..2).map(|_| vec![0u8; 4096]));
+    h.code.encode(&mut shards).unwrap();
+    assert_eq!(h.m(2).page(2, 0).unwrap(), shards[2], "parity 2 is not the code of the data pages");
+}
+
+/// A restarted process (incarnation 2) whose first configuration still
+/// admits its old incarnation forms the groups from it: it is not the
+/// member they count, so a write for its own slot must not be served by its
+/// empty member (seen over lossy links: the new process's first update
+/// reused the stamp of one its predecessor had sent, a parity member that
+/// had missed the first took it, and the parity members disagreed).
+#[test]
+fn a_restarted_process_that_forms_from_a_stale_configuration_serves_nothing() {
+    use causeway_core::ec::{PutReq, WriteId};
+    use causeway_core::message::Change;
+    let mut e: Engine<u32> = Engine::new(3, 2, Coding { data: 3, parity: 2 }).unwrap();
+    e.topology(&topology(&[0, 1, 2, 3, 4])); // every node at incarnation 1
+    e.drain();
+    // Partition 3 -> group 3, data slot 0: node 3.
+    let put = PutReq { key: b("k"), change: Change::set(b("v")), version: 1, id: Some(WriteId { client: 1, write: 1, done_below: 1 }) };
+    e.request(7, 3, b("k"), Some(put), 0);
+    let a = e.drain();
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::Send { msg: EcMsg::Update { .. }, .. } | Action::Answer { .. })),
+        "served from the empty member: {a:?}"
+    );
 }

@@ -382,6 +382,10 @@ struct Parity {
     buffer: Vec<VecDeque<Buffered>>,
     extent: Vec<u64>,
     fence: Vec<u64>,
+    /// Per data slot: the stamp epoch of the server whose updates this
+    /// member follows (set by each change of server it took part in, or
+    /// by the state it was rebuilt from).
+    source: Vec<u64>,
     /// The sessions' recent writes of each data slot (`Recent`): a leader
     /// taking the slot over answers their resends.
     recent: Vec<Recent>,
@@ -443,8 +447,11 @@ struct CutCopy {
 struct Prep {
     epoch: u64,
     slots: Vec<Slot>,
-    received: BTreeMap<Slot, Vec<(Slot, Stamp)>>,
+    received: BTreeMap<Slot, Vec<(Slot, Stamp, u64)>>,
     stable: Option<Vec<(Slot, Stamp)>>,
+    /// The stamp epoch the slots' new server stamps with: above every
+    /// earlier server's.
+    source: u64,
     prepared: BTreeSet<Slot>,
     since: u64,
 }
@@ -479,6 +486,9 @@ pub struct Member {
     expired: u64,
     /// Told its parity misses a slot's updates (`Stale`).
     stale: bool,
+    /// Parity members found stale here (told so, until they are lost or
+    /// joining): not counted.
+    stale_peers: u64,
     /// When idle sessions were last forgotten (ms).
     swept_ms: u64,
     out: Vec<Out>,
@@ -517,6 +527,7 @@ impl Member {
             repaired: 0,
             expired: 0,
             stale: false,
+            stale_peers: 0,
             swept_ms: 0,
             out: Vec::new(),
         };
@@ -700,7 +711,7 @@ impl Member {
                 let stamp = d.next;
                 d.next.seq += 1;
                 d.last = stamp;
-                let waiting = d.targets(&self.config);
+                let waiting = d.targets(&self.config, self.stale_peers);
                 d.pending.push_back(Pending {
                     stamp,
                     key: key.clone(),
@@ -725,8 +736,9 @@ impl Member {
 
     /// Commits the acknowledged prefix of `slot`'s pending updates.
     fn try_commit(&mut self, slot: Slot) {
+        let stale = self.stale_peers;
         let Some(d) = self.data.get_mut(&slot) else { return };
-        let mask = d.targets(&self.config);
+        let mask = d.targets(&self.config, stale);
         let mut last = None;
         while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
             let p = d.pending.pop_front().expect("front");
@@ -814,7 +826,7 @@ impl Member {
                     for &s in &slots {
                         par.fence[s as usize] = par.fence[s as usize].max(epoch);
                     }
-                    let stamps = slots.iter().map(|&s| (s, par.received[s as usize])).collect();
+                    let stamps = slots.iter().map(|&s| (s, par.received[s as usize], par.source[s as usize])).collect();
                     self.out.push(Out::Send { to: from, msg: EcMsg::Received { epoch, stamps } });
                 }
             }
@@ -824,7 +836,7 @@ impl Member {
                     self.advance_prep();
                 }
             }
-            EcMsg::Stable { epoch, stamps } => self.on_stable(from, epoch, stamps),
+            EcMsg::Stable { epoch, stamps, source } => self.on_stable(from, epoch, stamps, source),
             EcMsg::Prepared { epoch } => {
                 if let Some(prep) = self.prep.as_mut().filter(|p| p.epoch == epoch && p.stable.is_some()) {
                     prep.prepared.insert(from);
@@ -899,7 +911,7 @@ impl Member {
         self.finish_cuts();
     }
 
-    fn on_stable(&mut self, from: Slot, epoch: u64, stamps: Vec<(Slot, Stamp)>) {
+    fn on_stable(&mut self, from: Slot, epoch: u64, stamps: Vec<(Slot, Stamp)>, source: u64) {
         let code = self.code.clone();
         let Some(par) = &mut self.parity else { return };
         if epoch < self.config.epoch {
@@ -923,30 +935,56 @@ impl Member {
             }
             par.buffer[i].clear();
             par.received[i] = stable;
-            par.fence[i] = par.fence[i].max(epoch);
+            par.fence[i] = par.fence[i].max(epoch).max(source);
+            par.source[i] = source;
         }
         self.out.push(Out::Send { to: from, msg: EcMsg::Prepared { epoch } });
     }
 
     /// The leader's preparation, one step further if it can go.
     fn advance_prep(&mut self) {
-        let live: BTreeSet<Slot> = self.config.live_parity().collect();
+        let mut live: BTreeSet<Slot> = self.live_parity().collect();
         let Some(prep) = &mut self.prep else { return };
         if prep.stable.is_none() {
             if !live.iter().all(|p| prep.received.contains_key(p)) {
                 return;
             }
-            let stable: Vec<(Slot, Stamp)> = prep
-                .slots
-                .iter()
-                .map(|&s| {
-                    let min = live.iter().filter_map(|p| prep.received[p].iter().find(|(x, _)| *x == s)).map(|(_, st)| *st).min();
-                    (s, min.unwrap_or_default())
-                })
-                .collect();
+            let of = |p: &Slot, s: Slot| prep.received[p].iter().find(|(x, ..)| *x == s).map(|&(_, t, f)| (t, f)).unwrap_or_default();
+            // A member that never followed the server whose updates another
+            // holds (its stream is from an earlier server: it was told alive
+            // before it heard of the change) may miss writes that server
+            // committed without it: its parity is not the slot's. It is not
+            // counted, and is told so; if it is this member, its node starts
+            // over. (A change of server that never served leaves no such
+            // update, and no one stale.)
+            let mut stale = BTreeSet::new();
+            for &s in &prep.slots {
+                let newest = live.iter().map(|p| of(p, s).0.epoch).max().unwrap_or(0);
+                stale.extend(live.iter().filter(|p| of(p, s).1 < newest).copied());
+            }
+            if stale.contains(&self.slot) {
+                self.stale = true;
+                self.prep = None;
+                return;
+            }
+            let epoch = prep.epoch;
+            for &p in &stale {
+                self.stale_peers |= 1 << p;
+                live.remove(&p);
+                self.out.push(Out::Send { to: p, msg: EcMsg::Stale { epoch, slot: 0 } });
+            }
+            let prep = self.prep.as_mut().expect("prep");
+            let of = |p: &Slot, s: Slot| prep.received[p].iter().find(|(x, ..)| *x == s).map(|&(_, t, f)| (t, f)).unwrap_or_default();
+            let stable: Vec<(Slot, Stamp)> =
+                prep.slots.iter().map(|&s| (s, live.iter().map(|p| of(p, s).0).min().unwrap_or_default())).collect();
+            // The new server stamps above every earlier one: stamps only grow.
+            let top =
+                prep.slots.iter().flat_map(|&s| live.iter().map(move |p| (p, s))).map(|(p, s)| of(p, s).1.max(of(p, s).0.epoch)).max();
+            prep.source = prep.epoch.max(top.map_or(0, |t| t + 1));
             prep.stable = Some(stable.clone());
             for &p in &live {
-                self.out.push(Out::Send { to: p, msg: EcMsg::Stable { epoch: prep.epoch, stamps: stable.clone() } });
+                let msg = EcMsg::Stable { epoch: prep.epoch, stamps: stable.clone(), source: prep.source };
+                self.out.push(Out::Send { to: p, msg });
             }
             return;
         }
@@ -959,17 +997,17 @@ impl Member {
         let prep = self.prep.take().expect("prep");
         let stable_of = |s: Slot| prep.stable.as_ref().and_then(|st| st.iter().find(|(x, _)| *x == s)).map(|(_, t)| *t).unwrap_or_default();
         let Some(par) = self.parity.as_ref() else {
-            let (slot, leader) = (self.slot, self.config.leader().expect("prepared with a live parity member"));
+            let (slot, from) = (self.slot, *live.first().expect("prepared with a live parity member"));
             let stable = stable_of(slot);
-            self.fetch =
-                Some(Fetch { epoch: prep.epoch, slot, from: leader, stable, index: Index::default(), next_part: 0, since: self.now });
-            self.out.push(Out::Send { to: leader, msg: EcMsg::Join { epoch: prep.epoch, slot } });
+            let epoch = prep.source;
+            self.fetch = Some(Fetch { epoch, slot, from, stable, index: Index::default(), next_part: 0, since: self.now });
+            self.out.push(Out::Send { to: from, msg: EcMsg::Join { epoch, slot } });
             return;
         };
         for &s in &prep.slots {
             let index = par.index[s as usize].clone();
             let (extent, recent) = (par.extent[s as usize], par.recent[s as usize].clone());
-            let d = Data::taken_over(Stamp { epoch: prep.epoch, seq: 1 }, stable_of(s), index, extent, recent);
+            let d = Data::taken_over(Stamp { epoch: prep.source, seq: 1 }, stable_of(s), index, extent, recent);
             self.data.insert(s, d);
         }
         self.serve_held();
@@ -1002,23 +1040,22 @@ impl Member {
     /// here; a data member taking its slot back asks this parity member
     /// for its metadata replica.
     fn on_join(&mut self, from: Slot, epoch: u64, slot: Slot) {
-        if epoch != self.config.epoch {
-            return;
-        }
         let now = self.now;
         if self.config.is_data(from) {
-            // Only once its preparation has fenced the slot here: nothing
-            // changes the replica after that but the new server's updates.
+            // (`epoch`: the stamp epoch its preparation chose.) Only once
+            // that preparation has reached this member: nothing changes the
+            // replica after it but the new server's updates.
             let i = slot as usize;
-            let Some(par) = self.parity.as_ref().filter(|p| p.rebuild.is_none() && p.fence[i] >= epoch) else { return };
+            let Some(par) = self.parity.as_ref().filter(|p| p.rebuild.is_none() && p.source[i] == epoch) else { return };
             if from != slot || self.config.acting(slot) != Some(from) {
                 return;
             }
             let entries = par.index[i].iter().map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
-            let end = StateEnd { last: par.received[i], extent: par.extent[i], sessions: par.recent[i].export(), pending: Vec::new() };
+            let (last, extent, sessions) = (par.received[i], par.extent[i], par.recent[i].export());
+            let end = StateEnd { last, source: epoch, extent, sessions, pending: Vec::new() };
             return self.send_state(from, epoch, slot, Vec::new(), entries, end);
         }
-        if !self.config.joining[from as usize] || self.prep.is_some() {
+        if epoch != self.config.epoch || !self.config.joining[from as usize] || self.prep.is_some() {
             return;
         }
         let Some(d) = self.data.get_mut(&slot) else { return };
@@ -1044,7 +1081,7 @@ impl Member {
         let mut entries: Vec<(Bytes, Meta)> =
             d.index.iter().filter(|(key, _)| !newest.contains_key(key)).map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
         entries.extend(newest.iter().filter_map(|(key, m)| Some((Bytes::copy_from_slice(key), (*m)?))));
-        let end = StateEnd { last: d.last, extent: d.free.used().0, sessions: recent.export(), pending };
+        let end = StateEnd { last: d.last, source: d.next.epoch, extent: d.free.used().0, sessions: recent.export(), pending };
         // From now on its updates go to it, and commit waits for it.
         d.joined |= 1 << from;
         self.send_state(from, epoch, slot, pages, entries, end);
@@ -1081,9 +1118,6 @@ impl Member {
         end: Option<Box<StateEnd>>,
     ) {
         let (now, i) = (self.now, slot as usize);
-        if epoch != self.config.epoch {
-            return;
-        }
         if self.parity.is_none() {
             let Some(f) = self.fetch.as_mut().filter(|f| f.epoch == epoch && f.slot == slot && f.from == from) else { return };
             if part != f.next_part {
@@ -1100,6 +1134,9 @@ impl Member {
             let d = Data::taken_over(Stamp { epoch, seq: 1 }, f.stable, f.index, end.extent, recent);
             self.data.insert(slot, d);
             return self.serve_held();
+        }
+        if epoch != self.config.epoch {
+            return;
         }
         let code = self.code.clone();
         let acting = self.config.acting(slot);
@@ -1124,10 +1161,17 @@ impl Member {
         let Some(end) = end else { return };
         rb.have[i] = true;
         par.received[i] = end.last;
+        par.source[i] = end.source;
+        par.fence[i] = par.fence[i].max(end.source);
         par.extent[i] = end.extent;
         par.recent[i] = Recent::import(end.sessions, now);
         par.buffer[i] =
             end.pending.into_iter().map(|p| Buffered { stamp: p.stamp, key: p.key, old: p.old, id: p.id, diffs: p.diffs }).collect();
+    }
+
+    /// The live parity members not found stale here.
+    fn live_parity(&self) -> impl Iterator<Item = Slot> + '_ {
+        self.config.live_parity().filter(|p| self.stale_peers & (1 << p) == 0)
     }
 
     /// A parity member alive now that was not: counted with the live ones
@@ -1157,6 +1201,7 @@ impl Member {
             }
         }
         for (to, slot) in stale {
+            self.stale_peers |= 1 << to;
             self.out.push(Out::Send { to, msg: EcMsg::Stale { epoch, slot } });
         }
     }
@@ -1207,8 +1252,14 @@ impl Member {
         self.start_rebuild(); // still joining: again, at this configuration
         self.repairs.clear();
         self.fetch = None; // prepared again below
-        self.hand_back();
+                           // Members lost or joining again are not stale any more (a new
+                           // process is rebuilt from the start).
+        let gone = (0..self.config.alive.len()).filter(|&p| !self.config.alive[p]).fold(0u64, |m, p| m | 1 << p);
+        self.stale_peers &= !gone;
+        // (Before the slots handed back go: a member alive now must have
+        // had their state from here.)
         self.welcome(&old);
+        self.hand_back();
         for slot in self.data.keys().copied().collect::<Vec<_>>() {
             self.try_commit(slot);
         }
@@ -1221,10 +1272,11 @@ impl Member {
             return self.repair_soon();
         }
         let epoch = self.config.epoch;
-        for p in self.config.live_parity().collect::<Vec<_>>() {
+        for p in self.live_parity().collect::<Vec<_>>() {
             self.out.push(Out::Send { to: p, msg: EcMsg::Prepare { epoch, slots: slots.clone() } });
         }
-        self.prep = Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, prepared: BTreeSet::new(), since: self.now });
+        self.prep =
+            Some(Prep { epoch, slots, received: BTreeMap::new(), stable: None, source: epoch, prepared: BTreeSet::new(), since: self.now });
     }
 
     /// Time passes (`now_ms`, any monotonic clock): what went unanswered is
@@ -1235,6 +1287,11 @@ impl Member {
         let now = self.now;
         if now >= self.swept_ms + SWEEP_MS {
             self.swept_ms = now;
+            // Stale members are told again until they start over (the
+            // first word may have been lost with a connection).
+            for to in bits(self.stale_peers) {
+                self.out.push(Out::Send { to, msg: EcMsg::Stale { epoch: self.config.epoch, slot: 0 } });
+            }
             for d in self.data.values_mut() {
                 d.recent.forget_idle(now);
             }
@@ -1242,8 +1299,9 @@ impl Member {
                 recent.forget_idle(now);
             }
         }
+        let stale = self.stale_peers;
         for (&slot, d) in self.data.iter_mut() {
-            let mask = d.targets(&self.config);
+            let mask = d.targets(&self.config, stale);
             if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_MS) {
                 for p in d.pending.iter_mut().filter(|p| now - p.sent >= RESEND_MS) {
                     p.sent = now;
@@ -1262,13 +1320,15 @@ impl Member {
                 }
             }
         }
-        let live: Vec<Slot> = self.config.live_parity().collect();
+        let live: Vec<Slot> = self.live_parity().collect();
         if let Some(prep) = self.prep.as_mut().filter(|p| now - p.since >= RESEND_MS) {
             prep.since = now;
             for &p in &live {
                 let msg = match &prep.stable {
                     None if !prep.received.contains_key(&p) => EcMsg::Prepare { epoch: prep.epoch, slots: prep.slots.clone() },
-                    Some(stable) if !prep.prepared.contains(&p) => EcMsg::Stable { epoch: prep.epoch, stamps: stable.clone() },
+                    Some(stable) if !prep.prepared.contains(&p) => {
+                        EcMsg::Stable { epoch: prep.epoch, stamps: stable.clone(), source: prep.source }
+                    }
                     _ => continue,
                 };
                 self.out.push(Out::Send { to: p, msg });
@@ -1394,8 +1454,9 @@ impl Member {
     /// A cut of `pages` to decode the `lost` slots' (served here), with
     /// `parity` parity members' pages (one per erasure).
     fn start_repair(&mut self, pages: Vec<u32>, lost: Vec<Slot>, parity: usize) -> bool {
-        let parity: Vec<Slot> = self.config.live_parity().take(parity).collect();
-        if lost.is_empty() || parity.len() < lost.len() {
+        let want = parity;
+        let parity: Vec<Slot> = self.live_parity().take(want).collect();
+        if lost.is_empty() || parity.len() < want {
             return false; // more members lost than the code covers
         }
         let sources: Vec<Slot> = (0..self.config.k).filter(|s| !lost.contains(s)).collect();
@@ -1697,8 +1758,8 @@ impl Data {
     }
 
     /// The parity members an update goes to and commit waits for.
-    fn targets(&self, config: &Config) -> u64 {
-        config.parity_mask() | self.joined
+    fn targets(&self, config: &Config, stale: u64) -> u64 {
+        config.parity_mask() & !stale | self.joined
     }
 }
 
@@ -1712,6 +1773,7 @@ impl Parity {
             buffer: (0..k).map(|_| VecDeque::new()).collect(),
             extent: vec![0; k],
             fence: vec![0; k],
+            source: vec![0; k],
             recent: vec![Recent::default(); k],
             cuts: HashMap::new(),
             rebuild: None,

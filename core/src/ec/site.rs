@@ -125,7 +125,8 @@ impl<R> std::fmt::Debug for Engine<R> {
 impl<R> Engine<R> {
     pub fn new(me: NodeId, incarnation: u64, coding: Coding) -> Result<Engine<R>, String> {
         let code = Arc::new(Code::new(coding.data as usize, coding.parity as usize)?);
-        let config = Config::new(coding.data, coding.parity);
+        // Epoch 0: older than any configuration the groups form with.
+        let config = Config { epoch: 0, ..Config::new(coding.data, coding.parity) };
         let members = (0..coding.nodes()).map(|g| Member::new(coding.slot(g, me), code.clone(), config.clone())).collect();
         Ok(Engine {
             me,
@@ -310,6 +311,11 @@ impl<R> Engine<R> {
         let node = self.coding.node(group, acting);
         if node != self.me {
             return self.actions.push(Action::Forward { to: node, request });
+        }
+        if !self.alive(self.me) {
+            // (Its members' configuration says it serves, but it is not
+            // a member: never answer from them.)
+            return self.actions.push(Action::Unavailable { request });
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;

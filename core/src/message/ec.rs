@@ -135,15 +135,20 @@ pub enum EcMsg {
         epoch: u64,
         slots: Vec<Slot>,
     },
+    /// Per slot: the last update received, and the stamp epoch of the
+    /// server whose stream this member follows (`source`): one below the
+    /// others' missed a change of server, and its parity is not the slot's.
     Received {
         epoch: u64,
-        stamps: Vec<(Slot, Stamp)>,
+        stamps: Vec<(Slot, Stamp, u64)>,
     },
     /// Keep the lost slots' updates through these stamps, undo the later
-    /// ones (no data member committed them), refuse any more from them.
+    /// ones (no data member committed them), refuse any more from them:
+    /// the new server stamps its updates from epoch `source` on.
     Stable {
         epoch: u64,
         stamps: Vec<(Slot, Stamp)>,
+        source: u64,
     },
     Prepared {
         epoch: u64,
@@ -215,6 +220,8 @@ pub enum EcMsg {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateEnd {
     pub last: Stamp,
+    /// The epoch the sender's updates of the slot are stamped with.
+    pub source: u64,
     pub extent: u64,
     pub sessions: Sessions,
     pub pending: Vec<StatePending>,

@@ -533,3 +533,48 @@ fn a_restarted_process_that_forms_from_a_stale_configuration_serves_nothing() {
         "served from the empty member: {a:?}"
     );
 }
+
+/// A data member that comes back takes its slot from the leader with the
+/// pages the leader had decoded (as they are at the stable stamp): it
+/// decodes nothing again, and the stripes agree.
+#[test]
+fn a_slot_handed_back_comes_with_the_pages_its_leader_decoded() {
+    let mut h = H::new(2, 2);
+    for (op, key) in [(1, "a"), (2, "b"), (3, "c")] {
+        h.set(0, op, 0, key, &key.repeat(300));
+    }
+    h.run_all();
+    let c2 = Config::new(2, 2).without(0);
+    h.crash(0);
+    for s in [1, 2, 3] {
+        h.conf(s, &c2);
+    }
+    h.settle(1_000);
+    assert!(h.m(2).memory().repaired > 0 && h.m(2).memory().missing == 0, "the leader decoded slot 0: {:?}", h.m(2).memory());
+    h.set(2, 4, 0, "d", "written while the leader served");
+    h.settle(500);
+    let c3 = c2.rejoining(0);
+    h.replace(0, &c3);
+    for s in [1, 2, 3] {
+        h.conf(s, &c3);
+    }
+    let c4 = c3.with(0);
+    for s in [0, 1, 2, 3] {
+        h.conf(s, &c4);
+    }
+    h.settle(1_000);
+    let m = h.m(0).memory();
+    assert!(h.m(0).whole() && m.repaired == 0, "slot 0 taken back whole without decoding: {m:?}");
+    h.m(0).get(5, 0, b("d"));
+    h.flush(0);
+    h.settle(100);
+    assert!(matches!(h.reply(5), Some(Reply::Value(Some((v, _, _)))) if v == &b("written while the leader served")), "{:?}", h.reply(5));
+    for page in 0..h.m(0).pages(0) {
+        let mut shards: Vec<Vec<u8>> = (0..2).map(|s| h.m(s).page(s, page).expect("page")).collect();
+        shards.extend((0..2).map(|_| vec![0u8; 4096]));
+        h.code.encode(&mut shards).unwrap();
+        for p in [2, 3] {
+            assert_eq!(h.m(p).page(p, page).unwrap(), shards[p as usize], "parity {p} page {page}");
+        }
+    }
+}

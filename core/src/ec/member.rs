@@ -408,6 +408,23 @@ struct Rebuild {
     heard: Vec<u64>,
 }
 
+/// A slot handed back to its rejoined member, kept a while for its fetch:
+/// the pages (with this member's updates in flight) and which of them
+/// were not decoded yet.
+struct Handed {
+    /// The stamp epoch this member served it at: the pages are the slot's
+    /// only while the stable stamp is from this member's stream (or
+    /// before it), i.e. no server came after.
+    epoch: u64,
+    area: Area,
+    pending: Vec<(Stamp, Vec<Diff>)>,
+    missing: BTreeSet<u32>,
+    since: u64,
+}
+
+/// How long (ms) a slot handed back is kept for its new server's fetch.
+const HANDED_MS: u64 = 30_000;
+
 /// A data member taking its slot back (a replacement, alive again): after
 /// its preparation, the metadata replica asked of a parity member.
 struct Fetch {
@@ -416,6 +433,8 @@ struct Fetch {
     from: Slot,
     stable: Stamp,
     index: Index,
+    /// Pages the leader had decoded (they need no decoding here).
+    pages: Vec<(u32, Bytes)>,
     next_part: u32,
     /// When it was asked, or a part arrived.
     since: u64,
@@ -476,6 +495,7 @@ pub struct Member {
     held: VecDeque<(Slot, Req)>,
     prep: Option<Prep>,
     fetch: Option<Fetch>,
+    handed: BTreeMap<Slot, Handed>,
     repairs: BTreeMap<u64, Repair>,
     next_cut: u64,
     /// The time of the last tick (ms).
@@ -521,6 +541,7 @@ impl Member {
             held: VecDeque::new(),
             prep: None,
             fetch: None,
+            handed: BTreeMap::new(),
             repairs: BTreeMap::new(),
             next_cut: 0,
             now: 0,
@@ -1000,7 +1021,8 @@ impl Member {
             let (slot, from) = (self.slot, *live.first().expect("prepared with a live parity member"));
             let stable = stable_of(slot);
             let epoch = prep.source;
-            self.fetch = Some(Fetch { epoch, slot, from, stable, index: Index::default(), next_part: 0, since: self.now });
+            self.fetch =
+                Some(Fetch { epoch, slot, from, stable, index: Index::default(), pages: Vec::new(), next_part: 0, since: self.now });
             self.out.push(Out::Send { to: from, msg: EcMsg::Join { epoch, slot } });
             return;
         };
@@ -1052,8 +1074,24 @@ impl Member {
             }
             let entries = par.index[i].iter().map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
             let (last, extent, sessions) = (par.received[i], par.extent[i], par.recent[i].export());
+            // The pages, if this member served the slot until it was handed
+            // back: as they are at the stable stamp (its updates above it,
+            // undone in the parity, are taken out again).
+            let pages = match self.handed.remove(&slot).filter(|h| last.epoch <= h.epoch) {
+                Some(mut h) => {
+                    for (stamp, diffs) in &h.pending {
+                        if *stamp > last {
+                            for d in diffs {
+                                h.area.xor(d.at, &d.bytes);
+                            }
+                        }
+                    }
+                    h.area.written().filter(|(n, _)| !h.missing.contains(n)).map(|(n, b)| (n, Bytes::copy_from_slice(b))).collect()
+                }
+                None => Vec::new(),
+            };
             let end = StateEnd { last, source: epoch, extent, sessions, pending: Vec::new() };
-            return self.send_state(from, epoch, slot, Vec::new(), entries, end);
+            return self.send_state(from, epoch, slot, pages, entries, end);
         }
         if epoch != self.config.epoch || !self.config.joining[from as usize] || self.prep.is_some() {
             return;
@@ -1128,10 +1166,15 @@ impl Member {
             for (key, meta) in entries {
                 f.index.insert(&key, meta);
             }
+            f.pages.extend(pages);
             let Some(end) = end else { return };
             let f = self.fetch.take().expect("fetch");
             let recent = Recent::import(end.sessions, now);
-            let d = Data::taken_over(Stamp { epoch, seq: 1 }, f.stable, f.index, end.extent, recent);
+            let mut d = Data::taken_over(Stamp { epoch, seq: 1 }, f.stable, f.index, end.extent, recent);
+            for (n, bytes) in f.pages {
+                d.area.set_page(n, &bytes);
+                d.missing.remove(&n);
+            }
             self.data.insert(slot, d);
             return self.serve_held();
         }
@@ -1225,10 +1268,16 @@ impl Member {
         let gone: Vec<Slot> = self.data.keys().copied().filter(|&s| self.config.acting(s) != me).collect();
         for s in gone {
             let d = self.data.remove(&s).expect("served");
+            let pending = d.pending.iter().map(|p| (p.stamp, p.diffs.clone())).collect();
             let ops = d.pending.into_iter().flat_map(|p| std::iter::once(p.op).chain(p.also));
             let ops: Vec<u64> = ops.chain(d.queue.into_iter().map(|(r, _)| req_op(&r))).collect();
             for op in ops {
                 self.reply(op, Reply::NotHere);
+            }
+            // Its new server needs not decode what was decoded here.
+            if self.parity.is_some() {
+                let h = Handed { epoch: d.next.epoch, area: d.area, pending, missing: d.missing, since: self.now };
+                self.handed.insert(s, h);
             }
         }
         let (held, gone): (VecDeque<_>, VecDeque<_>) =
@@ -1335,6 +1384,7 @@ impl Member {
             }
         }
         self.ask_again(now);
+        self.handed.retain(|_, h| now - h.since < HANDED_MS);
         self.expire();
         self.repairs.retain(|_, r| now - r.since < REPAIR_MS);
         if let Some(par) = &mut self.parity {
@@ -1348,7 +1398,7 @@ impl Member {
     fn ask_again(&mut self, now: u64) {
         let epoch = self.config.epoch;
         if let Some(f) = self.fetch.as_mut().filter(|f| now - f.since >= JOIN_RETRY_MS) {
-            (f.since, f.next_part, f.index) = (now, 0, Index::default());
+            (f.since, f.next_part, f.index, f.pages) = (now, 0, Index::default(), Vec::new());
             let msg = EcMsg::Join { epoch: f.epoch, slot: f.slot };
             self.out.push(Out::Send { to: f.from, msg });
         }

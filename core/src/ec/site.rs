@@ -421,6 +421,14 @@ impl<R> Engine<R> {
                             reply => self.actions.push(Action::Answer { request, reply }),
                         }
                     } else if let Some(flush) = self.flush_parts.remove(&op) {
+                        if reply == Reply::NotHere {
+                            // A slot handed back meanwhile: its keys were not
+                            // all deleted here. The client is told to try again.
+                            if let Some((request, _)) = self.flushes.remove(&flush) {
+                                self.actions.push(Action::Moved { request });
+                            }
+                            continue;
+                        }
                         let left = self.flushes.get_mut(&flush).map(|(_, left)| {
                             *left -= 1;
                             *left

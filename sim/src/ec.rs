@@ -367,7 +367,7 @@ pub fn describe(msg: &EcMsg) -> String {
         EcMsg::Cut { id, pages, sources, parity, .. } => format!("Cut id={id} pages={pages:?} sources={sources:?} parity={parity:?}"),
         EcMsg::Marker { id, slot, .. } => format!("Marker id={id} slot={slot}"),
         EcMsg::Pages { id, slot, pages, .. } => format!("Pages id={id} slot={slot} pages={}", pages.len()),
-        EcMsg::Join { epoch, slot } => format!("Join epoch={epoch} slot={slot}"),
+        EcMsg::Join { epoch, slot, have } => format!("Join epoch={epoch} slot={slot} have={have}"),
         EcMsg::Stale { epoch, slot } => format!("Stale epoch={epoch} slot={slot}"),
         EcMsg::State { epoch, slot, part, pages, entries, end } => format!(
             "State epoch={epoch} slot={slot} part={part} pages={} keys={}{}",

@@ -578,3 +578,81 @@ fn a_slot_handed_back_comes_with_the_pages_its_leader_decoded() {
         }
     }
 }
+
+/// A replacement parity member is rebuilt from a slot's state of several
+/// parts (sent a few at a time, as the member asks for more), while the
+/// slot goes on being written: the writes meanwhile wait behind the state
+/// and commit without it; once the state is all sent they go to it and
+/// commit waits for it. Its parity is then the code of the data pages.
+#[test]
+fn a_parity_member_is_rebuilt_from_a_state_of_many_parts_under_writes() {
+    let mut h = H::new(2, 2);
+    let value = |n: u64| format!("{n:04}").repeat(1_000);
+    for n in 0..1_800 {
+        h.set(0, n, 0, &format!("k{n}"), &value(n));
+        h.run_all();
+    }
+    let c2 = Config::new(2, 2).without(3);
+    h.crash(3);
+    for s in [0, 1, 2] {
+        h.conf(s, &c2);
+    }
+    let c3 = c2.rejoining(3);
+    h.replace(3, &c3);
+    for s in [0, 1, 2] {
+        h.conf(s, &c3);
+    }
+    // Writes while the state goes, one message at a time.
+    let mut n = 1_000;
+    let mut parts = 0;
+    let mut last = (0, 0);
+    // Round robin over the links, so that the state's parts and the writes
+    // interleave.
+    let next = |h: &H, last: (Slot, Slot)| {
+        let ready: Vec<(Slot, Slot)> = h.links.iter().filter(|(_, q)| !q.is_empty()).map(|(l, _)| *l).collect();
+        ready.iter().find(|l| **l > last).or(ready.first()).copied()
+    };
+    while let Some((f, t)) = next(&h, last) {
+        last = (f, t);
+        if matches!(h.links[&(f, t)].front(), Some(EcMsg::State { .. })) {
+            parts += 1;
+        }
+
+        h.deliver(f, t);
+        if n < 2_100 {
+            h.set(0, n, 0, &format!("k{}", n % 1_000), &value(n));
+            n += 1;
+        }
+    }
+    assert!(parts > 5, "the state went in {parts} parts");
+    assert!(h.m(3).rebuilt(), "{:?}", h.m(3).status());
+    let c4 = c3.with(3);
+    for s in [0, 1, 2, 3] {
+        h.conf(s, &c4);
+    }
+    h.set(0, 5_000, 0, "after", "rebuilt");
+    h.settle(500);
+    for page in 0..h.m(0).pages(0) {
+        let mut shards: Vec<Vec<u8>> = (0..2).map(|s| h.m(s).page(s, page).expect("page")).collect();
+        shards.extend((0..2).map(|_| vec![0u8; 4096]));
+        h.code.encode(&mut shards).unwrap();
+        assert_eq!(h.m(3).page(3, page).unwrap(), shards[3], "rebuilt parity page {page}");
+    }
+    // Slot 0 lost now: its keys are served from the rebuilt member's
+    // metadata and decoded with its parity.
+    let c5 = c4.without(0).without(2);
+    h.crash(0);
+    h.crash(2);
+    for s in [1, 3] {
+        h.conf(s, &c5);
+    }
+    h.settle(3_000);
+    for (op, key, n) in [(9_000, "k1500", 1_500), (9_001, "k5", 2_005)] {
+        h.m(3).get(op, 0, b(key));
+        h.flush(3);
+        h.settle(1_000);
+        let want = value(n);
+        let got = h.reply(op).map(|r| format!("{r:?}").chars().take(60).collect::<String>());
+        assert!(matches!(h.reply(op), Some(Reply::Value(Some((v, _, _)))) if v[..] == *want.as_bytes()), "{key}: {got:?}");
+    }
+}

@@ -97,9 +97,12 @@ const REPAIR_MS: u64 = 2_000;
 /// How long (ms) a joining member waits for the next part of a slot's
 /// state before it asks again.
 const JOIN_RETRY_MS: u64 = 3_000;
-/// Pages (16 MB) and metadata entries in one part of a slot's state.
-const STATE_PAGES: usize = 4_096;
-const STATE_ENTRIES: usize = 65_536;
+/// Pages (1 MB) and metadata entries in one part of a slot's state, and
+/// parts in flight to the receiver at once (the state of a large slot
+/// would otherwise fill the link past what it holds).
+const STATE_PAGES: usize = 256;
+const STATE_ENTRIES: usize = 16_384;
+const STATE_WINDOW: u32 = 4;
 
 /// Who is alive in the group, as the coordinator decided at `epoch`, and
 /// who is coming back: a member `joining` is being rebuilt (a parity
@@ -422,6 +425,18 @@ struct Handed {
     since: u64,
 }
 
+/// A slot's state on its way to a member, a few parts at a time (`Join`
+/// with the parts it has asks for more). For a rebuilding parity member,
+/// the slot's updates and commits meanwhile wait behind it (`behind`), and
+/// once it is all sent the member counts (`Data::joined`).
+struct Outgoing {
+    epoch: u64,
+    parts: VecDeque<EcMsg>,
+    sent: u32,
+    behind: Vec<EcMsg>,
+    rebuild: bool,
+}
+
 /// How long (ms) a slot handed back is kept for its new server's fetch.
 const HANDED_MS: u64 = 30_000;
 
@@ -496,6 +511,8 @@ pub struct Member {
     prep: Option<Prep>,
     fetch: Option<Fetch>,
     handed: BTreeMap<Slot, Handed>,
+    /// Slot states being sent, by (to, slot).
+    outgoing: BTreeMap<(Slot, Slot), Outgoing>,
     repairs: BTreeMap<u64, Repair>,
     next_cut: u64,
     /// The time of the last tick (ms).
@@ -542,6 +559,7 @@ impl Member {
             prep: None,
             fetch: None,
             handed: BTreeMap::new(),
+            outgoing: BTreeMap::new(),
             repairs: BTreeMap::new(),
             next_cut: 0,
             now: 0,
@@ -750,6 +768,9 @@ impl Member {
                     let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone() };
                     self.out.push(Out::Send { to: p, msg });
                 }
+                if !self.outgoing.is_empty() {
+                    self.behind_states(slot, &EcMsg::Update { slot, stamp, key, meta, version, id, diffs });
+                }
                 self.try_commit(slot);
             }
         }
@@ -790,6 +811,9 @@ impl Member {
         if let Some(stamp) = last {
             for p in bits(mask) {
                 self.out.push(Out::Send { to: p, msg: EcMsg::Commit { slot, stamp } });
+            }
+            if !self.outgoing.is_empty() {
+                self.behind_states(slot, &EcMsg::Commit { slot, stamp });
             }
             if self.data.get(&slot).is_some_and(|d| !d.queue.is_empty()) {
                 self.retry_queue(slot);
@@ -869,7 +893,12 @@ impl Member {
                 self.on_marker(epoch, id, slot, through, pages, sources, leader)
             }
             EcMsg::Pages { epoch, id, slot, pages } => self.on_pages(epoch, id, slot, pages),
-            EcMsg::Join { epoch, slot } => self.on_join(from, epoch, slot),
+            EcMsg::Join { epoch, slot, have: 0 } => self.on_join(from, epoch, slot),
+            EcMsg::Join { epoch, slot, have } => {
+                if self.outgoing.get(&(from, slot)).is_some_and(|o| o.epoch == epoch) {
+                    self.pump(from, slot, have);
+                }
+            }
             EcMsg::Stale { .. } => {
                 if self.parity.is_some() && self.config.alive[self.slot as usize] {
                     self.stale = true;
@@ -1023,7 +1052,7 @@ impl Member {
             let epoch = prep.source;
             self.fetch =
                 Some(Fetch { epoch, slot, from, stable, index: Index::default(), pages: Vec::new(), next_part: 0, since: self.now });
-            self.out.push(Out::Send { to: from, msg: EcMsg::Join { epoch, slot } });
+            self.out.push(Out::Send { to: from, msg: EcMsg::Join { epoch, slot, have: 0 } });
             return;
         };
         for &s in &prep.slots {
@@ -1053,7 +1082,7 @@ impl Member {
         par.rebuild = Some(Rebuild { epoch, have: vec![false; k], next_part: vec![0; k], heard: vec![now; k] });
         for slot in 0..self.config.k {
             if let Some(to) = self.config.acting(slot) {
-                self.out.push(Out::Send { to, msg: EcMsg::Join { epoch, slot } });
+                self.out.push(Out::Send { to, msg: EcMsg::Join { epoch, slot, have: 0 } });
             }
         }
     }
@@ -1091,7 +1120,7 @@ impl Member {
                 None => Vec::new(),
             };
             let end = StateEnd { last, source: epoch, extent, sessions, pending: Vec::new() };
-            return self.send_state(from, epoch, slot, pages, entries, end);
+            return self.send_state(from, epoch, slot, pages, entries, end, false);
         }
         if epoch != self.config.epoch || !self.config.joining[from as usize] || self.prep.is_some() {
             return;
@@ -1120,25 +1149,70 @@ impl Member {
             d.index.iter().filter(|(key, _)| !newest.contains_key(key)).map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
         entries.extend(newest.iter().filter_map(|(key, m)| Some((Bytes::copy_from_slice(key), (*m)?))));
         let end = StateEnd { last: d.last, source: d.next.epoch, extent: d.free.used().0, sessions: recent.export(), pending };
-        // From now on its updates go to it, and commit waits for it.
-        d.joined |= 1 << from;
-        self.send_state(from, epoch, slot, pages, entries, end);
+        // Its updates from now on go to it behind the state, and once the
+        // state is sent, commit waits for it too.
+        d.joined &= !(1 << from);
+        self.send_state(from, epoch, slot, pages, entries, end, true);
     }
 
     /// A slot's state, in parts of bounded size, all sent now (what follows
     /// on the link is not in it).
-    fn send_state(&mut self, to: Slot, epoch: u64, slot: Slot, pages: Vec<(u32, Bytes)>, entries: Vec<(Bytes, Meta)>, end: StateEnd) {
+    #[allow(clippy::too_many_arguments)]
+    fn send_state(
+        &mut self,
+        to: Slot,
+        epoch: u64,
+        slot: Slot,
+        pages: Vec<(u32, Bytes)>,
+        entries: Vec<(Bytes, Meta)>,
+        end: StateEnd,
+        rebuild: bool,
+    ) {
         let mut pages = pages.into_iter().peekable();
         let mut entries = entries.into_iter().peekable();
         let mut end = Some(Box::new(end));
+        let mut parts = VecDeque::new();
         let mut part = 0;
         while end.is_some() {
             let chunk: Vec<(u32, Bytes)> = pages.by_ref().take(STATE_PAGES).collect();
             let keys: Vec<(Bytes, Meta)> = entries.by_ref().take(STATE_ENTRIES).collect();
             let last = pages.peek().is_none() && entries.peek().is_none();
-            let msg = EcMsg::State { epoch, slot, part, pages: chunk, entries: keys, end: if last { end.take() } else { None } };
-            self.out.push(Out::Send { to, msg });
+            parts.push_back(EcMsg::State { epoch, slot, part, pages: chunk, entries: keys, end: if last { end.take() } else { None } });
             part += 1;
+        }
+        self.outgoing.insert((to, slot), Outgoing { epoch, parts, sent: 0, behind: Vec::new(), rebuild });
+        self.pump(to, slot, 0);
+    }
+
+    /// Sends the next parts of a slot's state to `to`, who has `have` of
+    /// them; once all are sent, what waited behind them, and the member
+    /// counts from then on.
+    fn pump(&mut self, to: Slot, slot: Slot, have: u32) {
+        let Some(o) = self.outgoing.get_mut(&(to, slot)) else { return };
+        while o.sent < have + STATE_WINDOW {
+            let Some(msg) = o.parts.pop_front() else { break };
+            self.out.push(Out::Send { to, msg });
+            o.sent += 1;
+        }
+        if !o.parts.is_empty() {
+            return;
+        }
+        let o = self.outgoing.remove(&(to, slot)).expect("outgoing");
+        for msg in o.behind {
+            self.out.push(Out::Send { to, msg });
+        }
+        if o.rebuild {
+            if let Some(d) = self.data.get_mut(&slot) {
+                d.joined |= 1 << to;
+            }
+        }
+    }
+
+    /// A message of `slot` for the members whose state of it is on its way:
+    /// it goes after the state.
+    fn behind_states(&mut self, slot: Slot, msg: &EcMsg) {
+        for o in self.outgoing.iter_mut().filter(|((_, s), o)| *s == slot && o.rebuild).map(|(_, o)| o) {
+            o.behind.push(msg.clone());
         }
     }
 
@@ -1163,11 +1237,12 @@ impl Member {
             }
             f.next_part += 1;
             f.since = now;
+            let more = EcMsg::Join { epoch, slot, have: f.next_part };
             for (key, meta) in entries {
                 f.index.insert(&key, meta);
             }
             f.pages.extend(pages);
-            let Some(end) = end else { return };
+            let Some(end) = end else { return self.out.push(Out::Send { to: from, msg: more }) };
             let f = self.fetch.take().expect("fetch");
             let recent = Recent::import(end.sessions, now);
             let mut d = Data::taken_over(Stamp { epoch, seq: 1 }, f.stable, f.index, end.extent, recent);
@@ -1195,6 +1270,9 @@ impl Member {
         }
         rb.next_part[i] += 1;
         rb.heard[i] = now;
+        if end.is_none() {
+            self.out.push(Out::Send { to: from, msg: EcMsg::Join { epoch, slot, have: rb.next_part[i] } });
+        }
         for (n, bytes) in pages {
             par.area.add_delta(&code, par.j, i, n as u64 * PAGE as u64, &bytes);
         }
@@ -1300,6 +1378,7 @@ impl Member {
         }
         self.start_rebuild(); // still joining: again, at this configuration
         self.repairs.clear();
+        self.outgoing.clear(); // asked again at this configuration
         self.fetch = None; // prepared again below
                            // Members lost or joining again are not stale any more (a new
                            // process is rebuilt from the start).
@@ -1399,7 +1478,7 @@ impl Member {
         let epoch = self.config.epoch;
         if let Some(f) = self.fetch.as_mut().filter(|f| now - f.since >= JOIN_RETRY_MS) {
             (f.since, f.next_part, f.index, f.pages) = (now, 0, Index::default(), Vec::new());
-            let msg = EcMsg::Join { epoch: f.epoch, slot: f.slot };
+            let msg = EcMsg::Join { epoch: f.epoch, slot: f.slot, have: 0 };
             self.out.push(Out::Send { to: f.from, msg });
         }
         let Some(rb) = self.parity.as_mut().and_then(|p| p.rebuild.as_mut()) else { return };
@@ -1416,7 +1495,7 @@ impl Member {
         }
         for slot in again {
             if let Some(to) = self.config.acting(slot) {
-                self.out.push(Out::Send { to, msg: EcMsg::Join { epoch, slot } });
+                self.out.push(Out::Send { to, msg: EcMsg::Join { epoch, slot, have: 0 } });
             }
         }
     }

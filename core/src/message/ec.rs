@@ -191,6 +191,10 @@ pub enum EcMsg {
     Join {
         epoch: u64,
         slot: Slot,
+        /// Parts of the state received so far: 0 asks for it (again, from
+        /// the start); more lets the sender send the next few (the state
+        /// goes a few parts at a time, paced by the receiver).
+        have: u32,
     },
     /// You are alive in my configuration, but I never sent you data slot
     /// `slot`'s state as its server (it changed server while you were

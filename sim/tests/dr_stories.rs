@@ -154,8 +154,8 @@ impl goldenscript::Runner for Story {
                 let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3.min(*nodes as usize), k: 1, coding: None }, infos)?;
                 t.admitted = (0..*nodes).map(|n| (n, 1)).collect();
                 self.topology = Some(t);
-                self.nodes = (0..*nodes).map(|n| (n, Dr::new(PAIR, 1, n, &self.replicas))).collect();
-                self.primary = Some(Dr::new(PAIR, 0, 0, &[0]));
+                self.nodes = (0..*nodes).map(|n| (n, Dr::new(PAIR, 1, n, 1, &self.replicas))).collect();
+                self.primary = Some(Dr::new(PAIR, 0, 0, 1, &[0]));
             }
             Command::Note { key, ts: t, partition, at, lose } => {
                 self.writes += 1;
@@ -186,7 +186,8 @@ impl goldenscript::Runner for Story {
                 self.topology.as_mut().expect("a backup").admitted.remove(n);
             }
             Command::Restart(n) => {
-                let mut dr = Dr::new(PAIR, 1, *n, &self.replicas);
+                let incarnation = self.topology.as_ref().expect("a backup").admitted.values().max().copied().unwrap_or(1) + 1;
+                let mut dr = Dr::new(PAIR, 1, *n, incarnation, &self.replicas);
                 for record in self.logs.get(n).cloned().unwrap_or_default() {
                     match record {
                         LogRecord::Noted { notes } => dr.restore_notes(notes),
@@ -195,9 +196,7 @@ impl goldenscript::Runner for Story {
                     }
                 }
                 self.nodes.insert(*n, dr);
-                let t = self.topology.as_mut().expect("a backup");
-                let incarnation = t.admitted.values().max().copied().unwrap_or(1) + 1;
-                t.admitted.insert(*n, incarnation);
+                self.topology.as_mut().expect("a backup").admitted.insert(*n, incarnation);
             }
             Command::Failover { at } => {
                 let topology = self.topology()?.clone();

@@ -56,6 +56,8 @@ pub struct Dr {
     pair: DrPair,
     site: SiteId,
     me: NodeId,
+    /// This process's incarnation (`LostTaken` names it).
+    incarnation: u64,
     /// The backup's stabilizer replicas: where notes are kept.
     replicas: Vec<NodeId>,
     /// Notes kept here (a stabilizer replica of the backup), by timestamp.
@@ -127,11 +129,12 @@ pub struct DrStatus {
 impl Dr {
     /// `me`'s part, in `site`, of the pair; `replicas` are the site's
     /// stabilizer replicas.
-    pub fn new(pair: DrPair, site: SiteId, me: NodeId, replicas: &[NodeId]) -> Dr {
+    pub fn new(pair: DrPair, site: SiteId, me: NodeId, incarnation: u64, replicas: &[NodeId]) -> Dr {
         Dr {
             pair,
             site,
             me,
+            incarnation,
             replicas: replicas.to_vec(),
             ledger: BTreeMap::new(),
             ledger_bytes: 0,
@@ -319,17 +322,14 @@ impl Dr {
             }
             GeoMsg::Lost { from, tag, notes } => {
                 self.take_lost(notes.into_iter().map(|n| (n.key, n.ts)));
-                send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, tag }));
+                let incarnation = self.incarnation;
+                send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, incarnation, tag }));
             }
-            GeoMsg::LostTaken { from, tag: 0 } => {
-                if let Some(&incarnation) = topology.admitted.get(&from) {
-                    self.told.insert(from, incarnation);
-                }
+            GeoMsg::LostTaken { from, incarnation, tag: 0 } => {
+                self.told.insert(from, incarnation);
             }
-            GeoMsg::LostTaken { from, tag } => {
-                if let Some(&incarnation) = topology.admitted.get(&from) {
-                    self.told.insert(from, incarnation);
-                }
+            GeoMsg::LostTaken { from, incarnation, tag } => {
+                self.told.insert(from, incarnation);
                 let Some(f) = self.failover.as_mut().filter(|f| f.tag == tag && f.lost.is_some()) else { return };
                 f.taken.insert(from);
                 self.failover_step(topology, now_ms, out);
@@ -500,10 +500,33 @@ mod tests {
         away
     }
 
+    /// After a failover, node 1 restarts (incarnation 2, admitted): an
+    /// answer of its earlier process that arrives late must not count as
+    /// the new one holding the lost keys.
+    #[test]
+    fn a_late_answer_of_an_earlier_process_does_not_count_for_the_new_one() {
+        let mut t = topology(3);
+        let mut taker = Dr::new(PAIR, 1, 0, 1, &[0, 1, 2]);
+        taker.take_lost([(Bytes::from_static(b"a"), Timestamp::new(10, 0))].into_iter());
+        let mut out = Vec::new();
+        taker.step(GeoMsg::LostTaken { from: 2, incarnation: 1, tag: 0 }, false, Some(0), &t, 0, &mut out);
+        t.admitted.insert(1, 2);
+        taker.step(GeoMsg::LostTaken { from: 1, incarnation: 1, tag: 0 }, false, Some(0), &t, 0, &mut out);
+        taker.tick(&t, TELL_MS, &mut out);
+        let told: Vec<NodeId> = out
+            .iter()
+            .filter_map(|e| match (&e.to, &e.msg) {
+                (Dest::Node(n), Message::Geo(g)) if matches!(**g, GeoMsg::Lost { .. }) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(told, vec![1], "the new process of node 1 is told, node 2 is not again");
+    }
+
     #[test]
     fn a_note_is_answered_once_a_majority_of_the_replicas_keep_it() {
         let t = topology(4);
-        let mut nodes: Vec<Dr> = (0..4).map(|i| Dr::new(PAIR, 1, i, &[0, 1, 2])).collect();
+        let mut nodes: Vec<Dr> = (0..4).map(|i| Dr::new(PAIR, 1, i, 1, &[0, 1, 2])).collect();
         let mut out = Vec::new();
         nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
         assert!(out.iter().all(|e| matches!(e.to, Dest::Node(_))), "not answered before a majority: {out:?}");
@@ -521,7 +544,7 @@ mod tests {
     #[test]
     fn a_failover_refuses_the_newest_unfinished_write_of_each_key() {
         let t = topology(3);
-        let mut nodes: Vec<Dr> = (0..3).map(|i| Dr::new(PAIR, 1, i, &[0, 1, 2])).collect();
+        let mut nodes: Vec<Dr> = (0..3).map(|i| Dr::new(PAIR, 1, i, 1, &[0, 1, 2])).collect();
         let mut out = Vec::new();
         let notes = vec![note(0, 10, "a", 1), note(0, 12, "a", 2), note(1, 11, "b", 3), note(2, 5, "c", 4)];
         nodes[0].step(GeoMsg::Note { origin: 0, notes }, false, Some(0), &t, 0, &mut out);
@@ -564,7 +587,7 @@ mod tests {
     #[test]
     fn a_primary_node_answers_the_sessions_of_noted_writes() {
         let t = topology(3);
-        let mut primary = Dr::new(PAIR, 0, 0, &[0, 1, 2]);
+        let mut primary = Dr::new(PAIR, 0, 0, 1, &[0, 1, 2]);
         assert_eq!(primary.backup_of_primary(), Some(1));
         let mut out = Vec::new();
         let op = OpId { client: 5, seq: 3 };

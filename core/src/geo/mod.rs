@@ -324,9 +324,9 @@ impl Geo {
 
     /// Identifier-first disaster recovery between `pair`'s sites (nothing
     /// if this site is neither).
-    pub fn set_dr(&mut self, pair: crate::message::geo::DrPair) {
+    pub fn set_dr(&mut self, pair: crate::message::geo::DrPair, incarnation: u64) {
         if pair.primary == self.site || pair.backup == self.site {
-            self.dr = Some(dr::Dr::new(pair, self.site, self.me, &self.replicas));
+            self.dr = Some(dr::Dr::new(pair, self.site, self.me, incarnation, &self.replicas));
         }
     }
 

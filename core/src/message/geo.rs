@@ -147,8 +147,11 @@ pub enum GeoMsg {
         tag: u64,
         notes: Vec<Note>,
     },
+    /// `from`'s incarnation `incarnation` holds the lost keys (an answer
+    /// of an earlier process must not count for the one admitted now).
     LostTaken {
         from: NodeId,
+        incarnation: u64,
         tag: u64,
     },
 }

@@ -247,7 +247,7 @@ impl Node {
     pub fn enable_dr(&mut self, pair: crate::message::geo::DrPair) {
         self.id.dr = Some(pair);
         if let Some(geo) = &mut self.geo {
-            geo.set_dr(pair);
+            geo.set_dr(pair, self.id.incarnation);
         }
     }
 

@@ -227,7 +227,7 @@ impl Node {
         if node.id.sites.len() > 1 {
             let mut geo = Geo::new(node.id.site, &node.id.sites, node.id.me, &node.id.coordinators, partitions as u32, node.id.replication);
             if let Some(pair) = node.id.dr {
-                geo.set_dr(pair);
+                geo.set_dr(pair, node.id.incarnation);
             }
             geo.configure(&node.topology, 0);
             node.geo = Some(geo);

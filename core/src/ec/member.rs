@@ -427,8 +427,10 @@ struct Handed {
 
 /// A slot's state on its way to a member, a few parts at a time (`Join`
 /// with the parts it has asks for more). For a rebuilding parity member,
-/// the slot's updates and commits meanwhile wait behind it (`behind`), and
-/// once it is all sent the member counts (`Data::joined`).
+/// the slot's updates and commits meanwhile wait behind it (`behind`); it
+/// counts (`Data::joined`) from the moment the state is taken, so the
+/// slot's writes wait for it while the state goes (seconds for a large
+/// slot) rather than commit without it.
 struct Outgoing {
     epoch: u64,
     parts: VecDeque<EcMsg>,
@@ -523,6 +525,8 @@ pub struct Member {
     expired: u64,
     /// Told its parity misses a slot's updates (`Stale`).
     stale: bool,
+    /// The configuration epoch this member was last made alive at.
+    alive_since: u64,
     /// Parity members found stale here (told so, until they are lost or
     /// joining): not counted.
     stale_peers: u64,
@@ -566,6 +570,7 @@ impl Member {
             repaired: 0,
             expired: 0,
             stale: false,
+            alive_since: 0,
             stale_peers: 0,
             swept_ms: 0,
             out: Vec::new(),
@@ -764,7 +769,7 @@ impl Member {
                     old,
                     sent: self.now,
                 });
-                for p in bits(waiting) {
+                for p in bits(waiting).filter(|&p| !self.streaming(p, slot)).collect::<Vec<_>>() {
                     let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone() };
                     self.out.push(Out::Send { to: p, msg });
                 }
@@ -809,7 +814,7 @@ impl Member {
             last = Some(p.stamp);
         }
         if let Some(stamp) = last {
-            for p in bits(mask) {
+            for p in bits(mask).filter(|&p| !self.streaming(p, slot)).collect::<Vec<_>>() {
                 self.out.push(Out::Send { to: p, msg: EcMsg::Commit { slot, stamp } });
             }
             if !self.outgoing.is_empty() {
@@ -899,8 +904,10 @@ impl Member {
                     self.pump(from, slot, have);
                 }
             }
-            EcMsg::Stale { .. } => {
-                if self.parity.is_some() && self.config.alive[self.slot as usize] {
+            EcMsg::Stale { epoch, .. } => {
+                // (Not one about an earlier life: said before it was last
+                // made alive.)
+                if self.parity.is_some() && self.config.alive[self.slot as usize] && epoch >= self.alive_since {
                     self.stale = true;
                 }
             }
@@ -1149,9 +1156,10 @@ impl Member {
             d.index.iter().filter(|(key, _)| !newest.contains_key(key)).map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
         entries.extend(newest.iter().filter_map(|(key, m)| Some((Bytes::copy_from_slice(key), (*m)?))));
         let end = StateEnd { last: d.last, source: d.next.epoch, extent: d.free.used().0, sessions: recent.export(), pending };
-        // Its updates from now on go to it behind the state, and once the
-        // state is sent, commit waits for it too.
-        d.joined &= !(1 << from);
+        // Its updates from now on go to it behind the state, and commit
+        // waits for it from now on (an update queued behind the state and
+        // lost on the way is resent, never committed without it).
+        d.joined |= 1 << from;
         self.send_state(from, epoch, slot, pages, entries, end, true);
     }
 
@@ -1185,8 +1193,7 @@ impl Member {
     }
 
     /// Sends the next parts of a slot's state to `to`, who has `have` of
-    /// them; once all are sent, what waited behind them, and the member
-    /// counts from then on.
+    /// them; once all are sent, what waited behind them.
     fn pump(&mut self, to: Slot, slot: Slot, have: u32) {
         let Some(o) = self.outgoing.get_mut(&(to, slot)) else { return };
         while o.sent < have + STATE_WINDOW {
@@ -1201,11 +1208,12 @@ impl Member {
         for msg in o.behind {
             self.out.push(Out::Send { to, msg });
         }
-        if o.rebuild {
-            if let Some(d) = self.data.get_mut(&slot) {
-                d.joined |= 1 << to;
-            }
-        }
+    }
+
+    /// Whether `slot`'s state is on its way to rebuilding member `to`
+    /// (what the slot sends it goes behind the state).
+    fn streaming(&self, to: Slot, slot: Slot) -> bool {
+        self.outgoing.get(&(to, slot)).is_some_and(|o| o.rebuild)
     }
 
     /// A message of `slot` for the members whose state of it is on its way:
@@ -1371,6 +1379,9 @@ impl Member {
             return;
         }
         let old = std::mem::replace(&mut self.config, config);
+        if self.config.alive[self.slot as usize] && !old.alive[self.slot as usize] {
+            self.alive_since = self.config.epoch;
+        }
         if let Some(par) = &mut self.parity {
             let epoch = self.config.epoch;
             par.cuts.retain(|_, c| c.epoch >= epoch);
@@ -1428,12 +1439,13 @@ impl Member {
             }
         }
         let stale = self.stale_peers;
+        let outgoing: BTreeSet<(Slot, Slot)> = self.outgoing.iter().filter(|(_, o)| o.rebuild).map(|(&k, _)| k).collect();
         for (&slot, d) in self.data.iter_mut() {
             let mask = d.targets(&self.config, stale);
             if d.pending.front().is_some_and(|p| now - p.sent >= RESEND_MS) {
                 for p in d.pending.iter_mut().filter(|p| now - p.sent >= RESEND_MS) {
                     p.sent = now;
-                    for to in bits(p.waiting & mask) {
+                    for to in bits(p.waiting & mask).filter(|&to| !outgoing.contains(&(to, slot))) {
                         let msg = EcMsg::Update {
                             slot,
                             stamp: p.stamp,

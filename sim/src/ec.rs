@@ -359,7 +359,7 @@ pub fn describe(msg: &EcMsg) -> String {
         EcMsg::Commit { slot, stamp } => format!("Commit slot={slot} stamp={}", st(stamp)),
         EcMsg::Prepare { epoch, slots } => format!("Prepare epoch={epoch} slots={slots:?}"),
         EcMsg::Received { epoch, stamps: s } => {
-            let (got, sources): (Vec<(Slot, causeway_core::ec::Stamp)>, Vec<u64>) = s.iter().map(|&(slot, t, f)| ((slot, t), f)).unzip();
+            let (got, sources): (Vec<(Slot, causeway_core::ec::Stamp)>, Vec<u64>) = s.iter().map(|r| ((r.slot, r.last), r.source)).unzip();
             format!("Received epoch={epoch} {} source={sources:?}", stamps(&got))
         }
         EcMsg::Stable { epoch, stamps: s, source } => format!("Stable epoch={epoch} {} source={source}", stamps(s)),

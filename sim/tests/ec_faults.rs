@@ -719,3 +719,40 @@ fn a_write_while_a_state_streams_waits_for_the_rebuilding_member() {
     h.settle(2_000);
     assert!(matches!(h.reply(102), Some(Reply::Value(Some((v, _, _)))) if v == &b("new")), "{:?}", h.reply(102));
 }
+
+/// K=2, M=2. Data member 0 hears that parity 2 was lost (the coordinator
+/// removed it, then admitted it again as the same process) and commits a
+/// write with parity 3 alone; it fails before anyone else hears of the
+/// loss. Parities 2 and 3 see "0 lost, 2 alive": leader 2's preparation
+/// must find that it lacks the newest update and was not among whom it
+/// went to (it is stale), and not undo the acknowledged write. (From a
+/// review.)
+#[test]
+fn a_member_its_server_counted_lost_does_not_undo_what_it_missed() {
+    let mut h = H::new(2, 2);
+    h.set(0, 1, 0, "a", "old");
+    h.run_all();
+    let c1 = Config::new(2, 2);
+    h.conf(0, &c1.without(2));
+    h.set(0, 2, 0, "a", "new");
+    h.run_all();
+    assert!(matches!(h.reply(2), Some(Reply::Done { version: Some(_), .. })));
+    h.crash(0);
+    let c2 = c1.without(0);
+    for s in [1, 2, 3] {
+        h.conf(s, &c2);
+    }
+    h.settle(2_000);
+    assert!(h.m(2).stale(), "2 missed a write committed without it: {:?}", h.m(2).status());
+    // Its node starts over; 3 leads and serves the acknowledged write.
+    let c3 = c2.rejoining(2);
+    h.replace(2, &c3);
+    for s in [1, 3] {
+        h.conf(s, &c3);
+    }
+    h.settle(3_000);
+    h.m(3).get(3, 0, b("a"));
+    h.flush(3);
+    h.settle(1_000);
+    assert!(matches!(h.reply(3), Some(Reply::Value(Some((v, _, _)))) if v == &b("new")), "{:?}", h.reply(3));
+}

@@ -68,7 +68,7 @@ use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
 use super::index::Index;
 use crate::chain::change::{decide, Current};
-use crate::message::ec::{Diff, EcMsg, Meta, Sessions, Slot, Stamp, StateEnd, StatePending, WriteId};
+use crate::message::ec::{Diff, EcMsg, Meta, Received, Sessions, Slot, Stamp, StateEnd, StatePending, WriteId};
 use crate::message::{Change, NewValue};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -342,8 +342,10 @@ struct Data {
     /// Committed writes by request id.
     recent: Recent,
     next: Stamp,
-    /// The last update sent (what a cut's marker names).
+    /// The last update sent (what a cut's marker names), and whom it went
+    /// to (all ones: not known).
     last: Stamp,
+    last_to: u64,
     pending: VecDeque<Pending>,
     /// Pages not repaired yet (a taken-over slot).
     missing: BTreeSet<u32>,
@@ -361,8 +363,9 @@ struct Pending {
     meta: Option<Meta>,
     version: u64,
     diffs: Vec<Diff>,
-    /// Parity members that have not acknowledged yet.
+    /// Parity members that have not acknowledged yet, and all it went to.
     waiting: u64,
+    to: u64,
     op: u64,
     /// Resends of the same request that arrived meanwhile.
     also: Vec<u64>,
@@ -389,6 +392,9 @@ struct Parity {
     /// member follows (set by each change of server it took part in, or
     /// by the state it was rebuilt from).
     source: Vec<u64>,
+    /// Per data slot: whom the last update received went to (all ones: not
+    /// known).
+    to: Vec<u64>,
     /// The sessions' recent writes of each data slot (`Recent`): a leader
     /// taking the slot over answers their resends.
     recent: Vec<Recent>,
@@ -483,7 +489,7 @@ struct CutCopy {
 struct Prep {
     epoch: u64,
     slots: Vec<Slot>,
-    received: BTreeMap<Slot, Vec<(Slot, Stamp, u64)>>,
+    received: BTreeMap<Slot, Vec<Received>>,
     stable: Option<Vec<(Slot, Stamp)>>,
     /// The stamp epoch the slots' new server stamps with: above every
     /// earlier server's.
@@ -756,6 +762,7 @@ impl Member {
                 d.next.seq += 1;
                 d.last = stamp;
                 let waiting = d.targets(&self.config, self.stale_peers);
+                d.last_to = waiting;
                 d.pending.push_back(Pending {
                     stamp,
                     key: key.clone(),
@@ -763,6 +770,7 @@ impl Member {
                     version,
                     diffs: diffs.clone(),
                     waiting,
+                    to: waiting,
                     op,
                     also: Vec::new(),
                     id,
@@ -770,11 +778,11 @@ impl Member {
                     sent: self.now,
                 });
                 for p in bits(waiting).filter(|&p| !self.streaming(p, slot)).collect::<Vec<_>>() {
-                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone() };
+                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone(), to: waiting };
                     self.out.push(Out::Send { to: p, msg });
                 }
                 if !self.outgoing.is_empty() {
-                    self.behind_states(slot, &EcMsg::Update { slot, stamp, key, meta, version, id, diffs });
+                    self.behind_states(slot, &EcMsg::Update { slot, stamp, key, meta, version, id, diffs, to: waiting });
                 }
                 self.try_commit(slot);
             }
@@ -841,8 +849,8 @@ impl Member {
             return; // not a member of this group
         }
         match msg {
-            EcMsg::Update { slot, stamp, key, meta, version, id, diffs } => {
-                self.on_update(from, slot, stamp, key, meta, (version, id), diffs)
+            EcMsg::Update { slot, stamp, key, meta, version, id, diffs, to } => {
+                self.on_update(from, slot, stamp, key, meta, (version, id, to), diffs)
             }
             EcMsg::Ack { slot, stamp } => {
                 if let Some(d) = self.data.get_mut(&slot) {
@@ -876,7 +884,13 @@ impl Member {
                     for &s in &slots {
                         par.fence[s as usize] = par.fence[s as usize].max(epoch);
                     }
-                    let stamps = slots.iter().map(|&s| (s, par.received[s as usize], par.source[s as usize])).collect();
+                    let stamps = slots
+                        .iter()
+                        .map(|&s| {
+                            let i = s as usize;
+                            Received { slot: s, last: par.received[i], source: par.source[i], to: par.to[i] }
+                        })
+                        .collect();
                     self.out.push(Out::Send { to: from, msg: EcMsg::Received { epoch, stamps } });
                 }
             }
@@ -923,7 +937,7 @@ impl Member {
         stamp: Stamp,
         key: Bytes,
         meta: Option<Meta>,
-        (version, id): (u64, Option<WriteId>),
+        (version, id, to): (u64, Option<WriteId>, u64),
         diffs: Vec<Diff>,
     ) {
         let code = self.code.clone();
@@ -960,6 +974,7 @@ impl Member {
             None => par.index[i].remove(&key),
         };
         par.received[i] = stamp;
+        par.to[i] = to;
         if let Some(id) = id {
             par.recent[i].insert(id, version, self.now);
         }
@@ -994,6 +1009,7 @@ impl Member {
             par.received[i] = stable;
             par.fence[i] = par.fence[i].max(epoch).max(source);
             par.source[i] = source;
+            par.to[i] = u64::MAX;
         }
         self.out.push(Out::Send { to: from, msg: EcMsg::Prepared { epoch } });
     }
@@ -1006,18 +1022,23 @@ impl Member {
             if !live.iter().all(|p| prep.received.contains_key(p)) {
                 return;
             }
-            let of = |p: &Slot, s: Slot| prep.received[p].iter().find(|(x, ..)| *x == s).map(|&(_, t, f)| (t, f)).unwrap_or_default();
-            // A member that never followed the server whose updates another
-            // holds (its stream is from an earlier server: it was told alive
-            // before it heard of the change) may miss writes that server
-            // committed without it: its parity is not the slot's. It is not
-            // counted, and is told so; if it is this member, its node starts
-            // over. (A change of server that never served leaves no such
-            // update, and no one stale.)
+            let unknown = Received { slot: 0, last: Stamp::default(), source: 0, to: u64::MAX };
+            let of = |p: &Slot, s: Slot| prep.received[p].iter().find(|r| r.slot == s).copied().unwrap_or(unknown);
+            // A member that may miss writes committed without it has a
+            // parity that is not the slot's: it is not counted, and is told
+            // so; if it is this member, its node starts over. Such a member
+            // never followed the server whose updates another holds (its
+            // stream is from an earlier server: it was told alive before it
+            // heard of the change), or lacks the newest update another holds
+            // and was not among whom it went to (its server counted it lost
+            // or stale). (A change of server that never served leaves no
+            // such update, and no one stale.)
             let mut stale = BTreeSet::new();
             for &s in &prep.slots {
-                let newest = live.iter().map(|p| of(p, s).0.epoch).max().unwrap_or(0);
-                stale.extend(live.iter().filter(|p| of(p, s).1 < newest).copied());
+                let newest = live.iter().map(|p| of(p, s).last).max().unwrap_or_default();
+                stale.extend(live.iter().filter(|p| of(p, s).source < newest.epoch).copied());
+                let to = live.iter().map(|p| of(p, s)).filter(|r| r.last == newest).fold(u64::MAX, |m, r| m & r.to);
+                stale.extend(live.iter().filter(|&&p| of(&p, s).last < newest && to & (1 << p) == 0).copied());
             }
             if stale.contains(&self.slot) {
                 self.stale = true;
@@ -1031,12 +1052,16 @@ impl Member {
                 self.out.push(Out::Send { to: p, msg: EcMsg::Stale { epoch, slot: 0 } });
             }
             let prep = self.prep.as_mut().expect("prep");
-            let of = |p: &Slot, s: Slot| prep.received[p].iter().find(|(x, ..)| *x == s).map(|&(_, t, f)| (t, f)).unwrap_or_default();
+            let of = |p: &Slot, s: Slot| prep.received[p].iter().find(|r| r.slot == s).copied().unwrap_or(unknown);
             let stable: Vec<(Slot, Stamp)> =
-                prep.slots.iter().map(|&s| (s, live.iter().map(|p| of(p, s).0).min().unwrap_or_default())).collect();
+                prep.slots.iter().map(|&s| (s, live.iter().map(|p| of(p, s).last).min().unwrap_or_default())).collect();
             // The new server stamps above every earlier one: stamps only grow.
-            let top =
-                prep.slots.iter().flat_map(|&s| live.iter().map(move |p| (p, s))).map(|(p, s)| of(p, s).1.max(of(p, s).0.epoch)).max();
+            let top = prep
+                .slots
+                .iter()
+                .flat_map(|&s| live.iter().map(move |p| (p, s)))
+                .map(|(p, s)| of(p, s).source.max(of(p, s).last.epoch))
+                .max();
             prep.source = prep.epoch.max(top.map_or(0, |t| t + 1));
             prep.stable = Some(stable.clone());
             for &p in &live {
@@ -1126,7 +1151,7 @@ impl Member {
                 }
                 None => Vec::new(),
             };
-            let end = StateEnd { last, source: epoch, extent, sessions, pending: Vec::new() };
+            let end = StateEnd { last, last_to: par.to[i], source: epoch, extent, sessions, pending: Vec::new() };
             return self.send_state(from, epoch, slot, pages, entries, end, false);
         }
         if epoch != self.config.epoch || !self.config.joining[from as usize] || self.prep.is_some() {
@@ -1155,7 +1180,14 @@ impl Member {
         let mut entries: Vec<(Bytes, Meta)> =
             d.index.iter().filter(|(key, _)| !newest.contains_key(key)).map(|(key, m)| (Bytes::copy_from_slice(key), m)).collect();
         entries.extend(newest.iter().filter_map(|(key, m)| Some((Bytes::copy_from_slice(key), (*m)?))));
-        let end = StateEnd { last: d.last, source: d.next.epoch, extent: d.free.used().0, sessions: recent.export(), pending };
+        let end = StateEnd {
+            last: d.last,
+            last_to: d.last_to,
+            source: d.next.epoch,
+            extent: d.free.used().0,
+            sessions: recent.export(),
+            pending,
+        };
         // Its updates from now on go to it behind the state, and commit
         // waits for it from now on (an update queued behind the state and
         // lost on the way is resent, never committed without it).
@@ -1291,6 +1323,7 @@ impl Member {
         rb.have[i] = true;
         par.received[i] = end.last;
         par.source[i] = end.source;
+        par.to[i] = end.last_to;
         par.fence[i] = par.fence[i].max(end.source);
         par.extent[i] = end.extent;
         par.recent[i] = Recent::import(end.sessions, now);
@@ -1454,6 +1487,7 @@ impl Member {
                             version: p.version,
                             id: p.id,
                             diffs: p.diffs.clone(),
+                            to: p.to,
                         };
                         self.out.push(Out::Send { to, msg });
                     }
@@ -1877,6 +1911,7 @@ impl Data {
             recent: Recent::default(),
             next,
             last,
+            last_to: u64::MAX,
             pending: VecDeque::new(),
             missing: BTreeSet::new(),
             queue: VecDeque::new(),
@@ -1915,6 +1950,7 @@ impl Parity {
             extent: vec![0; k],
             fence: vec![0; k],
             source: vec![0; k],
+            to: vec![u64::MAX; k],
             recent: vec![Recent::default(); k],
             cuts: HashMap::new(),
             rebuild: None,

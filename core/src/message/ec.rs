@@ -118,6 +118,9 @@ pub enum EcMsg {
         version: u64,
         id: Option<WriteId>,
         diffs: Vec<Diff>,
+        /// The parity members it went to (what its commit waits for): one
+        /// outside it that lacks it was not counted by its server.
+        to: u64,
     },
     Ack {
         slot: Slot,
@@ -135,12 +138,15 @@ pub enum EcMsg {
         epoch: u64,
         slots: Vec<Slot>,
     },
-    /// Per slot: the last update received, and the stamp epoch of the
-    /// server whose stream this member follows (`source`): one below the
-    /// others' missed a change of server, and its parity is not the slot's.
+    /// Per slot: the last update received, the stamp epoch of the server
+    /// whose stream this member follows (`source`), and whom that update
+    /// went to (`Update::to`; all ones when not known): a member that lacks
+    /// an update another holds and was not among whom it went to missed
+    /// writes committed without it (a change of server, or a server that
+    /// counted it lost), and its parity is not the slot's.
     Received {
         epoch: u64,
-        stamps: Vec<(Slot, Stamp, u64)>,
+        stamps: Vec<Received>,
     },
     /// Keep the lost slots' updates through these stamps, undo the later
     /// ones (no data member committed them), refuse any more from them:
@@ -217,6 +223,15 @@ pub enum EcMsg {
     },
 }
 
+/// One parity member's word on one slot in a preparation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Received {
+    pub slot: Slot,
+    pub last: Stamp,
+    pub source: u64,
+    pub to: u64,
+}
+
 /// The last part of a slot's state: the last update in it, where its bytes
 /// end, the sessions' recent writes (`WriteId`s: client, finished below,
 /// write -> version), and the updates in it not committed yet (a parity
@@ -224,6 +239,8 @@ pub enum EcMsg {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateEnd {
     pub last: Stamp,
+    /// Whom the update at `last` went to (all ones when not known).
+    pub last_to: u64,
     /// The epoch the sender's updates of the slot are stamped with.
     pub source: u64,
     pub extent: u64,

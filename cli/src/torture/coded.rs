@@ -9,7 +9,9 @@
 //!   pass requests on, never serving its empty member, until it is rebuilt;
 //! * a pause (SIGSTOP) longer than the failure timeout: the coordinator
 //!   removes the node, and when it wakes it must serve nothing it holds,
-//!   and rejoin as a replacement.
+//!   and rejoin as a replacement;
+//! * every third fault, with M >= 2, another node killed -9 and restarted
+//!   while the first is still being rebuilt (two down at once).
 //!
 //! Every node is the data member of K groups and a parity member of M, so
 //! each fault loses data members of some groups and parity members of
@@ -38,17 +40,26 @@ pub async fn strike(
         tokio::time::sleep(Duration::from_millis(1_000 + rng.below(1_500))).await;
         let node = rng.below(site.shape.nodes as u64) as u16;
         let at = started.elapsed().as_secs_f64();
-        let what = if f % 2 == 0 {
+        let mut what = if f % 2 == 0 {
             site.kill(node);
             wait_lost(site, node).await?;
             site.restart(node)?;
-            "kill -9, then a restart (empty)"
+            "kill -9, then a restart (empty)".to_string()
         } else {
             site.signal(node, "STOP");
             tokio::time::sleep(failure_timeout * 3).await;
             site.signal(node, "CONT");
-            "pause (SIGSTOP) past the failure timeout"
+            "pause (SIGSTOP) past the failure timeout".to_string()
         };
+        if parity >= 2 && f % 3 == 2 {
+            // A second loss while the first node is still being rebuilt
+            // (M = 2 down at once).
+            let other = (node + 1 + rng.below(site.shape.nodes as u64 - 1) as u16) % site.shape.nodes;
+            site.kill(other);
+            wait_lost(site, other).await?;
+            site.restart(other)?;
+            what += &format!(", and node {other} killed -9 and restarted while it was rebuilt");
+        }
         let took = wait_rebuilt(site).await?;
         println!("{at:7.1} s  node {node}: {what}; rebuilt {took:.1} s later");
         said.push(format!("node {node}: {what}"));

@@ -278,8 +278,11 @@ async fn campaign(sites: &mut [Site], args: &TortureArgs, seed: u64, dir: &std::
     let (started, deadline) = (Instant::now(), Instant::now() + Duration::from_secs(args.seconds));
     if let Some(c) = args.redundancy {
         for what in coded::strike(&mut sites[0], c.parity, &mut rng, Duration::from_millis(1_000), deadline).await? {
-            *faults.entry(if what.contains("kill") { "kill -9, then a restart" } else { "pause past the failure timeout" }).or_default() +=
-                1;
+            let first = if what.contains(": kill") { "kill -9, then a restart" } else { "pause past the failure timeout" };
+            *faults.entry(first).or_default() += 1;
+            if what.contains("while it was rebuilt") {
+                *faults.entry("kill -9 and a restart of another node during a rebuild").or_default() += 1;
+            }
         }
     }
     while args.redundancy.is_none() && Instant::now() < deadline {

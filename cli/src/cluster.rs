@@ -45,7 +45,13 @@ enum Action {
     },
     /// At the backup of a disaster-recovery pair: serve without the
     /// primary; keys whose value never arrived are refused until written.
-    Failover,
+    Failover {
+        /// Without a majority of stabilizer replicas whose notes are whole
+        /// (CW.DR STATUS notes_whole): what only replicas that lost their
+        /// notes knew of may then be served older instead of refused.
+        #[arg(long)]
+        force: bool,
+    },
     /// After a failover: every key refused, with the write it misses.
     Missing,
     /// The disaster-recovery pair as this node sees it (CW.DR STATUS).
@@ -103,9 +109,10 @@ pub fn run(args: ClusterArgs) -> Result<(), String> {
                 };
                 return every_node(&status, &command).await;
             }
-            Action::Failover => {
+            Action::Failover { force } => {
                 let mut c = RespConn::connect(&args.addr).await?;
-                return match c.call(&[b"CW.DR", b"FAILOVER"]).await? {
+                let command: &[&[u8]] = if *force { &[b"CW.DR", b"FAILOVER", b"FORCE"] } else { &[b"CW.DR", b"FAILOVER"] };
+                return match c.call(command).await? {
                     Frame::Integer(n) => {
                         println!("failed over: {n} keys whose last write never arrived are refused until written again (`causeway cluster missing` lists them)");
                         Ok(())

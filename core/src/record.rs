@@ -54,6 +54,10 @@ pub enum LogRecord {
     /// writes of the primary it noted, kept until their values are applied
     /// here. Belongs to no partition.
     Noted { notes: Vec<crate::message::geo::Note> },
+    /// At such a replica: from here on its notes are whole (every note its
+    /// replica acknowledged, through any process, is in this log). A log
+    /// synced throughout that has it needs no catching up at restart.
+    NotesWhole,
 }
 
 impl LogRecord {
@@ -65,7 +69,7 @@ impl LogRecord {
             | LogRecord::Behind { partition, .. }
             | LogRecord::Clock { partition, .. }
             | LogRecord::OnDisk { partition, .. } => *partition,
-            LogRecord::Lost { .. } | LogRecord::Noted { .. } => 0,
+            LogRecord::Lost { .. } | LogRecord::Noted { .. } | LogRecord::NotesWhole => 0,
         }
     }
 

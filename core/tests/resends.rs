@@ -164,7 +164,11 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
             LogRecord::Updates { updates, .. } => assert_eq!(restored.replay(updates, 20), None),
             LogRecord::Clock { ceiling, .. } => restored.observe_ceiling(ceiling),
             LogRecord::OnDisk { entries, .. } => assert!(entries.is_empty(), "no disk tier"),
-            LogRecord::Dropped { .. } | LogRecord::Behind { .. } | LogRecord::Lost { .. } | LogRecord::Noted { .. } => {}
+            LogRecord::Dropped { .. }
+            | LogRecord::Behind { .. }
+            | LogRecord::Lost { .. }
+            | LogRecord::Noted { .. }
+            | LogRecord::NotesWhole => {}
         }
     }
     let mut o2 = Outbox::new();
@@ -182,7 +186,11 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
             LogRecord::Updates { updates, .. } => assert_eq!(restored2.replay(updates, 20), None),
             LogRecord::Clock { ceiling, .. } => restored2.observe_ceiling(ceiling),
             LogRecord::OnDisk { entries, .. } => assert!(entries.is_empty(), "no disk tier"),
-            LogRecord::Dropped { .. } | LogRecord::Behind { .. } | LogRecord::Lost { .. } | LogRecord::Noted { .. } => {}
+            LogRecord::Dropped { .. }
+            | LogRecord::Behind { .. }
+            | LogRecord::Lost { .. }
+            | LogRecord::Noted { .. }
+            | LogRecord::NotesWhole => {}
         }
     }
     restored2.put(put(2, 1, 1, Condition::Always, Some("v")), 21, &mut o2);

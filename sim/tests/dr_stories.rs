@@ -13,9 +13,11 @@
 //!   lost); what leaves the site is printed.
 //! * `applied ts=T`: the backup has applied the primary up to T (the
 //!   leader's `SiteTime`): notes up to T are done.
-//! * `crash N`, `restart N`: node N stops; it starts again from its log
-//!   (a new incarnation), and is admitted again.
-//! * `failover at=N`: the operator fails over at node N.
+//! * `crash N`, `restart N [empty=true]`: node N stops; it starts again
+//!   from its log (or with nothing), a new incarnation, and is admitted
+//!   again (in place from its log, out of its chains when empty).
+//! * `failover at=N [force=true]`: the operator fails over at node N
+//!   (forced: without a majority of replicas whose notes are whole).
 //! * `tick [ms=MS]`: time passes on every live node.
 //! * `status`: every live node's notes and lost keys.
 
@@ -55,10 +57,12 @@ enum Command {
         ts: u64,
     },
     Crash(NodeId),
-    Restart(NodeId),
+    Restart(NodeId, #[arg(key = "empty", optional)] bool),
     Failover {
         #[arg(key)]
         at: NodeId,
+        #[arg(key, optional)]
+        force: bool,
     },
     Tick {
         #[arg(key)]
@@ -155,6 +159,11 @@ impl goldenscript::Runner for Story {
                 t.admitted = (0..*nodes).map(|n| (n, 1)).collect();
                 self.topology = Some(t);
                 self.nodes = (0..*nodes).map(|n| (n, Dr::new(PAIR, 1, n, 1, &self.replicas))).collect();
+                for (n, dr) in &mut self.nodes {
+                    // The site's birth: every replica's notes are whole.
+                    dr.admitted(true, 0, &mut Outbox::new());
+                    self.logs.entry(*n).or_default().extend(dr.take_log());
+                }
                 self.primary = Some(Dr::new(PAIR, 0, 0, 1, &[0]));
             }
             Command::Note { key, ts: t, partition, at, lose } => {
@@ -185,24 +194,36 @@ impl goldenscript::Runner for Story {
                 self.nodes.remove(n).ok_or("no such live node")?;
                 self.topology.as_mut().expect("a backup").admitted.remove(n);
             }
-            Command::Restart(n) => {
+            Command::Restart(n, empty) => {
                 let incarnation = self.topology.as_ref().expect("a backup").admitted.values().max().copied().unwrap_or(1) + 1;
                 let mut dr = Dr::new(PAIR, 1, *n, incarnation, &self.replicas);
-                for record in self.logs.get(n).cloned().unwrap_or_default() {
+                if *empty {
+                    self.logs.remove(n);
+                }
+                let log = self.logs.get(n).cloned().unwrap_or_default();
+                if !log.is_empty() {
+                    dr.recovered(log.contains(&LogRecord::NotesWhole));
+                }
+                for record in log {
                     match record {
                         LogRecord::Noted { notes } => dr.restore_notes(notes),
                         LogRecord::Lost { keys } => dr.restore(keys),
+                        LogRecord::NotesWhole => {}
                         other => return Err(format!("unexpected {other:?}").into()),
                     }
                 }
-                self.nodes.insert(*n, dr);
                 self.topology.as_mut().expect("a backup").admitted.insert(*n, incarnation);
+                let mut next = Outbox::new();
+                dr.admitted(!*empty, self.now, &mut next);
+                self.logs.entry(*n).or_default().extend(dr.take_log());
+                self.nodes.insert(*n, dr);
+                self.settle(next, None, &mut out)?;
             }
-            Command::Failover { at } => {
+            Command::Failover { at, force } => {
                 let topology = self.topology()?.clone();
                 let mut next = Outbox::new();
                 let dr = self.nodes.get_mut(at).ok_or("that node is down")?;
-                dr.start_failover(OpId { client: OPERATOR, seq: 1 }, &topology, self.now, &mut next);
+                dr.start_failover(OpId { client: OPERATOR, seq: 1 }, *force, &topology, self.now, &mut next);
                 self.settle(next, None, &mut out)?;
             }
             Command::Tick { ms } => {
@@ -224,7 +245,8 @@ impl goldenscript::Runner for Story {
                         Some(_) => format!(", refuses [{}]", lost.join(" ")),
                         None => String::new(),
                     };
-                    writeln!(out, "node {n}: {} notes{lost}", s.unfinished)?;
+                    let whole = if s.whole { "" } else { " (not whole)" };
+                    writeln!(out, "node {n}: {} notes{whole}{lost}", s.unfinished)?;
                 }
             }
         }

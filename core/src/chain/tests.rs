@@ -300,7 +300,8 @@ fn logged(r: &mut ChainReplica) -> Vec<Update> {
             | LogRecord::Clock { .. }
             | LogRecord::OnDisk { .. }
             | LogRecord::Lost { .. }
-            | LogRecord::Noted { .. } => Vec::new(),
+            | LogRecord::Noted { .. }
+            | LogRecord::NotesWhole => Vec::new(),
         })
         .collect()
 }

@@ -163,8 +163,12 @@ pub enum Request {
     Resume(Box<Session>),
     /// Fail this backup site over from its primary (`geo::dr`): answered
     /// once every node of the site refuses the keys whose last write never
-    /// arrived (`Response::FailedOver` counts them).
-    Failover,
+    /// arrived (`Response::FailedOver` counts them). `force`: without a
+    /// majority of stabilizer replicas whose notes are whole (what two of
+    /// them lost together cannot be refused: it may be served older).
+    Failover {
+        force: bool,
+    },
 }
 
 /// What a client gets back.

@@ -419,10 +419,10 @@ impl Op {
                 p.send.push((node, Message::GetSiteTime { op }));
                 self.phase = Phase::Resuming;
             }
-            Request::Failover => {
+            Request::Failover { force } => {
                 let node = cx.local.unwrap_or_else(|| cx.any_node());
                 let op = self.next_op(cx);
-                p.send.push((node, Message::Failover { op }));
+                p.send.push((node, Message::Failover { op, force }));
                 self.phase = Phase::Reading;
             }
         }

@@ -30,6 +30,22 @@
 //! The notes are in the logs of the stabilizer replicas that keep them
 //! (`LogRecord::Noted`, written before the replica answers), so a backup
 //! site that restarts whole still knows them.
+//!
+//! A replica whose process lost the notes an earlier process of it
+//! acknowledged (restarted without a whole log, or its log not synced
+//! throughout) is not *whole*: the failover's majority counts only whole
+//! replicas, since an acknowledged note may have been kept by that
+//! earlier process and one other replica only. It catches up by asking
+//! the other replicas for their notes (`AskNotes`, `NotesAre`), and is
+//! whole once enough whole replicas answered that every majority holding
+//! a note meets one of them (`replicas - majority + 1`), or once every
+//! other replica answered (then it holds every note any of them holds:
+//! all a note lost with fewer than a majority of the replicas' notes at
+//! once; after the whole site restarted from logs not synced throughout,
+//! that is how the replicas become whole again). It logs that
+//! (`LogRecord::NotesWhole`), so its next restart from a synced log needs
+//! no catching up. The first process of every replica, at the site's
+//! birth, is whole: no earlier one acknowledged anything.
 
 use crate::hlc::Timestamp;
 use crate::message::geo::{DrPair, Note};
@@ -49,6 +65,9 @@ const FAILOVER_RESEND_MS: u64 = 200;
 /// After a failover, nodes not known to hold the lost keys get them this
 /// often.
 const TELL_MS: u64 = 1_000;
+/// A replica catching up asks the replicas that have not answered whole
+/// again this often.
+const CATCH_UP_MS: u64 = 1_000;
 
 /// A node's part in identifier-first disaster recovery.
 #[derive(Debug)]
@@ -84,6 +103,24 @@ pub struct Dr {
     /// Lost keys to make durable (`take_log`) before what the step sends
     /// (`LostTaken`) leaves.
     log: Vec<LogRecord>,
+    /// This process holds every note its replica ever acknowledged
+    /// (always, for a node that is no stabilizer replica of the backup).
+    whole: bool,
+    /// Restored from a log at start (so not the replica's first process).
+    restored: bool,
+    /// Admitted once already (`admitted` acts on the first admission).
+    admitted: bool,
+    /// While not whole and admitted.
+    catching_up: Option<CatchUp>,
+}
+
+/// A replica catching up on the notes its earlier process acknowledged.
+#[derive(Debug, Default)]
+struct CatchUp {
+    /// The other replicas that answered, and those of them that are whole.
+    answered: BTreeSet<NodeId>,
+    whole: BTreeSet<NodeId>,
+    asked_ms: u64,
 }
 
 #[derive(Debug)]
@@ -99,6 +136,10 @@ struct Failover {
     tag: u64,
     /// Nodes whose notes are in.
     heard: BTreeSet<NodeId>,
+    /// The stabilizer replicas among them whose notes are whole.
+    whole: BTreeSet<NodeId>,
+    /// Counts replicas whose notes are not whole (the operator's choice).
+    force: bool,
     /// The newest note of each key heard so far.
     notes: AHashMap<Bytes, Note>,
     /// Once every node answered: the lost notes, sent to every node, and
@@ -124,6 +165,9 @@ pub struct DrStatus {
     pub noted: u64,
     /// Keys refused after a failover, if it failed over.
     pub lost: Option<usize>,
+    /// This node holds every note its replica acknowledged (no: it lost
+    /// them in a restart and is catching up from the other replicas).
+    pub whole: bool,
 }
 
 impl Dr {
@@ -147,7 +191,53 @@ impl Dr {
             told: BTreeMap::new(),
             told_ms: 0,
             log: Vec::new(),
+            whole: !(site == pair.backup && replicas.contains(&me)),
+            restored: false,
+            admitted: false,
+            catching_up: None,
         }
+    }
+
+    /// This process started from a log (`whole`: synced throughout, and
+    /// its notes were whole when it was written: `LogRecord::NotesWhole`).
+    pub fn recovered(&mut self, whole: bool) {
+        self.restored = true;
+        self.whole |= whole;
+    }
+
+    /// The configuration admits this process (`in_chains`: as a member of
+    /// chains). The first time: the replica's first process, at the site's
+    /// birth (never restored, admitted in place), is whole; one that lost
+    /// what an earlier process noted starts catching up.
+    pub fn admitted(&mut self, in_chains: bool, now_ms: u64, out: &mut Outbox) {
+        if std::mem::replace(&mut self.admitted, true) || self.whole {
+            return;
+        }
+        if !self.restored && in_chains {
+            return self.become_whole();
+        }
+        self.catching_up = Some(CatchUp { asked_ms: now_ms, ..CatchUp::default() });
+        self.ask_notes(out);
+    }
+
+    fn become_whole(&mut self) {
+        self.whole = true;
+        self.catching_up = None;
+        self.log.push(LogRecord::NotesWhole);
+    }
+
+    /// Asks the other replicas that have not answered whole for their notes.
+    fn ask_notes(&self, out: &mut Outbox) {
+        let Some(c) = &self.catching_up else { return };
+        for &r in self.replicas.iter().filter(|&&r| r != self.me && !c.whole.contains(&r)) {
+            send(out, Dest::Node(r), Message::geo(GeoMsg::AskNotes { from: self.me }));
+        }
+    }
+
+    /// Whole answers a replica catching up needs: every majority of the
+    /// replicas (one that held a note this process lost) meets them.
+    fn whole_answers_needed(&self) -> usize {
+        self.replicas.len() - self.majority() + 1
     }
 
     /// Lost keys read back from the log at start.
@@ -165,8 +255,9 @@ impl Dr {
     /// log.
     pub fn checkpoint(&self) -> Vec<LogRecord> {
         let notes = (!self.ledger.is_empty()).then(|| LogRecord::Noted { notes: self.ledger.values().cloned().collect() });
+        let whole = (self.whole && self.is_backup() && self.replicas.contains(&self.me)).then_some(LogRecord::NotesWhole);
         let lost = self.lost.as_ref().map(|lost| LogRecord::Lost { keys: lost.iter().map(|(k, &ts)| (k.clone(), ts)).collect() });
-        notes.into_iter().chain(lost).collect()
+        notes.into_iter().chain(whole).chain(lost).collect()
     }
 
     /// Adds lost keys (the newest write of each wins), logged.
@@ -305,11 +396,14 @@ impl Dr {
                 // is in what it answers. Logged, as the lost keys are.
                 self.take_lost(std::iter::empty());
                 let notes: Vec<Note> = self.ledger.values().cloned().collect();
-                send(out, Dest::Node(from), Message::geo(GeoMsg::Unfinished { from: self.me, tag, notes }));
+                send(out, Dest::Node(from), Message::geo(GeoMsg::Unfinished { from: self.me, tag, notes, whole: self.whole }));
             }
-            GeoMsg::Unfinished { from, tag, notes } => {
+            GeoMsg::Unfinished { from, tag, notes, whole } => {
                 let Some(f) = self.failover.as_mut().filter(|f| f.tag == tag && f.lost.is_none()) else { return };
                 f.heard.insert(from);
+                if whole {
+                    f.whole.insert(from);
+                }
                 for n in notes {
                     match f.notes.get(&n.key) {
                         Some(had) if had.ts >= n.ts => {}
@@ -334,6 +428,30 @@ impl Dr {
                 f.taken.insert(from);
                 self.failover_step(topology, now_ms, out);
             }
+            GeoMsg::AskNotes { from } if self.is_backup() && self.replicas.contains(&self.me) => {
+                let notes: Vec<Note> = self.ledger.values().cloned().collect();
+                send(out, Dest::Node(from), Message::geo(GeoMsg::NotesAre { from: self.me, whole: self.whole, notes }));
+            }
+            GeoMsg::NotesAre { from, whole, notes } => {
+                if self.catching_up.is_none() {
+                    return;
+                }
+                // Kept (and logged) whoever sends them: more notes only
+                // refuse more keys at a failover.
+                self.keep(notes);
+                let needed = self.whole_answers_needed();
+                let others = self.replicas.iter().filter(|&&r| r != self.me).count();
+                let Some(c) = &mut self.catching_up else { return };
+                if self.replicas.contains(&from) {
+                    c.answered.insert(from);
+                    if whole {
+                        c.whole.insert(from);
+                    }
+                }
+                if c.whole.len() >= needed || c.answered.len() >= others {
+                    self.become_whole();
+                }
+            }
             _ => {}
         }
     }
@@ -341,14 +459,23 @@ impl Dr {
     /// Starts failing this backup over from its primary (`Message::Failover`
     /// from client `op`); `FailedOver` answers once every node of the site
     /// has the lost keys. Only at the backup.
-    pub fn start_failover(&mut self, op: OpId, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
+    pub fn start_failover(&mut self, op: OpId, force: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
         if !self.is_backup() {
             return false;
         }
         self.next_tag += 1;
         let tag = self.next_tag;
-        self.failover =
-            Some(Failover { op, tag, heard: BTreeSet::new(), notes: AHashMap::new(), lost: None, taken: BTreeSet::new(), sent_ms: 0 });
+        self.failover = Some(Failover {
+            op,
+            tag,
+            force,
+            heard: BTreeSet::new(),
+            whole: BTreeSet::new(),
+            notes: AHashMap::new(),
+            lost: None,
+            taken: BTreeSet::new(),
+            sent_ms: 0,
+        });
         self.failover_step(topology, now_ms, out);
         true
     }
@@ -360,14 +487,17 @@ impl Dr {
         let Some(f) = self.failover.as_mut() else { return };
         let nodes: Vec<NodeId> = topology.admitted.keys().copied().collect();
         let resend = now_ms.saturating_sub(f.sent_ms) >= FAILOVER_RESEND_MS;
-        // A majority of the stabilizer replicas must answer: every
-        // acknowledged write was noted on one of any majority.
-        let replicas_heard = self.replicas.iter().filter(|r| f.heard.contains(r)).count();
-        let all_heard = nodes.iter().all(|n| f.heard.contains(n)) && replicas_heard >= majority;
+        // A majority of the stabilizer replicas must answer with whole
+        // notes: every acknowledged write was noted on one of any majority
+        // (by a process whose notes the replica still holds). A replica
+        // catching up is asked again until it is whole.
+        let whole = self.replicas.iter().filter(|r| f.whole.contains(r) || (f.force && f.heard.contains(r))).count();
+        let all_heard = nodes.iter().all(|n| f.heard.contains(n)) && whole >= majority;
         if f.lost.is_none() && !all_heard {
             if resend || f.sent_ms == 0 {
                 f.sent_ms = now_ms.max(1);
-                for &n in nodes.iter().filter(|n| !f.heard.contains(n)) {
+                let again = |n: &&NodeId| !f.heard.contains(n) || (self.replicas.contains(n) && !f.whole.contains(n));
+                for &n in nodes.iter().filter(again) {
                     send(out, Dest::Node(n), Message::geo(GeoMsg::Failover { from: self.me, tag: f.tag }));
                 }
             }
@@ -399,6 +529,12 @@ impl Dr {
     /// keys get them.
     pub fn tick(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
         self.mirroring.retain(|_, m| now_ms.saturating_sub(m.since_ms) < MIRROR_MS);
+        if let Some(c) = &mut self.catching_up {
+            if now_ms.saturating_sub(c.asked_ms) >= CATCH_UP_MS {
+                c.asked_ms = now_ms;
+                self.ask_notes(out);
+            }
+        }
         if self.failover.is_some() {
             self.failover_step(topology, now_ms, out);
         }
@@ -430,7 +566,7 @@ impl Dr {
     /// Whether nothing here waits on time.
     pub fn idle(&self) -> bool {
         // A node newly admitted waits to hear the lost keys (`reconfigured`).
-        self.mirroring.is_empty() && self.failover.is_none() && !(self.lost.is_some() && self.told_ms == 0)
+        self.mirroring.is_empty() && self.failover.is_none() && self.catching_up.is_none() && !(self.lost.is_some() && self.told_ms == 0)
     }
 
     /// After a failover: the primary's write of `key` this node must not
@@ -465,6 +601,7 @@ impl Dr {
             oldest: self.ledger.keys().next().map(|(ts, _)| *ts),
             noted: self.noted,
             lost: self.lost.as_ref().map(|l| l.len()),
+            whole: self.whole,
         }
     }
 }
@@ -489,15 +626,33 @@ mod tests {
 
     /// Runs messages between the backup's nodes until none is left;
     /// returns what left the site or went to clients.
-    fn settle(nodes: &mut [Dr], t: &Topology, mut out: Outbox) -> Outbox {
+    fn settle(nodes: &mut [Dr], t: &Topology, out: Outbox) -> Outbox {
+        settle_but(nodes, t, out, &[])
+    }
+
+    /// The same, with the nodes in `down` hearing nothing.
+    fn settle_but(nodes: &mut [Dr], t: &Topology, mut out: Outbox, down: &[NodeId]) -> Outbox {
         let mut away = Vec::new();
         while let Some(e) = out.pop() {
             match (e.to, e.msg) {
+                (Dest::Node(n), Message::Geo(_)) if down.contains(&n) => {}
                 (Dest::Node(n), Message::Geo(g)) => nodes[n as usize].step(*g, true, Some(0), t, 0, &mut out),
                 (to, msg) => away.push(crate::message::Envelope { to, msg }),
             }
         }
         away
+    }
+
+    /// The backup's nodes `0..n` at the site's birth, `0..3` its replicas.
+    fn born(n: u16) -> Vec<Dr> {
+        (0..n)
+            .map(|i| {
+                let mut d = Dr::new(PAIR, 1, i, 1, &[0, 1, 2]);
+                d.admitted(true, 0, &mut Vec::new());
+                assert!(d.status().whole, "born whole");
+                d
+            })
+            .collect()
     }
 
     /// After a failover, node 1 restarts (incarnation 2, admitted): an
@@ -526,7 +681,7 @@ mod tests {
     #[test]
     fn a_note_is_answered_once_a_majority_of_the_replicas_keep_it() {
         let t = topology(4);
-        let mut nodes: Vec<Dr> = (0..4).map(|i| Dr::new(PAIR, 1, i, 1, &[0, 1, 2])).collect();
+        let mut nodes = born(4);
         let mut out = Vec::new();
         nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
         assert!(out.iter().all(|e| matches!(e.to, Dest::Node(_))), "not answered before a majority: {out:?}");
@@ -544,7 +699,7 @@ mod tests {
     #[test]
     fn a_failover_refuses_the_newest_unfinished_write_of_each_key() {
         let t = topology(3);
-        let mut nodes: Vec<Dr> = (0..3).map(|i| Dr::new(PAIR, 1, i, 1, &[0, 1, 2])).collect();
+        let mut nodes = born(3);
         let mut out = Vec::new();
         let notes = vec![note(0, 10, "a", 1), note(0, 12, "a", 2), note(1, 11, "b", 3), note(2, 5, "c", 4)];
         nodes[0].step(GeoMsg::Note { origin: 0, notes }, false, Some(0), &t, 0, &mut out);
@@ -556,7 +711,7 @@ mod tests {
         }
         nodes[0].ledger.clear();
         let mut out = Vec::new();
-        assert!(nodes[2].start_failover(OpId { client: 9, seq: 1 }, &t, 0, &mut out));
+        assert!(nodes[2].start_failover(OpId { client: 9, seq: 1 }, false, &t, 0, &mut out));
         let away = settle(&mut nodes, &t, out);
         assert!(matches!(&away[..], [crate::message::Envelope { msg: Message::FailedOver { lost: 2, .. }, .. }]), "{away:?}");
         for n in &nodes {
@@ -582,6 +737,103 @@ mod tests {
             let away = settle(&mut nodes, &t, out);
             assert!(away.is_empty(), "noted after the failover: {away:?}");
         }
+    }
+
+    /// Note "a" is kept by replicas 0 and 1 only (the mirror to 2 lost);
+    /// replica 1 restarts without its log. Counted at a failover with 2,
+    /// it would make a majority that knows nothing of "a", and the backup
+    /// would serve an older "a" as complete.
+    #[test]
+    fn a_replica_that_lost_its_notes_counts_at_a_failover_only_once_caught_up() {
+        let mut t = topology(4);
+        let mut nodes = born(4);
+        let mut out = Vec::new();
+        nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
+        let away = settle_but(&mut nodes, &t, out, &[2]);
+        assert!(matches!(&away[..], [crate::message::Envelope { to: Dest::Site(0), .. }]), "noted by 0 and 1: {away:?}");
+        // Node 1 restarts without its log, and node 0 goes down before node
+        // 1 hears from it.
+        nodes[1] = Dr::new(PAIR, 1, 1, 2, &[0, 1, 2]);
+        t.admitted.insert(1, 2);
+        let mut out = Vec::new();
+        nodes[1].admitted(false, 0, &mut out);
+        assert!(!nodes[1].status().whole);
+        settle_but(&mut nodes, &t, out, &[0]);
+        assert!(!nodes[1].status().whole, "one whole answer of the two it needs");
+        t.admitted.remove(&0);
+        let mut out = Vec::new();
+        assert!(nodes[2].start_failover(OpId { client: 9, seq: 1 }, false, &t, 0, &mut out));
+        let away = settle_but(&mut nodes, &t, out, &[0]);
+        assert!(away.is_empty(), "failed over with one whole replica of three: {away:?}");
+        // Node 0 comes back from its log (synced, whole): node 1 catches up,
+        // and the failover, asking again, finds "a".
+        let log = nodes[0].checkpoint();
+        assert!(log.contains(&LogRecord::NotesWhole));
+        nodes[0] = Dr::new(PAIR, 1, 0, 3, &[0, 1, 2]);
+        for r in log {
+            if let LogRecord::Noted { notes } = r {
+                nodes[0].restore_notes(notes);
+            }
+        }
+        nodes[0].recovered(true);
+        nodes[0].admitted(true, 0, &mut Vec::new());
+        t.admitted.insert(0, 3);
+        let mut out = Vec::new();
+        nodes[1].tick(&t, CATCH_UP_MS, &mut out);
+        settle(&mut nodes, &t, out);
+        assert!(nodes[1].status().whole && nodes[1].status().unfinished == 1, "caught up: {:?}", nodes[1].status());
+        assert_eq!(nodes[1].take_log().last(), Some(&LogRecord::NotesWhole));
+        let mut out = Vec::new();
+        nodes[2].tick(&t, 1 + FAILOVER_RESEND_MS, &mut out);
+        let away = settle(&mut nodes, &t, out);
+        assert!(matches!(&away[..], [crate::message::Envelope { msg: Message::FailedOver { lost: 1, .. }, .. }]), "{away:?}");
+        assert_eq!(nodes[3].lost(b"a"), Some(Version::local(0, Timestamp::new(10, 0))));
+    }
+
+    /// A restarted replica that is not whole: from a log that was not
+    /// synced, or of a process that was not whole itself.
+    #[test]
+    fn only_a_synced_log_of_a_whole_replica_makes_a_restarted_one_whole() {
+        let mut out = Vec::new();
+        for (synced_whole, whole) in [(true, true), (false, false)] {
+            let mut d = Dr::new(PAIR, 1, 1, 2, &[0, 1, 2]);
+            d.recovered(synced_whole);
+            d.admitted(true, 0, &mut out);
+            assert_eq!(d.status().whole, whole);
+        }
+        // Not whole: it asks the two others.
+        assert_eq!(out.iter().filter(|e| matches!(&e.msg, Message::Geo(g) if matches!(**g, GeoMsg::AskNotes { .. }))).count(), 2);
+        // A node that is no replica is always whole.
+        assert!(Dr::new(PAIR, 1, 3, 2, &[0, 1, 2]).status().whole);
+    }
+
+    /// The whole backup restarts from logs not synced throughout: no
+    /// replica is whole, and each becomes whole once it heard all the
+    /// others (holding every note any of them kept).
+    #[test]
+    fn replicas_restarted_together_from_unsynced_logs_are_whole_once_they_heard_each_other() {
+        let t = topology(3);
+        let mut nodes: Vec<Dr> = (0..3)
+            .map(|i| {
+                let mut d = Dr::new(PAIR, 1, i, 2, &[0, 1, 2]);
+                d.restore_notes(vec![note(i as PartitionId, 10 + i as u64, &format!("k{i}"), i as u64)]);
+                d.recovered(false);
+                d
+            })
+            .collect();
+        let mut out = Vec::new();
+        nodes[0].admitted(true, 0, &mut out);
+        settle(&mut nodes, &t, out);
+        assert!(nodes[0].status().whole, "heard both others");
+        for i in 1..3 {
+            let mut out = Vec::new();
+            nodes[i].admitted(true, 0, &mut out);
+            settle(&mut nodes, &t, out);
+        }
+        for n in &nodes {
+            assert!(n.status().whole);
+        }
+        assert_eq!(nodes[2].status().unfinished, 3, "every note any of them kept");
     }
 
     #[test]

@@ -341,8 +341,8 @@ impl Geo {
 
     /// Starts a failover of this backup site (`Message::Failover`); false
     /// if this site is no backup.
-    pub fn failover(&mut self, op: OpId, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
-        self.dr.as_mut().is_some_and(|d| d.start_failover(op, topology, now_ms, out))
+    pub fn failover(&mut self, op: OpId, force: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
+        self.dr.as_mut().is_some_and(|d| d.start_failover(op, force, topology, now_ms, out))
     }
 
     /// The leader `topology` names: its first admitted stabilizer replica.
@@ -737,7 +737,9 @@ impl Geo {
             | GeoMsg::Failover { .. }
             | GeoMsg::Unfinished { .. }
             | GeoMsg::Lost { .. }
-            | GeoMsg::LostTaken { .. } => {
+            | GeoMsg::LostTaken { .. }
+            | GeoMsg::AskNotes { .. }
+            | GeoMsg::NotesAre { .. } => {
                 if let Some(d) = &mut self.dr {
                     d.step(msg, relayed, self.leader, topology, now_ms, out);
                 }

@@ -134,10 +134,14 @@ pub enum GeoMsg {
         from: NodeId,
         tag: u64,
     },
+    /// `whole`: this node holds every note its stabilizer replica ever
+    /// acknowledged (or is no replica); only whole replicas count toward
+    /// the failover's majority (`geo::dr`).
     Unfinished {
         from: NodeId,
         tag: u64,
         notes: Vec<Note>,
+        whole: bool,
     },
     /// The node running the failover -> every node of its site: the keys
     /// whose noted write never arrived; serve none of them older than its
@@ -153,6 +157,18 @@ pub enum GeoMsg {
         from: NodeId,
         incarnation: u64,
         tag: u64,
+    },
+    /// A stabilizer replica of the backup whose process lost the notes an
+    /// earlier one acknowledged (restarted without a whole log) -> the
+    /// other replicas: send me yours (`NotesAre`).
+    AskNotes {
+        from: NodeId,
+    },
+    /// The notes a replica keeps, and whether they are whole.
+    NotesAre {
+        from: NodeId,
+        whole: bool,
+        notes: Vec<Note>,
     },
 }
 

@@ -111,6 +111,7 @@ pub enum Message {
     /// keys whose value never arrived.
     Failover {
         op: OpId,
+        force: bool,
     },
 
     // ---- node -> client -------------------------------------------------
@@ -354,7 +355,7 @@ impl Message {
             | Flush { op }
             | GetTopology { op }
             | GetSiteTime { op }
-            | Failover { op } => Some(*op),
+            | Failover { op, .. } => Some(*op),
             PutDone { op, .. }
             | Value { op, .. }
             | Stable { op }

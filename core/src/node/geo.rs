@@ -190,7 +190,9 @@ impl Node {
             | GeoMsg::Failover { .. }
             | GeoMsg::Unfinished { .. }
             | GeoMsg::Lost { .. }
-            | GeoMsg::LostTaken { .. }) => {
+            | GeoMsg::LostTaken { .. }
+            | GeoMsg::AskNotes { .. }
+            | GeoMsg::NotesAre { .. }) => {
                 let topology = self.topology.clone();
                 if let Some(geo) = &mut self.geo {
                     geo.step(msg, false, &topology, now_ms, out);
@@ -248,6 +250,20 @@ impl Node {
         self.id.dr = Some(pair);
         if let Some(geo) = &mut self.geo {
             geo.set_dr(pair, self.id.incarnation);
+        }
+        if self.admitted {
+            // Born admitted (`new`): its notes are whole.
+            self.dr_admitted(0, &mut Outbox::new());
+        }
+    }
+
+    /// This process is admitted (the first time, for `Dr::admitted`).
+    pub(super) fn dr_admitted(&mut self, now_ms: u64, out: &mut Outbox) {
+        let me = self.id.me;
+        let in_chains = self.topology.chains.iter().any(|c| c.nodes.contains(&me));
+        if let Some(d) = self.geo.as_mut().and_then(|g| g.dr_mut()) {
+            d.admitted(in_chains, now_ms, out);
+            self.log.extend(d.take_log());
         }
     }
 

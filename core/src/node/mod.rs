@@ -239,6 +239,7 @@ impl Node {
                 node.log.extend(node.parts[p as usize].as_mut().map(|r| r.take_log()).unwrap_or_default());
             }
             node.geo_replicas(&mut Outbox::new());
+            node.dr_admitted(0, &mut Outbox::new());
         }
         node
     }
@@ -271,6 +272,7 @@ impl Node {
         let mut on_disk: BTreeMap<PartitionId, Vec<crate::record::OnDiskEntry>> = BTreeMap::new();
         let mut behind: BTreeSet<PartitionId> = BTreeSet::new();
         let mut ceilings: BTreeMap<PartitionId, Timestamp> = BTreeMap::new();
+        let mut notes_whole = false;
         for record in records {
             report.records += 1;
             match record {
@@ -306,6 +308,13 @@ impl Node {
                         d.restore_notes(notes);
                     }
                 }
+                LogRecord::NotesWhole => notes_whole = true,
+            }
+        }
+        if report.records > 0 {
+            if let Some(d) = self.geo.as_mut().and_then(Geo::dr_mut) {
+                // Unsynced, the log may lack notes this process answered for.
+                d.recovered(notes_whole && synced);
             }
         }
         report.behind = behind.into_iter().filter(|p| segments.get(p).is_some_and(|(s, _)| s.is_some())).collect();
@@ -568,10 +577,10 @@ impl Node {
             }
             // Heartbeats are for the coordinator, which the node's driver
             // runs; configurations and topology requests were handled above.
-            Message::Failover { op } => {
+            Message::Failover { op, force } => {
                 let topology = self.topology.clone();
                 if let Some(geo) = &mut self.geo {
-                    geo.failover(op, &topology, now_ms, out);
+                    geo.failover(op, force, &topology, now_ms, out);
                 }
             }
             Message::GetSiteTime { op } => {
@@ -885,8 +894,11 @@ impl Node {
             return;
         }
         let me = self.id.me;
-        self.admitted = new.admits(me, self.id.incarnation);
+        let was_admitted = std::mem::replace(&mut self.admitted, new.admits(me, self.id.incarnation));
         self.topology = Arc::new(new);
+        if self.admitted && !was_admitted {
+            self.dr_admitted(now_ms, out);
+        }
         if self.topology.node(me).is_none() {
             for p in 0..self.parts.len() {
                 if let Some(replica) = self.drop_replica(p as PartitionId) {

@@ -1,4 +1,4 @@
-//! CW.DR STATUS | MISSING [cursor] [COUNT n] | FAILOVER
+//! CW.DR STATUS | MISSING [cursor] [COUNT n] | FAILOVER [FORCE]
 //!
 //! Identifier-first disaster recovery (`causeway_core::geo::dr`), for
 //! operators of a primary site and its backup (`--dr PRIMARY=BACKUP`):
@@ -7,8 +7,10 @@
 //!   this node keeps as a stabilizer replica of the backup (writes noted
 //!   whose value has not arrived: `unfinished_keys`, `unfinished_bytes` of
 //!   their keys and values, `unfinished_oldest_ms` since the oldest was
-//!   written), writes it
-//!   noted while leading, and after a failover the keys it refuses.
+//!   written), whether it holds every note its replica acknowledged
+//!   (`notes_whole`: 0 while a replica restarted without its log catches
+//!   up from the others; a failover counts only whole replicas), writes
+//!   it noted while leading, and after a failover the keys it refuses.
 //! * MISSING: after a failover, the refused keys (their last acknowledged
 //!   write never arrived), as SCAN pages: the next cursor (`0` at the end)
 //!   and `key`, `write` pairs, the write as `ts@site`; at most COUNT (100)
@@ -16,6 +18,9 @@
 //! * FAILOVER: at the backup, fail over from the primary: once every node
 //!   of the site refuses the keys whose value never arrived (`-LOST`),
 //!   replies their number. A plain SET or DEL of such a key clears it.
+//!   It needs a majority of the site's stabilizer replicas whose notes are
+//!   whole; FORCE fails over without (if two replicas lost their notes
+//!   together, what only they held is then served older, not refused).
 //!
 //! Without a pair: `ERR this site is in no disaster-recovery pair`.
 
@@ -44,6 +49,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
                 lines.push(format!("unfinished_bytes:{}", s.unfinished_bytes));
                 let oldest = s.oldest.map_or(0, |ts| now.saturating_sub(ts.physical_ms()));
                 lines.push(format!("unfinished_oldest_ms:{oldest}"));
+                lines.push(format!("notes_whole:{}", u8::from(s.whole)));
                 lines.push(format!("noted:{}", s.noted));
                 lines.push(format!("failed_over:{}", u8::from(s.lost.is_some())));
                 lines.push(format!("lost_keys:{}", s.lost.unwrap_or(0)));
@@ -73,13 +79,19 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
             }
             Frame::Array(vec![Frame::Bulk(next.unwrap_or_else(|| Bytes::from_static(b"0"))), Frame::Array(items)]).into()
         }
-        "FAILOVER" if args.len() == 2 => {
+        "FAILOVER" if args.len() == 2 || (args.len() == 3 && args[2].eq_ignore_ascii_case(b"force")) => {
             if site != pair.backup {
                 return Frame::error(format!("ERR site {site} is the primary; fail over at the backup, site {}", pair.backup)).into();
             }
-            match conn.run(Request::Failover).await {
+            match conn.run(Request::Failover { force: args.len() == 3 }).await {
                 Ok(Response::FailedOver(lost)) => Frame::Integer(lost as i64).into(),
                 Ok(other) => Frame::error(format!("ERR unexpected answer {other:?}")).into(),
+                Err(causeway_core::error::Error::Timeout) => Frame::error(
+                    "ERR the failover has not finished: it needs every node of this site, and a majority of its stabilizer replicas \
+                     holding whole notes (CW.DR STATUS on each: notes_whole:1); run FAILOVER again to wait for it, or FAILOVER FORCE \
+                     to go without (keys only replicas that lost their notes knew of may then be served older)",
+                )
+                .into(),
                 Err(e) => client_error(e).into(),
             }
         }

@@ -59,6 +59,7 @@ pub fn fields(config: &NodeConfig, geo: Option<&GeoStatus>, now: u64) -> Vec<(St
         f.push(("dr_role".into(), dr.role.to_string()));
         f.push(("dr_unfinished_keys".into(), dr.unfinished.to_string()));
         f.push(("dr_unfinished_bytes".into(), dr.unfinished_bytes.to_string()));
+        f.push(("dr_notes_whole".into(), u8::from(dr.whole).to_string()));
         f.push(("dr_lost_keys".into(), dr.lost.map_or("-".to_string(), |n| n.to_string())));
     }
     for site in &geo.sites {

@@ -157,14 +157,19 @@ impl goldenscript::Runner for Story {
                 let infos = (0..*nodes).map(|id| NodeInfo { id, addr: format!("n{id}") }).collect();
                 let mut t = Topology::new(1, Shape { partitions: 4, replicas: 3.min(*nodes as usize), k: 1, coding: None }, infos)?;
                 t.admitted = (0..*nodes).map(|n| (n, 1)).collect();
-                self.topology = Some(t);
                 self.nodes = (0..*nodes).map(|n| (n, Dr::new(PAIR, 1, n, 1, &self.replicas))).collect();
+                // The site's birth: the replicas hear each other, and are
+                // whole.
+                let mut next = Outbox::new();
+                for dr in self.nodes.values_mut() {
+                    dr.admitted(&t, 0, &mut next);
+                }
+                self.topology = Some(t);
+                self.primary = Some(Dr::new(PAIR, 0, 0, 1, &[0]));
+                self.settle(next, None, &mut out)?;
                 for (n, dr) in &mut self.nodes {
-                    // The site's birth: every replica's notes are whole.
-                    dr.admitted(true, 0, &mut Outbox::new());
                     self.logs.entry(*n).or_default().extend(dr.take_log());
                 }
-                self.primary = Some(Dr::new(PAIR, 0, 0, 1, &[0]));
             }
             Command::Note { key, ts: t, partition, at, lose } => {
                 self.writes += 1;
@@ -214,7 +219,7 @@ impl goldenscript::Runner for Story {
                 }
                 self.topology.as_mut().expect("a backup").admitted.insert(*n, incarnation);
                 let mut next = Outbox::new();
-                dr.admitted(!*empty, self.now, &mut next);
+                dr.admitted(&self.topology()?.clone(), self.now, &mut next);
                 self.logs.entry(*n).or_default().extend(dr.take_log());
                 self.nodes.insert(*n, dr);
                 self.settle(next, None, &mut out)?;

@@ -25,7 +25,11 @@
 //!
 //! The lost keys are in every node's log (`LogRecord::Lost`), and a node
 //! that has them sends them to any admitted incarnation not known to hold
-//! them (one that restarted without its log, or joined later).
+//! them (one that restarted without its log, or joined later). Such a node
+//! serves nothing until it knows (`asking`): once admitted, it asks every
+//! other admitted node (`AskLost`), and serves once one of them handed it
+//! the lost keys or all of them said they have none (`NoLost`); a failover
+//! finishes only once every node admitted at the time took them.
 //!
 //! The notes are in the logs of the stabilizer replicas that keep them
 //! (`LogRecord::Noted`, written before the replica answers), so a backup
@@ -42,10 +46,11 @@
 //! other replica answered (then it holds every note any of them holds:
 //! all a note lost with fewer than a majority of the replicas' notes at
 //! once; after the whole site restarted from logs not synced throughout,
-//! that is how the replicas become whole again). It logs that
-//! (`LogRecord::NotesWhole`), so its next restart from a synced log needs
-//! no catching up. The first process of every replica, at the site's
-//! birth, is whole: no earlier one acknowledged anything.
+//! that is how the replicas become whole again, and how they are at the
+//! site's birth: a process cannot tell its node's first start from a
+//! restart without data, the supervisor putting both in the chains). It
+//! logs that (`LogRecord::NotesWhole`), so its next restart from a synced
+//! log needs no catching up.
 
 use crate::hlc::Timestamp;
 use crate::message::geo::{DrPair, Note};
@@ -106,12 +111,14 @@ pub struct Dr {
     /// This process holds every note its replica ever acknowledged
     /// (always, for a node that is no stabilizer replica of the backup).
     whole: bool,
-    /// Restored from a log at start (so not the replica's first process).
-    restored: bool,
     /// Admitted once already (`admitted` acts on the first admission).
     admitted: bool,
     /// While not whole and admitted.
     catching_up: Option<CatchUp>,
+    /// At the backup, from the first admission of a process that may have
+    /// missed a failover until it knows: the other nodes that said they did
+    /// not fail over, and when those that did not answer were last asked.
+    asking: Option<(BTreeSet<NodeId>, u64)>,
 }
 
 /// A replica catching up on the notes its earlier process acknowledged.
@@ -192,32 +199,65 @@ impl Dr {
             told_ms: 0,
             log: Vec::new(),
             whole: !(site == pair.backup && replicas.contains(&me)),
-            restored: false,
             admitted: false,
             catching_up: None,
+            asking: None,
         }
     }
 
     /// This process started from a log (`whole`: synced throughout, and
     /// its notes were whole when it was written: `LogRecord::NotesWhole`).
     pub fn recovered(&mut self, whole: bool) {
-        self.restored = true;
         self.whole |= whole;
     }
 
-    /// The configuration admits this process (`in_chains`: as a member of
-    /// chains). The first time: the replica's first process, at the site's
-    /// birth (never restored, admitted in place), is whole; one that lost
-    /// what an earlier process noted starts catching up.
-    pub fn admitted(&mut self, in_chains: bool, now_ms: u64, out: &mut Outbox) {
-        if std::mem::replace(&mut self.admitted, true) || self.whole {
+    /// The configuration admits this process. The first time, at the
+    /// backup: unless its log says the site failed over, it asks whether
+    /// it did (`asking`: a process cannot tell whether it is its node's
+    /// first, and one that missed a failover would serve lost keys older);
+    /// a stabilizer replica that is not whole starts catching up (at the
+    /// site's birth too: there every other replica answers at once).
+    pub fn admitted(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
+        if std::mem::replace(&mut self.admitted, true) || !self.is_backup() {
             return;
         }
-        if !self.restored && in_chains {
-            return self.become_whole();
+        if self.lost.is_none() {
+            self.asking = Some((BTreeSet::new(), now_ms));
+            self.ask_lost(topology, out);
         }
-        self.catching_up = Some(CatchUp { asked_ms: now_ms, ..CatchUp::default() });
-        self.ask_notes(out);
+        if !self.whole {
+            self.catching_up = Some(CatchUp { asked_ms: now_ms, ..CatchUp::default() });
+            self.ask_notes(out);
+            self.caught_up();
+        }
+    }
+
+    /// Whether this node must serve nothing yet: it does not know whether
+    /// its site failed over (`admitted`).
+    pub fn asking(&self) -> bool {
+        self.asking.is_some()
+    }
+
+    /// Asks the other admitted nodes that have not answered whether they
+    /// failed over.
+    fn ask_lost(&mut self, topology: &Topology, out: &mut Outbox) {
+        let Some((answered, _)) = &self.asking else { return };
+        let others: Vec<NodeId> = topology.admitted.keys().copied().filter(|&n| n != self.me && !answered.contains(&n)).collect();
+        if others.is_empty() {
+            self.asking = None;
+        }
+        for n in others {
+            send(out, Dest::Node(n), Message::geo(GeoMsg::AskLost { from: self.me, incarnation: self.incarnation }));
+        }
+    }
+
+    /// Done asking once every other admitted node said no.
+    fn ask_lost_done(&mut self, topology: &Topology) {
+        if let Some((answered, _)) = &self.asking {
+            if topology.admitted.keys().all(|n| *n == self.me || answered.contains(n)) {
+                self.asking = None;
+            }
+        }
     }
 
     fn become_whole(&mut self) {
@@ -230,14 +270,19 @@ impl Dr {
     fn ask_notes(&self, out: &mut Outbox) {
         let Some(c) = &self.catching_up else { return };
         for &r in self.replicas.iter().filter(|&&r| r != self.me && !c.whole.contains(&r)) {
-            send(out, Dest::Node(r), Message::geo(GeoMsg::AskNotes { from: self.me }));
+            send(out, Dest::Node(r), Message::geo(GeoMsg::AskNotes { from: self.me, incarnation: self.incarnation }));
         }
     }
 
-    /// Whole answers a replica catching up needs: every majority of the
-    /// replicas (one that held a note this process lost) meets them.
-    fn whole_answers_needed(&self) -> usize {
-        self.replicas.len() - self.majority() + 1
+    /// Whole once enough whole replicas answered that every majority of
+    /// the replicas (one that held a note this process lost) meets one of
+    /// them, or once every other replica answered.
+    fn caught_up(&mut self) {
+        let needed = self.replicas.len() - self.majority() + 1;
+        let others = self.replicas.iter().filter(|&&r| r != self.me).count();
+        if self.catching_up.as_ref().is_some_and(|c| c.whole.len() >= needed || c.answered.len() >= others) {
+            self.become_whole();
+        }
     }
 
     /// Lost keys read back from the log at start.
@@ -262,14 +307,23 @@ impl Dr {
 
     /// Adds lost keys (the newest write of each wins), logged.
     fn take_lost(&mut self, keys: impl Iterator<Item = (Bytes, Timestamp)>) {
+        let first = self.lost.is_none();
         let lost = self.lost.get_or_insert_with(AHashMap::new);
         let mut logged = Vec::new();
         for (key, ts) in keys {
-            let had = lost.entry(key.clone()).or_insert(ts);
-            *had = (*had).max(ts);
+            match lost.get_mut(&key) {
+                Some(had) if *had >= ts => continue,
+                Some(had) => *had = ts,
+                None => {
+                    lost.insert(key.clone(), ts);
+                }
+            }
             logged.push((key, ts));
         }
-        self.log.push(LogRecord::Lost { keys: logged });
+        // Once (this node failed over), then only what is new to it.
+        if first || !logged.is_empty() {
+            self.log.push(LogRecord::Lost { keys: logged });
+        }
     }
 
     pub fn pair(&self) -> DrPair {
@@ -415,6 +469,7 @@ impl Dr {
                 self.failover_step(topology, now_ms, out);
             }
             GeoMsg::Lost { from, tag, notes } => {
+                self.asking = None;
                 self.take_lost(notes.into_iter().map(|n| (n.key, n.ts)));
                 let incarnation = self.incarnation;
                 send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, incarnation, tag }));
@@ -428,19 +483,30 @@ impl Dr {
                 f.taken.insert(from);
                 self.failover_step(topology, now_ms, out);
             }
-            GeoMsg::AskNotes { from } if self.is_backup() && self.replicas.contains(&self.me) => {
-                let notes: Vec<Note> = self.ledger.values().cloned().collect();
-                send(out, Dest::Node(from), Message::geo(GeoMsg::NotesAre { from: self.me, whole: self.whole, notes }));
+            GeoMsg::AskLost { from, incarnation } if self.is_backup() => match &self.lost {
+                Some(lost) => send(out, Dest::Node(from), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes: lost_notes(lost) })),
+                None => send(out, Dest::Node(from), Message::geo(GeoMsg::NoLost { from: self.me, incarnation })),
+            },
+            // An answer to an earlier process of this node does not count:
+            // the failover may have come after it.
+            GeoMsg::NoLost { from, incarnation } if incarnation == self.incarnation => {
+                if let Some((answered, _)) = &mut self.asking {
+                    answered.insert(from);
+                    self.ask_lost_done(topology);
+                }
             }
-            GeoMsg::NotesAre { from, whole, notes } => {
+            GeoMsg::AskNotes { from, incarnation } if self.is_backup() && self.replicas.contains(&self.me) => {
+                let notes: Vec<Note> = self.ledger.values().cloned().collect();
+                send(out, Dest::Node(from), Message::geo(GeoMsg::NotesAre { from: self.me, incarnation, whole: self.whole, notes }));
+            }
+            // Likewise: it may lack notes acknowledged since.
+            GeoMsg::NotesAre { from, incarnation, whole, notes } if incarnation == self.incarnation => {
                 if self.catching_up.is_none() {
                     return;
                 }
                 // Kept (and logged) whoever sends them: more notes only
                 // refuse more keys at a failover.
                 self.keep(notes);
-                let needed = self.whole_answers_needed();
-                let others = self.replicas.iter().filter(|&&r| r != self.me).count();
                 let Some(c) = &mut self.catching_up else { return };
                 if self.replicas.contains(&from) {
                     c.answered.insert(from);
@@ -448,9 +514,7 @@ impl Dr {
                         c.whole.insert(from);
                     }
                 }
-                if c.whole.len() >= needed || c.answered.len() >= others {
-                    self.become_whole();
-                }
+                self.caught_up();
             }
             _ => {}
         }
@@ -529,6 +593,14 @@ impl Dr {
     /// keys get them.
     pub fn tick(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
         self.mirroring.retain(|_, m| now_ms.saturating_sub(m.since_ms) < MIRROR_MS);
+        if let Some((_, asked_ms)) = &mut self.asking {
+            if now_ms.saturating_sub(*asked_ms) >= FAILOVER_RESEND_MS {
+                *asked_ms = now_ms;
+                // Nodes removed meanwhile are no longer waited for.
+                self.ask_lost_done(topology);
+                self.ask_lost(topology, out);
+            }
+        }
         if let Some(c) = &mut self.catching_up {
             if now_ms.saturating_sub(c.asked_ms) >= CATCH_UP_MS {
                 c.asked_ms = now_ms;
@@ -548,8 +620,7 @@ impl Dr {
         if untold.is_empty() {
             return;
         }
-        let notes: Vec<Note> =
-            lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 }, value_len: 0 }).collect();
+        let notes = lost_notes(lost);
         for n in untold {
             send(out, Dest::Node(n), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes: notes.clone() }));
         }
@@ -566,7 +637,11 @@ impl Dr {
     /// Whether nothing here waits on time.
     pub fn idle(&self) -> bool {
         // A node newly admitted waits to hear the lost keys (`reconfigured`).
-        self.mirroring.is_empty() && self.failover.is_none() && self.catching_up.is_none() && !(self.lost.is_some() && self.told_ms == 0)
+        self.mirroring.is_empty()
+            && self.failover.is_none()
+            && self.catching_up.is_none()
+            && self.asking.is_none()
+            && !(self.lost.is_some() && self.told_ms == 0)
     }
 
     /// After a failover: the primary's write of `key` this node must not
@@ -606,6 +681,11 @@ impl Dr {
     }
 }
 
+/// The lost keys as notes (what `Lost` carries).
+fn lost_notes(lost: &AHashMap<Bytes, Timestamp>) -> Vec<Note> {
+    lost.iter().map(|(k, &ts)| Note { partition: 0, ts, key: k.clone(), op: OpId { client: 0, seq: 0 }, value_len: 0 }).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,16 +723,19 @@ mod tests {
         away
     }
 
-    /// The backup's nodes `0..n` at the site's birth, `0..3` its replicas.
+    /// The backup's nodes `0..n` at the site's birth, `0..3` its replicas:
+    /// the replicas hear each other and are whole, nobody failed over.
     fn born(n: u16) -> Vec<Dr> {
-        (0..n)
-            .map(|i| {
-                let mut d = Dr::new(PAIR, 1, i, 1, &[0, 1, 2]);
-                d.admitted(true, 0, &mut Vec::new());
-                assert!(d.status().whole, "born whole");
-                d
-            })
-            .collect()
+        let t = topology(n);
+        let mut nodes: Vec<Dr> = (0..n).map(|i| Dr::new(PAIR, 1, i, 1, &[0, 1, 2])).collect();
+        assert!(!nodes[0].status().whole && nodes[3.min(n as usize - 1)].status().whole == (n > 3));
+        let mut out = Vec::new();
+        for d in nodes.iter_mut() {
+            d.admitted(&t, 0, &mut out);
+        }
+        settle(&mut nodes, &t, out);
+        assert!(nodes.iter().all(|d| d.status().whole && !d.asking()), "born whole");
+        nodes
     }
 
     /// After a failover, node 1 restarts (incarnation 2, admitted): an
@@ -756,7 +839,7 @@ mod tests {
         nodes[1] = Dr::new(PAIR, 1, 1, 2, &[0, 1, 2]);
         t.admitted.insert(1, 2);
         let mut out = Vec::new();
-        nodes[1].admitted(false, 0, &mut out);
+        nodes[1].admitted(&t, 0, &mut out);
         assert!(!nodes[1].status().whole);
         settle_but(&mut nodes, &t, out, &[0]);
         assert!(!nodes[1].status().whole, "one whole answer of the two it needs");
@@ -776,13 +859,13 @@ mod tests {
             }
         }
         nodes[0].recovered(true);
-        nodes[0].admitted(true, 0, &mut Vec::new());
+        nodes[0].admitted(&t, 0, &mut Vec::new());
         t.admitted.insert(0, 3);
         let mut out = Vec::new();
         nodes[1].tick(&t, CATCH_UP_MS, &mut out);
         settle(&mut nodes, &t, out);
         assert!(nodes[1].status().whole && nodes[1].status().unfinished == 1, "caught up: {:?}", nodes[1].status());
-        assert_eq!(nodes[1].take_log().last(), Some(&LogRecord::NotesWhole));
+        assert!(nodes[1].take_log().contains(&LogRecord::NotesWhole));
         let mut out = Vec::new();
         nodes[2].tick(&t, 1 + FAILOVER_RESEND_MS, &mut out);
         let away = settle(&mut nodes, &t, out);
@@ -798,7 +881,7 @@ mod tests {
         for (synced_whole, whole) in [(true, true), (false, false)] {
             let mut d = Dr::new(PAIR, 1, 1, 2, &[0, 1, 2]);
             d.recovered(synced_whole);
-            d.admitted(true, 0, &mut out);
+            d.admitted(&topology(4), 0, &mut out);
             assert_eq!(d.status().whole, whole);
         }
         // Not whole: it asks the two others.
@@ -822,18 +905,59 @@ mod tests {
             })
             .collect();
         let mut out = Vec::new();
-        nodes[0].admitted(true, 0, &mut out);
+        nodes[0].admitted(&t, 0, &mut out);
         settle(&mut nodes, &t, out);
         assert!(nodes[0].status().whole, "heard both others");
         for i in 1..3 {
             let mut out = Vec::new();
-            nodes[i].admitted(true, 0, &mut out);
+            nodes[i].admitted(&t, 0, &mut out);
             settle(&mut nodes, &t, out);
         }
         for n in &nodes {
             assert!(n.status().whole);
         }
         assert_eq!(nodes[2].status().unfinished, 3, "every note any of them kept");
+    }
+
+    /// Node 3 is down during the failover and restarts without its log
+    /// after it: until it knows whether the site failed over, it must
+    /// serve nothing (it would serve "a" older than its lost write).
+    #[test]
+    fn a_node_that_may_have_missed_a_failover_serves_nothing_until_it_knows() {
+        let mut t = topology(4);
+        let mut nodes = born(4);
+        let mut out = Vec::new();
+        nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
+        settle(&mut nodes, &t, out);
+        // Restarted before any failover: every other node says none.
+        nodes[3] = Dr::new(PAIR, 1, 3, 2, &[0, 1, 2]);
+        t.admitted.insert(3, 2);
+        let mut out = Vec::new();
+        nodes[3].admitted(&t, 0, &mut out);
+        assert!(nodes[3].asking());
+        settle(&mut nodes, &t, out);
+        assert!(!nodes[3].asking() && !nodes[3].failed_over());
+        // Down during the failover, back after it.
+        t.admitted.remove(&3);
+        let mut out = Vec::new();
+        assert!(nodes[1].start_failover(OpId { client: 9, seq: 1 }, false, &t, 0, &mut out));
+        let away = settle_but(&mut nodes, &t, out, &[3]);
+        assert!(matches!(&away[..], [crate::message::Envelope { msg: Message::FailedOver { lost: 1, .. }, .. }]), "{away:?}");
+        nodes[3] = Dr::new(PAIR, 1, 3, 3, &[0, 1, 2]);
+        t.admitted.insert(3, 3);
+        let mut out = Vec::new();
+        nodes[3].admitted(&t, 0, &mut out);
+        assert!(nodes[3].asking(), "serves nothing yet");
+        settle(&mut nodes, &t, out);
+        assert!(!nodes[3].asking());
+        assert_eq!(nodes[3].lost(b"a"), Some(Version::local(0, Timestamp::new(10, 0))));
+        // A stale answer to node 3's earlier process does not count.
+        nodes[3] = Dr::new(PAIR, 1, 3, 4, &[0, 1, 2]);
+        nodes[3].admitted(&t, 0, &mut Vec::new());
+        nodes[3].step(GeoMsg::NoLost { from: 0, incarnation: 3 }, true, Some(0), &t, 0, &mut Vec::new());
+        nodes[3].step(GeoMsg::NoLost { from: 1, incarnation: 3 }, true, Some(0), &t, 0, &mut Vec::new());
+        nodes[3].step(GeoMsg::NoLost { from: 2, incarnation: 3 }, true, Some(0), &t, 0, &mut Vec::new());
+        assert!(nodes[3].asking());
     }
 
     #[test]

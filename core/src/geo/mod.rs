@@ -738,6 +738,8 @@ impl Geo {
             | GeoMsg::Unfinished { .. }
             | GeoMsg::Lost { .. }
             | GeoMsg::LostTaken { .. }
+            | GeoMsg::AskLost { .. }
+            | GeoMsg::NoLost { .. }
             | GeoMsg::AskNotes { .. }
             | GeoMsg::NotesAre { .. } => {
                 if let Some(d) = &mut self.dr {

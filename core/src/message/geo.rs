@@ -163,10 +163,25 @@ pub enum GeoMsg {
     /// other replicas: send me yours (`NotesAre`).
     AskNotes {
         from: NodeId,
+        incarnation: u64,
+    },
+    /// A backup node admitted after a failover it may have missed -> every
+    /// other node of its site: hand me the lost keys (`Lost`), or say you
+    /// have none (`NoLost`).
+    AskLost {
+        from: NodeId,
+        incarnation: u64,
+    },
+    /// `incarnation`: of the process that asked.
+    NoLost {
+        from: NodeId,
+        incarnation: u64,
     },
     /// The notes a replica keeps, and whether they are whole.
     NotesAre {
         from: NodeId,
+        /// Of the process that asked.
+        incarnation: u64,
         whole: bool,
         notes: Vec<Note>,
     },

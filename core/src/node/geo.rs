@@ -191,6 +191,8 @@ impl Node {
             | GeoMsg::Unfinished { .. }
             | GeoMsg::Lost { .. }
             | GeoMsg::LostTaken { .. }
+            | GeoMsg::AskLost { .. }
+            | GeoMsg::NoLost { .. }
             | GeoMsg::AskNotes { .. }
             | GeoMsg::NotesAre { .. }) => {
                 let topology = self.topology.clone();
@@ -252,17 +254,23 @@ impl Node {
             geo.set_dr(pair, self.id.incarnation);
         }
         if self.admitted {
-            // Born admitted (`new`): its notes are whole.
+            // Admitted from the start (`new`, the simulator's birth): what it
+            // asks goes at its first tick.
             self.dr_admitted(0, &mut Outbox::new());
         }
     }
 
+    /// A backup node that does not know yet whether its site failed over
+    /// serves no client (`Dr::asking`): the driver tries again.
+    pub(super) fn dr_asking(&self) -> bool {
+        self.geo.as_ref().and_then(Geo::dr).is_some_and(|d| d.asking())
+    }
+
     /// This process is admitted (the first time, for `Dr::admitted`).
     pub(super) fn dr_admitted(&mut self, now_ms: u64, out: &mut Outbox) {
-        let me = self.id.me;
-        let in_chains = self.topology.chains.iter().any(|c| c.nodes.contains(&me));
+        let topology = self.topology.clone();
         if let Some(d) = self.geo.as_mut().and_then(|g| g.dr_mut()) {
-            d.admitted(in_chains, now_ms, out);
+            d.admitted(&topology, now_ms, out);
             self.log.extend(d.take_log());
         }
     }

@@ -441,7 +441,7 @@ impl Node {
         match msg {
             Message::Put(put) => {
                 let crate::message::Put { op, epoch, partition, key, change, past, ack_at, write, deps, done_below } = *put;
-                if stale(epoch) {
+                if stale(epoch) || self.dr_asking() {
                     return self.not_responsible(op, out);
                 }
                 let req = PutRequest { op, key, change, past, ack_at, write, done_below };
@@ -451,7 +451,7 @@ impl Node {
                 if leased && !self.has_lease(now.mono_ms) {
                     return send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NoLease });
                 }
-                if stale(epoch) {
+                if stale(epoch) || self.dr_asking() {
                     return self.not_responsible(op, out);
                 }
                 if self.refuse_lost(op, partition, &key, out) {
@@ -476,7 +476,7 @@ impl Node {
                 }
             }
             Message::SnapshotRead { op, epoch, at, remote, keys } => {
-                if stale(epoch) {
+                if stale(epoch) || self.dr_asking() {
                     return self.not_responsible(op, out);
                 }
                 let mut items = Vec::with_capacity(keys.len());

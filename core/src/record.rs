@@ -58,6 +58,9 @@ pub enum LogRecord {
     /// replica acknowledged, through any process, is in this log). A log
     /// synced throughout that has it needs no catching up at restart.
     NotesWhole,
+    /// This node answered a failover (`geo::dr`), which may not be over:
+    /// it notes nothing more. (`Lost` says it is over.)
+    FailingOver,
 }
 
 impl LogRecord {
@@ -69,7 +72,7 @@ impl LogRecord {
             | LogRecord::Behind { partition, .. }
             | LogRecord::Clock { partition, .. }
             | LogRecord::OnDisk { partition, .. } => *partition,
-            LogRecord::Lost { .. } | LogRecord::Noted { .. } | LogRecord::NotesWhole => 0,
+            LogRecord::Lost { .. } | LogRecord::Noted { .. } | LogRecord::NotesWhole | LogRecord::FailingOver => 0,
         }
     }
 

@@ -168,7 +168,8 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
             | LogRecord::Behind { .. }
             | LogRecord::Lost { .. }
             | LogRecord::Noted { .. }
-            | LogRecord::NotesWhole => {}
+            | LogRecord::NotesWhole
+            | LogRecord::FailingOver => {}
         }
     }
     let mut o2 = Outbox::new();
@@ -190,7 +191,8 @@ fn a_head_restored_from_a_checkpoint_forgets_the_writes_it_has() {
             | LogRecord::Behind { .. }
             | LogRecord::Lost { .. }
             | LogRecord::Noted { .. }
-            | LogRecord::NotesWhole => {}
+            | LogRecord::NotesWhole
+            | LogRecord::FailingOver => {}
         }
     }
     restored2.put(put(2, 1, 1, Condition::Always, Some("v")), 21, &mut o2);

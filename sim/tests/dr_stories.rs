@@ -214,6 +214,7 @@ impl goldenscript::Runner for Story {
                         LogRecord::Noted { notes } => dr.restore_notes(notes),
                         LogRecord::Lost { keys } => dr.restore(keys),
                         LogRecord::NotesWhole => {}
+                        LogRecord::FailingOver => dr.restore_frozen(),
                         other => return Err(format!("unexpected {other:?}").into()),
                     }
                 }

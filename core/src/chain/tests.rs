@@ -301,7 +301,8 @@ fn logged(r: &mut ChainReplica) -> Vec<Update> {
             | LogRecord::OnDisk { .. }
             | LogRecord::Lost { .. }
             | LogRecord::Noted { .. }
-            | LogRecord::NotesWhole => Vec::new(),
+            | LogRecord::NotesWhole
+            | LogRecord::FailingOver => Vec::new(),
         })
         .collect()
 }

@@ -28,8 +28,11 @@
 //! them (one that restarted without its log, or joined later). Such a node
 //! serves nothing until it knows (`asking`): once admitted, it asks every
 //! other admitted node (`AskLost`), and serves once one of them handed it
-//! the lost keys or all of them said they have none (`NoLost`); a failover
-//! finishes only once every node admitted at the time took them.
+//! the lost keys or all of them said they have none (`NoLost`; a node that
+//! answered a failover not over yet says nothing). A failover finishes
+//! only once every node admitted at the time took them; if none of those
+//! is admitted while a node asks, it serves as if there had been none,
+//! until one of them is back and tells it.
 //!
 //! The notes are in the logs of the stabilizer replicas that keep them
 //! (`LogRecord::Noted`, written before the replica answers), so a backup
@@ -97,6 +100,9 @@ pub struct Dr {
     failover: Option<Failover>,
     /// After a failover: the newest lost write of each key.
     lost: Option<AHashMap<Bytes, Timestamp>>,
+    /// Took part in a failover (answered `Failover`), which may not be
+    /// over: notes nothing more (`lost` comes once it is).
+    frozen: bool,
     /// Writes noted here (the backup's leader) so far.
     noted: u64,
     /// After a failover: the incarnation of each node known to hold the
@@ -194,6 +200,7 @@ impl Dr {
             next_tag: 0,
             failover: None,
             lost: None,
+            frozen: false,
             noted: 0,
             told: BTreeMap::new(),
             told_ms: 0,
@@ -217,13 +224,19 @@ impl Dr {
     /// first, and one that missed a failover would serve lost keys older);
     /// a stabilizer replica that is not whole starts catching up (at the
     /// site's birth too: there every other replica answers at once).
+    ///
+    /// It asks at every admission (a node removed and admitted again, the
+    /// same process, may have missed one meanwhile); it catches up once.
     pub fn admitted(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
-        if std::mem::replace(&mut self.admitted, true) || !self.is_backup() {
+        if !self.is_backup() {
             return;
         }
         if self.lost.is_none() {
             self.asking = Some((BTreeSet::new(), now_ms));
             self.ask_lost(topology, out);
+        }
+        if std::mem::replace(&mut self.admitted, true) {
+            return;
         }
         if !self.whole {
             self.catching_up = Some(CatchUp { asked_ms: now_ms, ..CatchUp::default() });
@@ -291,6 +304,11 @@ impl Dr {
         self.log.clear();
     }
 
+    /// Read back from the log at start: this node answered a failover.
+    pub fn restore_frozen(&mut self) {
+        self.frozen = true;
+    }
+
     /// What must be durable before this step's messages leave.
     pub fn take_log(&mut self) -> Vec<LogRecord> {
         std::mem::take(&mut self.log)
@@ -301,12 +319,18 @@ impl Dr {
     pub fn checkpoint(&self) -> Vec<LogRecord> {
         let notes = (!self.ledger.is_empty()).then(|| LogRecord::Noted { notes: self.ledger.values().cloned().collect() });
         let whole = (self.whole && self.is_backup() && self.replicas.contains(&self.me)).then_some(LogRecord::NotesWhole);
-        let lost = self.lost.as_ref().map(|lost| LogRecord::Lost { keys: lost.iter().map(|(k, &ts)| (k.clone(), ts)).collect() });
+        let lost = match &self.lost {
+            Some(lost) => Some(LogRecord::Lost { keys: lost.iter().map(|(k, &ts)| (k.clone(), ts)).collect() }),
+            None => self.frozen.then_some(LogRecord::FailingOver),
+        };
         notes.into_iter().chain(whole).chain(lost).collect()
     }
 
-    /// Adds lost keys (the newest write of each wins), logged.
+    /// Adds lost keys (the newest write of each wins), logged: the set a
+    /// failover that is over handed out (whole; several are merged).
     fn take_lost(&mut self, keys: impl Iterator<Item = (Bytes, Timestamp)>) {
+        self.frozen = true;
+        self.asking = None;
         let first = self.lost.is_none();
         let lost = self.lost.get_or_insert_with(AHashMap::new);
         let mut logged = Vec::new();
@@ -385,7 +409,7 @@ impl Dr {
     /// Once this node took part in a failover it notes nothing more: what
     /// it answered must be in what it gave the failover.
     fn note(&mut self, notes: Vec<Note>, now_ms: u64, out: &mut Outbox) {
-        if self.lost.is_some() {
+        if self.frozen {
             return;
         }
         let ops: Vec<(OpId, Timestamp)> = notes.iter().map(|n| (n.op, n.ts)).collect();
@@ -431,7 +455,7 @@ impl Dr {
                     send(out, Dest::Client(op.client), Message::Noted { op, ts });
                 }
             }
-            GeoMsg::Mirror { from, tag, notes } if self.is_backup() && self.replicas.contains(&self.me) && self.lost.is_none() => {
+            GeoMsg::Mirror { from, tag, notes } if self.is_backup() && self.replicas.contains(&self.me) && !self.frozen => {
                 self.keep(notes);
                 send(out, Dest::Node(from), Message::geo(GeoMsg::Mirrored { from: self.me, tag }));
             }
@@ -448,7 +472,9 @@ impl Dr {
                 // From now on this node notes nothing more (`note`; a mirror
                 // is not kept either): every write acknowledged through it
                 // is in what it answers. Logged, as the lost keys are.
-                self.take_lost(std::iter::empty());
+                if !std::mem::replace(&mut self.frozen, true) {
+                    self.log.push(LogRecord::FailingOver);
+                }
                 let notes: Vec<Note> = self.ledger.values().cloned().collect();
                 send(out, Dest::Node(from), Message::geo(GeoMsg::Unfinished { from: self.me, tag, notes, whole: self.whole }));
             }
@@ -469,7 +495,6 @@ impl Dr {
                 self.failover_step(topology, now_ms, out);
             }
             GeoMsg::Lost { from, tag, notes } => {
-                self.asking = None;
                 self.take_lost(notes.into_iter().map(|n| (n.key, n.ts)));
                 let incarnation = self.incarnation;
                 send(out, Dest::Node(from), Message::geo(GeoMsg::LostTaken { from: self.me, incarnation, tag }));
@@ -483,9 +508,14 @@ impl Dr {
                 f.taken.insert(from);
                 self.failover_step(topology, now_ms, out);
             }
-            GeoMsg::AskLost { from, incarnation } if self.is_backup() => match &self.lost {
-                Some(lost) => send(out, Dest::Node(from), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes: lost_notes(lost) })),
-                None => send(out, Dest::Node(from), Message::geo(GeoMsg::NoLost { from: self.me, incarnation })),
+            // A node whose failover is not over yet says nothing: the asker
+            // asks again (and hears the lost keys once it is).
+            GeoMsg::AskLost { from, incarnation } if self.is_backup() => match (&self.lost, self.frozen) {
+                (Some(lost), _) => {
+                    send(out, Dest::Node(from), Message::geo(GeoMsg::Lost { from: self.me, tag: 0, notes: lost_notes(lost) }))
+                }
+                (None, false) => send(out, Dest::Node(from), Message::geo(GeoMsg::NoLost { from: self.me, incarnation })),
+                (None, true) => {}
             },
             // An answer to an earlier process of this node does not count:
             // the failover may have come after it.
@@ -929,6 +959,13 @@ mod tests {
         let mut out = Vec::new();
         nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
         settle(&mut nodes, &t, out);
+        // The same process admitted again (it was removed meanwhile) asks
+        // again: a failover may have happened while it was out.
+        let mut out = Vec::new();
+        nodes[2].admitted(&t, 0, &mut out);
+        assert!(nodes[2].asking());
+        settle(&mut nodes, &t, out);
+        assert!(!nodes[2].asking());
         // Restarted before any failover: every other node says none.
         nodes[3] = Dr::new(PAIR, 1, 3, 2, &[0, 1, 2]);
         t.admitted.insert(3, 2);
@@ -958,6 +995,59 @@ mod tests {
         nodes[3].step(GeoMsg::NoLost { from: 1, incarnation: 3 }, true, Some(0), &t, 0, &mut Vec::new());
         nodes[3].step(GeoMsg::NoLost { from: 2, incarnation: 3 }, true, Some(0), &t, 0, &mut Vec::new());
         assert!(nodes[3].asking());
+    }
+
+    /// Node 3 restarts empty and is admitted in a configuration the
+    /// others do not hold yet, while a failover (on theirs, without node 3)
+    /// is under way: the nodes that answered `Failover` but do not have the
+    /// lost keys yet must not tell node 3 there are none, nor count it as
+    /// told. Once the failover is over, node 3 learns the lost keys.
+    #[test]
+    fn a_node_asking_during_a_failover_learns_the_lost_keys_once_it_is_over() {
+        let new = topology(4);
+        let mut old = new.clone();
+        old.admitted.remove(&3);
+        let mut nodes = born(4);
+        let mut out = Vec::new();
+        nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &new, 0, &mut out);
+        settle(&mut nodes, &new, out);
+        nodes[3] = Dr::new(PAIR, 1, 3, 2, &[0, 1, 2]);
+        let mut views = [old.clone(), old.clone(), old.clone(), new.clone()];
+        // Delivers on each node's own configuration; holds what `hold` says.
+        let deliver = |nodes: &mut [Dr], views: &[Topology], mut out: Outbox, hold: &dyn Fn(&GeoMsg) -> bool| {
+            let (mut away, mut held) = (Vec::new(), Vec::new());
+            while let Some(e) = out.pop() {
+                match (e.to, e.msg) {
+                    (Dest::Node(n), Message::Geo(g)) if hold(&g) => {
+                        held.push(crate::message::Envelope { to: Dest::Node(n), msg: Message::Geo(g) })
+                    }
+                    (Dest::Node(n), Message::Geo(g)) => nodes[n as usize].step(*g, true, Some(0), &views[n as usize], 0, &mut out),
+                    (to, msg) => away.push(crate::message::Envelope { to, msg }),
+                }
+            }
+            (away, held)
+        };
+        let mut out = Vec::new();
+        assert!(nodes[1].start_failover(OpId { client: 9, seq: 1 }, false, &views[1], 0, &mut out));
+        let (_, unfinished) = deliver(&mut nodes, &views, out, &|g| matches!(g, GeoMsg::Unfinished { .. }));
+        let mut out = Vec::new();
+        nodes[3].admitted(&views[3], 0, &mut out);
+        deliver(&mut nodes, &views, out, &|_| false);
+        assert!(nodes[3].asking(), "no node may say nothing is lost while its failover is not over");
+        let (away, _) = deliver(&mut nodes, &views, unfinished, &|_| false);
+        assert!(matches!(&away[..], [crate::message::Envelope { msg: Message::FailedOver { lost: 1, .. }, .. }]), "{away:?}");
+        // Everyone holds the new configuration; node 3 asks again.
+        for v in views.iter_mut() {
+            *v = new.clone();
+        }
+        let mut out = Vec::new();
+        for (n, d) in nodes.iter_mut().enumerate() {
+            d.reconfigured(&views[n]);
+            d.tick(&views[n], 10_000, &mut out);
+        }
+        deliver(&mut nodes, &views, out, &|_| false);
+        assert!(!nodes[3].asking());
+        assert_eq!(nodes[3].lost(b"a"), Some(Version::local(0, Timestamp::new(10, 0))));
     }
 
     #[test]

@@ -309,6 +309,11 @@ impl Node {
                     }
                 }
                 LogRecord::NotesWhole => notes_whole = true,
+                LogRecord::FailingOver => {
+                    if let Some(d) = self.geo.as_mut().and_then(Geo::dr_mut) {
+                        d.restore_frozen();
+                    }
+                }
             }
         }
         if report.records > 0 {

@@ -44,16 +44,22 @@
 //! replicas, since an acknowledged note may have been kept by that
 //! earlier process and one other replica only. It catches up by asking
 //! the other replicas for their notes (`AskNotes`, `NotesAre`), and is
-//! whole once enough whole replicas answered that every majority holding
-//! a note meets one of them (`replicas - majority + 1`), or once every
-//! other replica answered (then it holds every note any of them holds:
-//! all a note lost with fewer than a majority of the replicas' notes at
-//! once; after the whole site restarted from logs not synced throughout,
-//! that is how the replicas become whole again, and how they are at the
-//! site's birth: a process cannot tell its node's first start from a
-//! restart without data, the supervisor putting both in the chains). It
-//! logs that (`LogRecord::NotesWhole`), so its next restart from a synced
-//! log needs no catching up.
+//! whole once
+//! * enough whole replicas answered that every majority holding a note
+//!   meets one of them (`replicas - majority + 1`);
+//! * or every other replica answered: it then holds every note any of
+//!   them holds, all a note lost with fewer than a majority of the
+//!   replicas' notes at once. That is how replicas are whole at the site's
+//!   birth (a process cannot tell its node's first start from a restart
+//!   without data: the supervisor puts both straight in the chains), and
+//!   again after the whole site restarted from logs not synced throughout;
+//! * or the site has applied the primary past every note an earlier
+//!   process could have acknowledged (the admission time plus twice the
+//!   clock skew a session may bring, about two minutes, while the primary
+//!   ships): the way on when another replica is gone for good.
+//!
+//! It logs that (`LogRecord::NotesWhole`), so its next restart from a
+//! synced log needs no catching up.
 
 use crate::hlc::Timestamp;
 use crate::message::geo::{DrPair, Note};
@@ -134,6 +140,9 @@ struct CatchUp {
     answered: BTreeSet<NodeId>,
     whole: BTreeSet<NodeId>,
     asked_ms: u64,
+    /// Every note an earlier process could have acknowledged is older than
+    /// this: once the site applied the primary past it, none is needed.
+    past: Timestamp,
 }
 
 #[derive(Debug)]
@@ -239,7 +248,11 @@ impl Dr {
             return;
         }
         if !self.whole {
-            self.catching_up = Some(CatchUp { asked_ms: now_ms, ..CatchUp::default() });
+            // A note's timestamp is the primary head's clock, at most
+            // `MAX_CLOCK_SKEW_MS` ahead of its wall clock (sessions cannot
+            // drag it further), and that wall clock as far off this one.
+            let past = Timestamp::new(now_ms + 2 * crate::hlc::MAX_CLOCK_SKEW_MS, 0);
+            self.catching_up = Some(CatchUp { asked_ms: now_ms, past, ..CatchUp::default() });
             self.ask_notes(out);
             self.caught_up();
         }
@@ -393,11 +406,17 @@ impl Dr {
 
     /// The site has applied the primary up to `applied` (its `SiteTime`):
     /// the notes up to it are done.
+    /// A replica catching up is whole once that passes every note its
+    /// earlier processes could have acknowledged (a way on when another
+    /// replica is gone for good and the primary still ships).
     pub fn prune(&mut self, applied: Timestamp) {
         if applied <= self.applied {
             return;
         }
         self.applied = applied;
+        if self.catching_up.as_ref().is_some_and(|c| applied >= c.past) {
+            self.become_whole();
+        }
         let later = self.ledger.split_off(&(applied, PartitionId::MAX));
         for n in std::mem::replace(&mut self.ledger, later).into_values() {
             self.ledger_bytes -= n.bytes();
@@ -1048,6 +1067,27 @@ mod tests {
         deliver(&mut nodes, &views, out, &|_| false);
         assert!(!nodes[3].asking());
         assert_eq!(nodes[3].lost(b"a"), Some(Version::local(0, Timestamp::new(10, 0))));
+    }
+
+    /// Replica 1 restarts empty and replica 0 is gone for good: once the
+    /// site has applied the primary past anything replica 1's earlier
+    /// process could have acknowledged, it is whole without hearing 0.
+    #[test]
+    fn a_replica_whose_peer_is_gone_for_good_is_whole_once_the_site_applied_past_its_restart() {
+        let t = topology(4);
+        let mut nodes = born(4);
+        nodes[1] = Dr::new(PAIR, 1, 1, 2, &[0, 1, 2]);
+        let admitted_ms = 50_000;
+        let mut out = Vec::new();
+        nodes[1].admitted(&t, admitted_ms, &mut out);
+        settle_but(&mut nodes, &t, out, &[0]);
+        assert!(!nodes[1].status().whole);
+        let past = admitted_ms + 2 * crate::hlc::MAX_CLOCK_SKEW_MS;
+        nodes[1].prune(Timestamp::new(past - 1, 0));
+        assert!(!nodes[1].status().whole, "a note acknowledged before its restart may still be open");
+        nodes[1].prune(Timestamp::new(past, 0));
+        assert!(nodes[1].status().whole);
+        assert!(nodes[1].take_log().contains(&LogRecord::NotesWhole));
     }
 
     #[test]

@@ -46,13 +46,15 @@ fn a_short_three_site_torture_run_keeps_causality_across_sites() {
 }
 
 /// Site 1 backs up site 0 (`--dr`): faults on both, then site 0 is lost
-/// under writers and site 1 fails over; every key site 0 acknowledged
-/// reads complete or is refused, none older.
+/// under writers and site 1 fails over without one of its nodes, which
+/// comes back empty after it; every key site 0 acknowledged reads
+/// complete or is refused through every node of site 1, none older.
 #[test]
 fn a_short_disaster_recovery_torture_run_loses_nothing_acknowledged() {
     let stdout =
         torture(&["--seed", "101", "--sites", "2", "--nodes", "3", "--partitions", "8", "--clients", "4", "--seconds", "8", "--dr"]);
     assert!(stdout.contains("causal+ holds") && stdout.contains("site 1 failed over") && stdout.contains("none older"), "{stdout}");
+    assert!(stdout.contains("back empty after it"), "{stdout}");
 }
 
 /// An erasure-coded site (ec:3+2) struck three times, one more than M: a

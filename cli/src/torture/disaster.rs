@@ -6,6 +6,10 @@
 //! site 1: it must read that value or a later one of its writer, or be
 //! refused (`-LOST`: site 1 knew of the write but never got its value).
 //! Anything else (an older value, nil) is an acknowledged write lost.
+//!
+//! One node of site 1 is killed before the failover and comes back after
+//! it with an empty disk: it must catch up on the notes and learn the lost
+//! keys before it serves the reads (it is read through like the others).
 
 use super::{order, Failure};
 use crate::resp_client::RespConn;
@@ -65,11 +69,16 @@ pub async fn run(sites: &mut [Site], clients: usize) -> Result<String, Failure> 
     if acked.is_empty() {
         return Err(Failure::Failed("no write was acknowledged at site 0 before the disaster".into()));
     }
+    // A backup node misses the failover, and comes back empty after it.
+    let missed = sites[1].shape.nodes - 1;
+    sites[1].kill(missed);
+    let lost = failover(&sites[1]).await?;
+    sites[1].wipe(missed);
+    sites[1].restart(missed).map_err(Failure::Failed)?;
     let backup = &sites[1];
-    let lost = failover(backup).await?;
     let (mut complete, mut refused) = (0, 0);
     for node in 0..backup.shape.nodes {
-        let mut c = RespConn::connect(&backup.addr(node)).await?;
+        let mut c = connect(&backup.addr(node)).await?;
         for (key, value) in &acked {
             let want = order(value).expect("a torture value");
             match read(&mut c, key).await {
@@ -85,7 +94,7 @@ pub async fn run(sites: &mut [Site], clients: usize) -> Result<String, Failure> 
         }
     }
     Ok(format!(
-        "site 0 lost with {} keys acknowledged, site 1 failed over ({lost} keys refused): {complete} reads complete, {refused} refused, none older",
+        "site 0 lost with {} keys acknowledged, site 1 failed over without its node {missed}, back empty after it ({lost} keys refused): {complete} reads complete, {refused} refused, none older",
         acked.len()
     ))
 }
@@ -107,6 +116,18 @@ async fn failover(backup: &Site) -> Result<i64, Failure> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(Failure::Unavailable(format!("the backup did not fail over within 60 s: {last}")))
+}
+
+/// A connection to `addr`, tried again while the node starts.
+async fn connect(addr: &str) -> Result<RespConn, Failure> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match RespConn::connect(addr).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(Failure::Unavailable(format!("cannot connect to {addr}: {e}"))),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 /// A causal GET, tried again while it times out (the site healing).

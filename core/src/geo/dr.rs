@@ -32,7 +32,15 @@
 //! answered a failover not over yet says nothing). A failover finishes
 //! only once every node admitted at the time took them; if none of those
 //! is admitted while a node asks, it serves as if there had been none,
-//! until one of them is back and tells it.
+//! until one of them is back and tells it. A node that answered a failover
+//! is *frozen* (notes nothing more, `LogRecord::FailingOver`) until the
+//! lost keys come; if they do not (the node running it crashed, the site
+//! restarted whole), it runs the failover again itself (`RESUME_MS`).
+//!
+//! Known limit: a log is trusted as whole when this process syncs every
+//! record (`fsync=always`), whatever the process that wrote it did: keep
+//! `--fsync` the same across a crash (a log of `everysec` restarted with
+//! `always` may lack notes its replica acknowledged).
 //!
 //! The notes are in the logs of the stabilizer replicas that keep them
 //! (`LogRecord::Noted`, written before the replica answers), so a backup
@@ -79,6 +87,12 @@ const FAILOVER_RESEND_MS: u64 = 200;
 /// After a failover, nodes not known to hold the lost keys get them this
 /// often.
 const TELL_MS: u64 = 1_000;
+/// A node that answered a failover which is not over this long after
+/// (its runner gone: crashed, or the whole site restarted) runs it again
+/// itself, node `n` after `n` more seconds (the first usually finishes it
+/// for all): nobody else would hand out the lost keys, and nodes asking
+/// whether there was one would wait for them.
+const RESUME_MS: u64 = 5_000;
 /// A replica catching up asks the replicas that have not answered whole
 /// again this often.
 const CATCH_UP_MS: u64 = 1_000;
@@ -107,8 +121,10 @@ pub struct Dr {
     /// After a failover: the newest lost write of each key.
     lost: Option<AHashMap<Bytes, Timestamp>>,
     /// Took part in a failover (answered `Failover`), which may not be
-    /// over: notes nothing more (`lost` comes once it is).
+    /// over: notes nothing more (`lost` comes once it is). Since when (set
+    /// at the first tick after a restart).
     frozen: bool,
+    frozen_ms: Option<u64>,
     /// Writes noted here (the backup's leader) so far.
     noted: u64,
     /// After a failover: the incarnation of each node known to hold the
@@ -154,7 +170,8 @@ struct Mirroring {
 
 #[derive(Debug)]
 struct Failover {
-    op: OpId,
+    /// The operator's request (none: resumed by this node, `tick`).
+    op: Option<OpId>,
     tag: u64,
     /// Nodes whose notes are in.
     heard: BTreeSet<NodeId>,
@@ -190,6 +207,10 @@ pub struct DrStatus {
     /// This node holds every note its replica acknowledged (no: it lost
     /// them in a restart and is catching up from the other replicas).
     pub whole: bool,
+    /// It answered a failover that is not over yet.
+    pub failing_over: bool,
+    /// It serves no client until it knows whether the site failed over.
+    pub asking: bool,
 }
 
 impl Dr {
@@ -210,6 +231,7 @@ impl Dr {
             failover: None,
             lost: None,
             frozen: false,
+            frozen_ms: None,
             noted: 0,
             told: BTreeMap::new(),
             told_ms: 0,
@@ -492,6 +514,7 @@ impl Dr {
                 // is not kept either): every write acknowledged through it
                 // is in what it answers. Logged, as the lost keys are.
                 if !std::mem::replace(&mut self.frozen, true) {
+                    self.frozen_ms = Some(now_ms);
                     self.log.push(LogRecord::FailingOver);
                 }
                 let notes: Vec<Note> = self.ledger.values().cloned().collect();
@@ -573,6 +596,10 @@ impl Dr {
     /// from client `op`); `FailedOver` answers once every node of the site
     /// has the lost keys. Only at the backup.
     pub fn start_failover(&mut self, op: OpId, force: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
+        self.run_failover(Some(op), force, topology, now_ms, out)
+    }
+
+    fn run_failover(&mut self, op: Option<OpId>, force: bool, topology: &Topology, now_ms: u64, out: &mut Outbox) -> bool {
         if !self.is_backup() {
             return false;
         }
@@ -626,7 +653,10 @@ impl Dr {
         if all_taken {
             let f = self.failover.take().expect("running");
             let lost = f.lost.map_or(0, |l| l.len() as u64);
-            return send(out, Dest::Client(f.op.client), Message::FailedOver { op: f.op, lost });
+            if let Some(op) = f.op {
+                send(out, Dest::Client(op.client), Message::FailedOver { op, lost });
+            }
+            return;
         }
         if resend || f.sent_ms == 0 {
             f.sent_ms = now_ms.max(1);
@@ -642,6 +672,13 @@ impl Dr {
     /// keys get them.
     pub fn tick(&mut self, topology: &Topology, now_ms: u64, out: &mut Outbox) {
         self.mirroring.retain(|_, m| now_ms.saturating_sub(m.since_ms) < MIRROR_MS);
+        if self.frozen && self.lost.is_none() && self.failover.is_none() && self.admitted {
+            let since = *self.frozen_ms.get_or_insert(now_ms);
+            if now_ms.saturating_sub(since) >= RESUME_MS + 1_000 * u64::from(self.me) {
+                self.frozen_ms = Some(now_ms);
+                self.run_failover(None, false, topology, now_ms, out);
+            }
+        }
         if let Some((_, asked_ms)) = &mut self.asking {
             if now_ms.saturating_sub(*asked_ms) >= FAILOVER_RESEND_MS {
                 *asked_ms = now_ms;
@@ -688,6 +725,7 @@ impl Dr {
         // A node newly admitted waits to hear the lost keys (`reconfigured`).
         self.mirroring.is_empty()
             && self.failover.is_none()
+            && !(self.frozen && self.lost.is_none())
             && self.catching_up.is_none()
             && self.asking.is_none()
             && !(self.lost.is_some() && self.told_ms == 0)
@@ -726,6 +764,8 @@ impl Dr {
             noted: self.noted,
             lost: self.lost.as_ref().map(|l| l.len()),
             whole: self.whole,
+            failing_over: self.frozen && self.lost.is_none(),
+            asking: self.asking.is_some(),
         }
     }
 }
@@ -1088,6 +1128,43 @@ mod tests {
         nodes[1].prune(Timestamp::new(past, 0));
         assert!(nodes[1].status().whole);
         assert!(nodes[1].take_log().contains(&LogRecord::NotesWhole));
+    }
+
+    /// The node running a failover dies after the others answered it:
+    /// they are frozen, nobody would hand out the lost keys, and node 1,
+    /// back empty, would ask forever. The first of them runs it again.
+    #[test]
+    fn a_failover_whose_runner_died_is_run_again_by_a_node_that_answered_it() {
+        let mut t = topology(4);
+        let mut nodes = born(4);
+        let mut out = Vec::new();
+        nodes[0].step(GeoMsg::Note { origin: 0, notes: vec![note(0, 10, "a", 1)] }, false, Some(0), &t, 0, &mut out);
+        settle(&mut nodes, &t, out);
+        let mut out = Vec::new();
+        assert!(nodes[1].start_failover(OpId { client: 9, seq: 1 }, false, &t, 0, &mut out));
+        settle_but(&mut nodes, &t, out, &[1]);
+        nodes[1] = Dr::new(PAIR, 1, 1, 2, &[0, 1, 2]);
+        t.admitted.insert(1, 2);
+        let mut out = Vec::new();
+        nodes[1].admitted(&t, 0, &mut out);
+        settle(&mut nodes, &t, out);
+        assert!(nodes[1].asking() && nodes[0].status().failing_over);
+        let tick_all = |nodes: &mut [Dr], now_ms: u64| {
+            let mut out = Vec::new();
+            for d in nodes.iter_mut() {
+                d.tick(&t, now_ms, &mut out);
+            }
+            settle(nodes, &t, out)
+        };
+        tick_all(&mut nodes, RESUME_MS - 1);
+        assert!(nodes[1].asking(), "not yet");
+        let away = tick_all(&mut nodes, RESUME_MS);
+        assert!(away.is_empty(), "nobody to answer: {away:?}");
+        for (n, d) in nodes.iter().enumerate() {
+            let s = d.status();
+            assert!(!s.asking && !s.failing_over && s.lost == Some(1), "node {n}: {s:?}");
+            assert_eq!(d.lost(b"a"), Some(Version::local(0, Timestamp::new(10, 0))));
+        }
     }
 
     #[test]

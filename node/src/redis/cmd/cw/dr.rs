@@ -9,8 +9,12 @@
 //!   their keys and values, `unfinished_oldest_ms` since the oldest was
 //!   written), whether it holds every note its replica acknowledged
 //!   (`notes_whole`: 0 while a replica restarted without its log catches
-//!   up from the others; a failover counts only whole replicas), writes
-//!   it noted while leading, and after a failover the keys it refuses.
+//!   up from the others; a failover counts only whole replicas),
+//!   `failing_over` (it answered a failover not over yet: it notes nothing
+//!   more; a node that answered runs it again after a few seconds if its
+//!   runner is gone), `asking_failover` (it serves no client until the
+//!   others told it whether the site failed over), writes it noted while
+//!   leading, and after a failover the keys it refuses.
 //! * MISSING: after a failover, the refused keys (their last acknowledged
 //!   write never arrived), as SCAN pages: the next cursor (`0` at the end)
 //!   and `key`, `write` pairs, the write as `ts@site`; at most COUNT (100)
@@ -50,6 +54,8 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
                 let oldest = s.oldest.map_or(0, |ts| now.saturating_sub(ts.physical_ms()));
                 lines.push(format!("unfinished_oldest_ms:{oldest}"));
                 lines.push(format!("notes_whole:{}", u8::from(s.whole)));
+                lines.push(format!("failing_over:{}", u8::from(s.failing_over)));
+                lines.push(format!("asking_failover:{}", u8::from(s.asking)));
                 lines.push(format!("noted:{}", s.noted));
                 lines.push(format!("failed_over:{}", u8::from(s.lost.is_some())));
                 lines.push(format!("lost_keys:{}", s.lost.unwrap_or(0)));

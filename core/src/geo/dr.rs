@@ -186,6 +186,9 @@ struct Failover {
     lost: Option<Vec<Note>>,
     taken: BTreeSet<NodeId>,
     sent_ms: u64,
+    /// When replicas that answered without whole notes were last asked
+    /// again (each answer carries all their notes: not every resend).
+    reasked_ms: u64,
 }
 
 /// What `CW.DR STATUS` shows of a node.
@@ -615,6 +618,7 @@ impl Dr {
             lost: None,
             taken: BTreeSet::new(),
             sent_ms: 0,
+            reasked_ms: now_ms,
         });
         self.failover_step(topology, now_ms, out);
         true
@@ -636,7 +640,11 @@ impl Dr {
         if f.lost.is_none() && !all_heard {
             if resend || f.sent_ms == 0 {
                 f.sent_ms = now_ms.max(1);
-                let again = |n: &&NodeId| !f.heard.contains(n) || (self.replicas.contains(n) && !f.whole.contains(n));
+                let reask = now_ms.saturating_sub(f.reasked_ms) >= CATCH_UP_MS;
+                if reask {
+                    f.reasked_ms = now_ms;
+                }
+                let again = |n: &&NodeId| !f.heard.contains(n) || (reask && self.replicas.contains(n) && !f.whole.contains(n));
                 for &n in nodes.iter().filter(again) {
                     send(out, Dest::Node(n), Message::geo(GeoMsg::Failover { from: self.me, tag: f.tag }));
                 }
@@ -956,7 +964,7 @@ mod tests {
         assert!(nodes[1].status().whole && nodes[1].status().unfinished == 1, "caught up: {:?}", nodes[1].status());
         assert!(nodes[1].take_log().contains(&LogRecord::NotesWhole));
         let mut out = Vec::new();
-        nodes[2].tick(&t, 1 + FAILOVER_RESEND_MS, &mut out);
+        nodes[2].tick(&t, CATCH_UP_MS, &mut out);
         let away = settle(&mut nodes, &t, out);
         assert!(matches!(&away[..], [crate::message::Envelope { msg: Message::FailedOver { lost: 1, .. }, .. }]), "{away:?}");
         assert_eq!(nodes[3].lost(b"a"), Some(Version::local(0, Timestamp::new(10, 0))));

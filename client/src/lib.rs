@@ -23,7 +23,7 @@ use causeway_core::error::Error as CoreError;
 use causeway_core::message::{Change, ClientId, Greeting, Hello, Message, OpId, Welcome, BINARY_MAGIC};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::session::Session;
-use causeway_core::wire::{put_frame, take_frame};
+use causeway_core::wire::{put_frame, put_message, take_frame, take_message};
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
@@ -109,7 +109,7 @@ impl Client {
         let (tx, replies) = mpsc::unbounded_channel();
         let (mut seed, greeting) = open(addr, None, id, password, tx.clone()).await?;
         let mut out = BytesMut::new();
-        put_frame(&Message::GetTopology { op: OpId { client: id, seq: 0 } }, &mut out);
+        put_message(&Message::GetTopology { op: OpId { client: id, seq: 0 } }, &mut out);
         seed.write_all(&out).await.map_err(|e| Error::Connect(format!("{addr}: {e}")))?;
         out.clear();
         let mut driver = Driver::new(id, Arc::new(placeholder()), None, DEFAULT_TIMEOUT.as_millis() as u64);
@@ -269,7 +269,7 @@ impl Client {
         let id = self.driver.id();
         let Some((&node, w)) = self.writers.iter_mut().next() else { return };
         self.out.clear();
-        put_frame(&Message::GetTopology { op: OpId { client: id, seq: PROBE } }, &mut self.out);
+        put_message(&Message::GetTopology { op: OpId { client: id, seq: PROBE } }, &mut self.out);
         if w.write_all(&self.out).await.is_err() {
             self.writers.remove(&node);
         }
@@ -286,7 +286,7 @@ impl Client {
             }
         }
         self.out.clear();
-        put_frame(msg, &mut self.out);
+        put_message(msg, &mut self.out);
         let ok = match self.writers.get_mut(&node) {
             Some(w) => w.write_all(&self.out).await.is_ok(),
             None => false,
@@ -425,7 +425,7 @@ async fn open(
     tokio::spawn(async move {
         loop {
             loop {
-                match take_frame::<Message>(&mut buf) {
+                match take_message(&mut buf) {
                     Ok(Some(m)) => {
                         if tx.send(Incoming::Reply(m)).is_err() {
                             return;

@@ -9,6 +9,10 @@
 //!   last write. The next write first waits for all of them to be stable
 //!   (dependency stabilization), which is what keeps version divergence one
 //!   level deep.
+//!   The table also forgets entries as replies say how far their
+//!   partitions are stable (`stable_through`): a session that only writes
+//!   never reads its keys back stable, and without this kept every key it
+//!   ever wrote.
 //! * `past`: per site, the latest timestamp of that site's updates the
 //!   session has seen, directly or as a dependency of what it saw (Eunomia
 //!   §4's client vector). A write's version vector is this vector with its
@@ -23,10 +27,12 @@
 use crate::error::Error;
 use crate::hlc::Timestamp;
 use crate::message::Item;
+use crate::ring::PartitionId;
 use crate::version::{Version, VersionVector};
 use ahash::AHashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 
 /// What the session knows about one key's latest observed version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +52,24 @@ pub struct Dep {
     pub seq: u64,
 }
 
+/// A partition's keys in a session's index (`Session::tracked`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Tracked {
+    keys: VecDeque<(u64, Bytes)>,
+    /// Past this many, the keys no longer in the index are dropped.
+    limit: usize,
+}
+
+impl Tracked {
+    const MIN_LIMIT: usize = 64;
+}
+
+impl Default for Tracked {
+    fn default() -> Self {
+        Tracked { keys: VecDeque::new(), limit: Tracked::MIN_LIMIT }
+    }
+}
+
 /// One client's causal metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
@@ -57,6 +81,13 @@ pub struct Session {
     site_time: VersionVector,
     /// The id of the newest write of its own it has seen acknowledged.
     last_write: u64,
+    /// The keys of `index`, by partition, with the place of their version
+    /// in the partition's order, in the order observed: what
+    /// `stable_through` forgets. Not in a token (which keeps the format
+    /// every release reads): a resumed session's entries go as it sees
+    /// their keys stable.
+    #[serde(skip)]
+    tracked: AHashMap<PartitionId, Tracked>,
 }
 
 impl Session {
@@ -95,23 +126,38 @@ impl Session {
     }
 
     /// Records a read served at chain position `at` (§3.3.2 rules i–iii).
-    pub fn observe_read(&mut self, key: &Bytes, item: &Item, at: u8) {
+    pub fn observe_read(&mut self, partition: PartitionId, key: &Bytes, item: &Item, at: u8) {
         let Some(version) = &item.version else { return };
         self.past.merge(&version.vv);
         if item.stable {
             self.forget(key, version);
             return;
         }
-        let chain_index = match self.index.get(key) {
-            Some(seen) if seen.version == *version => seen.chain_index.max(at),
+        let (chain_index, tracked) = match self.index.get(key) {
+            Some(seen) if seen.version == *version => (seen.chain_index.max(at), seen.seq == item.seq),
             Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
-            _ => at,
+            _ => (at, false),
         };
         // Kept in a copy of its own: the key of a read may be a slice of a
         // connection's read buffer, which this would keep whole.
         let key = Bytes::copy_from_slice(key);
         self.note_accessed(&key, Dep { version: version.clone(), seq: item.seq });
-        self.index.insert(key, Seen { version: version.clone(), seq: item.seq, chain_index });
+        self.index.insert(key.clone(), Seen { version: version.clone(), seq: item.seq, chain_index });
+        if !tracked {
+            self.track(partition, item.seq, key);
+        }
+    }
+
+    fn track(&mut self, partition: PartitionId, seq: u64, key: Bytes) {
+        let tracked = self.tracked.entry(partition).or_default();
+        tracked.keys.push_back((seq, key));
+        if tracked.keys.len() > tracked.limit {
+            // Keys read or written again are here more than once: keep
+            // only what the index still holds (at most twice that, so the
+            // work is constant per key on average).
+            tracked.keys.retain(|(seq, key)| self.index.get(key).is_some_and(|s| s.seq == *seq));
+            tracked.limit = (2 * tracked.keys.len()).max(Tracked::MIN_LIMIT);
+        }
     }
 
     /// Records this session's own write `write` (its id), acknowledged at
@@ -119,11 +165,22 @@ impl Session {
     /// acknowledgement of an earlier write of a pipeline may arrive after a
     /// later one's: the later write was ordered once the earlier one was
     /// stable, so the earlier one adds nothing to wait for.
-    pub fn observe_write(&mut self, key: &Bytes, version: &Version, seq: u64, chain_index: u8, stable: bool, write: u64) {
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe_write(
+        &mut self,
+        partition: PartitionId,
+        key: &Bytes,
+        version: &Version,
+        seq: u64,
+        chain_index: u8,
+        stable: bool,
+        write: u64,
+    ) {
         self.past.merge(&version.vv);
         if write < self.last_write {
             if !stable && self.index.get(key).is_none_or(|s| s.version < *version) {
                 self.index.insert(key.clone(), Seen { version: version.clone(), seq, chain_index });
+                self.track(partition, seq, key.clone());
             }
             return;
         }
@@ -134,6 +191,26 @@ impl Session {
         } else {
             self.index.insert(key.clone(), Seen { version: version.clone(), seq, chain_index });
             self.accessed.insert(key.clone(), Dep { version: version.clone(), seq });
+            self.track(partition, seq, key.clone());
+        }
+    }
+
+    /// A replica of `partition` said every update of it up to `seq` is
+    /// stable: the session's writes there up to `seq` constrain nothing
+    /// any more.
+    pub fn stable_through(&mut self, partition: PartitionId, seq: u64) {
+        let Some(tracked) = self.tracked.get_mut(&partition) else { return };
+        while tracked.keys.front().is_some_and(|(at, _)| *at <= seq) {
+            let (_, key) = tracked.keys.pop_front().expect("a front");
+            if self.index.get(&key).is_some_and(|s| s.seq <= seq) {
+                self.index.remove(&key);
+            }
+            if self.accessed.get(&key).is_some_and(|d| d.seq <= seq) {
+                self.accessed.remove(&key);
+            }
+        }
+        if tracked.keys.is_empty() {
+            self.tracked.remove(&partition);
         }
     }
 
@@ -220,19 +297,19 @@ mod tests {
     fn read_rules_follow_the_paper() {
         let mut s = Session::default();
         let k = Bytes::from("k");
-        s.observe_read(&k, &item(10, false), 1);
+        s.observe_read(0, &k, &item(10, false), 1);
         assert_eq!(s.read_limit(b"k"), Some(1));
         // Same version seen deeper: index grows (rule ii).
-        s.observe_read(&k, &item(10, false), 2);
+        s.observe_read(0, &k, &item(10, false), 2);
         assert_eq!(s.read_limit(b"k"), Some(2));
         // A newer version: index is where it was read (rule iii).
-        s.observe_read(&k, &item(20, false), 0);
+        s.observe_read(0, &k, &item(20, false), 0);
         assert_eq!(s.read_limit(b"k"), Some(0));
         // An older version never replaces a newer one.
-        s.observe_read(&k, &item(10, false), 2);
+        s.observe_read(0, &k, &item(10, false), 2);
         assert_eq!(s.min_version(b"k"), Some(&v(20)));
         // Stable: no constraint left (rule i).
-        s.observe_read(&k, &item(20, true), 2);
+        s.observe_read(0, &k, &item(20, true), 2);
         assert_eq!(s.read_limit(b"k"), None);
         assert_eq!(s.dependencies().count(), 0);
         assert_eq!(s.max_ts(), Timestamp::new(20, 0));
@@ -241,10 +318,10 @@ mod tests {
     #[test]
     fn a_write_resets_accessed_objects_to_itself() {
         let mut s = Session::default();
-        s.observe_read(&Bytes::from("a"), &item(10, false), 0);
-        s.observe_read(&Bytes::from("b"), &item(11, false), 0);
+        s.observe_read(0, &Bytes::from("a"), &item(10, false), 0);
+        s.observe_read(0, &Bytes::from("b"), &item(11, false), 0);
         assert_eq!(s.dependencies().count(), 2);
-        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false, 1);
+        s.observe_write(0, &Bytes::from("c"), &v(12), 12, 1, false, 1);
         let deps: Vec<_> = s.dependencies().map(|(k, _)| k.clone()).collect();
         assert_eq!(deps, vec![Bytes::from("c")]);
         // The reads still constrain where those keys may be read.
@@ -254,8 +331,8 @@ mod tests {
     #[test]
     fn an_earlier_write_acknowledged_late_does_not_reset_accessed_objects() {
         let mut s = Session::default();
-        s.observe_write(&Bytes::from("b"), &v(13), 13, 1, false, 2);
-        s.observe_write(&Bytes::from("a"), &v(12), 12, 1, false, 1);
+        s.observe_write(0, &Bytes::from("b"), &v(13), 13, 1, false, 2);
+        s.observe_write(0, &Bytes::from("a"), &v(12), 12, 1, false, 1);
         let deps: Vec<_> = s.dependencies().map(|(k, _)| k.clone()).collect();
         assert_eq!(deps, vec![Bytes::from("b")], "the later write waited for the earlier one to be stable");
         assert_eq!(s.read_limit(b"a"), Some(1));
@@ -263,13 +340,56 @@ mod tests {
     }
 
     #[test]
+    fn a_session_that_only_writes_forgets_its_writes_once_told_they_are_stable() {
+        let mut s = Session::default();
+        for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+            s.observe_write(7, &Bytes::from(key), &v(10 + i as u64), 10 + i as u64, 1, false, i as u64 + 1);
+        }
+        s.observe_write(8, &Bytes::from("d"), &v(20), 3, 1, false, 4);
+        assert_eq!(s.tracked_keys(), 4);
+        // Another partition's watermark says nothing of partition 7.
+        s.stable_through(9, 100);
+        assert_eq!(s.tracked_keys(), 4);
+        s.stable_through(7, 11);
+        assert_eq!((s.read_limit(b"a"), s.read_limit(b"b"), s.read_limit(b"c")), (None, None, Some(1)));
+        assert_eq!(s.dependencies().count(), 1, "the last write, c, is still a dependency");
+        // A key written again keeps its newer version.
+        s.observe_write(7, &Bytes::from("c"), &v(30), 15, 1, false, 5);
+        s.stable_through(7, 12);
+        assert_eq!(s.min_version(b"c"), Some(&v(30)));
+        s.stable_through(7, 15);
+        s.stable_through(8, 3);
+        assert_eq!(s.tracked_keys(), 0);
+        assert_eq!(s.dependencies().count(), 0);
+        assert!(s.tracked.is_empty());
+    }
+
+    #[test]
+    fn keys_read_again_and_again_are_tracked_a_bounded_number_of_times() {
+        let mut s = Session::default();
+        for i in 0..10_000u64 {
+            let key = Bytes::from(format!("k{}", i % 3));
+            s.observe_read(5, &key, &item(10 + i, false), 0);
+        }
+        assert_eq!(s.tracked_keys(), 3);
+        assert!(s.tracked[&5].keys.len() <= 2 * Tracked::MIN_LIMIT, "{}", s.tracked[&5].keys.len());
+        s.stable_through(5, 10_009);
+        assert_eq!(s.tracked_keys(), 0);
+        // One unstable version read again and again (its tail lags).
+        for at in 0..10_000u64 {
+            s.observe_read(5, &Bytes::from("k"), &item(20_000, false), (at % 3) as u8);
+        }
+        assert_eq!(s.tracked[&5].keys.len(), 1);
+    }
+
+    #[test]
     fn tokens_round_trip_and_reject_garbage() {
         let mut s = Session::default();
-        s.observe_write(&Bytes::from("c"), &v(12), 12, 1, false, 1);
-        assert_eq!(Session::import(&s.export(), 12).unwrap(), s);
+        s.observe_write(0, &Bytes::from("c"), &v(12), 12, 1, false, 1);
+        assert_eq!(Session::import(&s.export(), 12).unwrap().export(), s.export());
         assert!(Session::import(b"\xff\xff garbage", 12).is_err());
         let mut future = Session::default();
-        future.observe_write(&Bytes::from("c"), &v(10_000_000), 1, 1, false, 1);
+        future.observe_write(0, &Bytes::from("c"), &v(10_000_000), 1, 1, false, 1);
         assert!(Session::import(&future.export(), 12).is_err());
     }
 }

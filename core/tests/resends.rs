@@ -242,7 +242,7 @@ fn a_stale_not_written_reply_of_the_first_attempt_wins_over_the_resend() {
     assert_eq!(*to, a);
     // a evaluates the NX: the key is there -> "not written"; the reply is
     // slow. a leaves the chain (e.g. rebalanced away) and b heads it.
-    let stale = Message::PutDone { op: *first, version: None, seq: 0, chain_index: 0, stable: false, old: None };
+    let stale = Message::PutDone { op: *first, version: None, seq: 0, chain_index: 0, stable: false, stable_through: 0, old: None };
     let t2 = topo(2, 3, 2, &[b, c]);
     let p = d.reconfigured(Arc::new(t2.clone()), 100);
     let [(to, Message::Put(put))] = &p.send[..] else { panic!("{:?}", p.send) };

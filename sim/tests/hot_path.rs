@@ -34,8 +34,8 @@ fn env(name: &str, default: usize) -> usize {
 fn over_the_wire(msg: Message) -> Message {
     thread_local!(static BUF: std::cell::RefCell<bytes::BytesMut> = std::cell::RefCell::new(bytes::BytesMut::with_capacity(1 << 16)));
     BUF.with_borrow_mut(|buf| {
-        wire::put_frame(&msg, buf);
-        wire::take_frame(buf).expect("decodes").expect("whole")
+        wire::put_message(&msg, buf);
+        wire::take_message(buf).expect("decodes").expect("whole")
     })
 }
 

@@ -1,5 +1,7 @@
-//! A bounded fuzz campaign for the binary frame decoder that peer and
-//! native-client connections run (`core::wire::take_frame`): real frames
+//! A bounded fuzz campaign for the binary frame decoders that peer and
+//! native-client connections run (`core::wire::take_frame` for handshakes,
+//! `take_message` and `take_sequenced` for messages, the hot ones encoded
+//! by hand): real frames
 //! (handshakes, chain traffic, state transfers, configurations) mutated at
 //! random and fed whole and in pieces. The decoder may refuse a frame, never
 //! panic or claim bytes it was not given. `FUZZ_ITERATIONS=n` runs longer.
@@ -10,7 +12,7 @@ use causeway_core::hlc::Timestamp;
 use causeway_core::message::{Ack, Change, Condition, DepOn, Expiry, Hello, Message, NewValue, OnDiskEntry, OpId, Put, Update, WriteDep};
 use causeway_core::ring::{NodeInfo, Shape, Topology};
 use causeway_core::version::{Version, VersionVector};
-use causeway_core::wire::{put_frame, take_frame};
+use causeway_core::wire::{encode_message, put_frame, put_message, put_sequenced, take_frame, take_message, take_sequenced};
 use causeway_sim::Rng;
 
 fn corpus() -> Vec<Vec<u8>> {
@@ -58,6 +60,15 @@ fn corpus() -> Vec<Vec<u8>> {
         })),
         Message::Get { op, epoch: 4, partition: 1, key: Bytes::from("key"), min: None, leased: true },
         Message::Forward { epoch: 4, partition: 2, updates: vec![update.clone(), update.clone()], lazy: false },
+        Message::PutDone {
+            op,
+            version: Some(Version::local(1, Timestamp::new(1_000, 2))),
+            seq: 3,
+            chain_index: 1,
+            stable: false,
+            stable_through: 2,
+            old: Some(Box::new(Bytes::from("was"))),
+        },
         Message::Transfer {
             epoch: 4,
             partition: 2,
@@ -98,7 +109,10 @@ fn corpus() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for m in &messages {
         let mut b = BytesMut::new();
-        put_frame(m, &mut b);
+        put_message(m, &mut b);
+        out.push(b.to_vec());
+        let mut b = BytesMut::new();
+        put_sequenced(300, &encode_message(m), &mut b);
         out.push(b.to_vec());
     }
     for h in [Hello::Node { id: 2, stream: 1 }, Hello::Raft(1), Hello::Client { id: 5, password: Some("secret".into()) }] {
@@ -137,13 +151,13 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
     input
 }
 
-fn decode_all<T: serde::de::DeserializeOwned>(input: &[u8], chunk: usize) {
+fn decode_all<T>(input: &[u8], chunk: usize, take: impl Fn(&mut BytesMut) -> Result<Option<T>, causeway_core::error::Error>) {
     let mut buf = BytesMut::new();
     for piece in input.chunks(chunk.max(1)) {
         buf.extend_from_slice(piece);
         loop {
             let before = buf.len();
-            match take_frame::<T>(&mut buf) {
+            match take(&mut buf) {
                 Ok(Some(_)) => assert!(buf.len() < before, "a frame consumed nothing"),
                 Ok(None) => break,
                 Err(_) => return,
@@ -160,8 +174,12 @@ fn the_frame_decoder_survives_mutated_peer_traffic() {
     for i in 0..n {
         let input = mutate(&mut rng, &corpus);
         let chunk = if i % 4 == 0 { 1 + rng.below(16) as usize } else { input.len() };
-        decode_all::<Message>(&input, chunk);
-        decode_all::<Hello>(&input, chunk);
+        decode_all(&input, chunk, take_message);
+        decode_all(&input, chunk, take_sequenced);
+        decode_all(&input, chunk, take_frame::<Message>);
+        decode_all(&input, chunk, take_frame::<Hello>);
     }
-    eprintln!("wire fuzz: {n} mutated frames, each decoded as a message and as a handshake, 0 crashes");
+    eprintln!(
+        "wire fuzz: {n} mutated frames, each decoded as a message (alone, in a peer's stream, with bincode) and as a handshake, 0 crashes"
+    );
 }

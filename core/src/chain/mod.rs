@@ -434,7 +434,7 @@ impl ChainReplica {
             // satisfies every level, instead of applying it twice.
             let chain_index = (self.chain.len() - 1) as u8;
             let (version, seq, old) = (Some(last.version.clone()), last.seq, last.old.clone());
-            let done = Message::PutDone { op: write, version, seq, chain_index, stable: true, old: old.map(Box::new) };
+            let done = Message::PutDone { op: write, version, seq, chain_index, stable: true, stable_through: 0, old: old.map(Box::new) };
             return self.when_stable(last.seq, Envelope { to: Dest::Client(write.client), msg: done }, out);
         }
         let read_back;
@@ -455,7 +455,15 @@ impl ChainReplica {
         };
         let decided = change::decide(&req.change, current, now_ms);
         let Some((value, expires_at_ms)) = decided.write else {
-            let msg = Message::PutDone { op: req.op, version: None, seq: 0, chain_index: 0, stable: false, old: decided.old.map(Box::new) };
+            let msg = Message::PutDone {
+                op: req.op,
+                version: None,
+                seq: 0,
+                chain_index: 0,
+                stable: false,
+                stable_through: 0,
+                old: decided.old.map(Box::new),
+            };
             return send(out, Dest::Client(req.op.client), msg);
         };
         let ts = self.clock.tick(now_ms, req.past.max());
@@ -524,13 +532,16 @@ impl ChainReplica {
         self.store.apply(&u.key, write, now_ms);
         self.note_reclaim(&u);
         if let Some(ack) = &u.ack {
+            // Copies: the update's bytes may be slices of the whole
+            // message it came in (`wire::decode_message`), which this
+            // record would keep for as long as it is remembered.
             let last = LastWrite {
-                key: u.key.clone(),
+                key: Bytes::copy_from_slice(&u.key),
                 write: ack.op.seq,
                 seq: u.seq,
                 version: u.version.clone(),
                 at_ms: now_ms,
-                old: ack.old.clone(),
+                old: ack.old.as_deref().map(Bytes::copy_from_slice),
             };
             self.writes.applied(ack.op.client, last, ack.done_below, self.stable);
         }
@@ -600,6 +611,7 @@ impl ChainReplica {
                     seq: u.seq,
                     chain_index: self.index as u8,
                     stable: self.is_tail(),
+                    stable_through: self.stable,
                     old: old.clone().map(Box::new),
                 };
                 send(out, Dest::Client(op.client), msg);

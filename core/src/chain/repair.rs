@@ -77,6 +77,7 @@ impl ChainReplica {
                             seq: u.seq,
                             chain_index: index as u8,
                             stable: true,
+                            stable_through: self.stable,
                             old: old.map(Box::new),
                         };
                         send(out, Dest::Client(op.client), msg);

@@ -561,7 +561,7 @@ mod tests {
         // The old reply is ignored; the new one completes the read.
         let Message::Get { op, .. } = p.send[0].1.clone() else { panic!("expected a Get") };
         let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true, expires_at_ms: None };
-        let done = d.on_message(Message::Value { op, item: Box::new(item), chain_index: 2 }, 20).done;
+        let done = d.on_message(Message::Value { op, item: Box::new(item), chain_index: 2, stable_through: 0 }, 20).done;
         assert_eq!(done[..], [Ok(Response::Read { value: Some(Bytes::from("v")), chain_index: 2, expires_at_ms: None })]);
     }
 
@@ -606,7 +606,8 @@ mod tests {
             let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
             let write = OpId { client: 7, seq: put.write };
             let version = Version::local(0, Timestamp::new(1, 0));
-            let acked = Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, old: None };
+            let acked =
+                Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, stable_through: 0, old: None };
             let noted = Message::Noted { op: write, ts: Timestamp::new(1, 0) };
             let (first, second) = match noted_first {
                 true => (noted, acked),
@@ -622,7 +623,8 @@ mod tests {
         let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected a put, got {:?}", p.send) };
         let write = OpId { client: 7, seq: put.write };
         let version = Version::local(0, Timestamp::new(1, 0));
-        let acked = Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, old: None };
+        let acked =
+            Message::PutDone { op: write, version: Some(version), seq: 1, chain_index: 1, stable: false, stable_through: 0, old: None };
         // A note of another version (an earlier attempt, ordered by a head
         // that failed) does not acknowledge this one.
         assert!(d.on_message(Message::Noted { op: write, ts: Timestamp::new(0, 5) }, 1).done.is_empty());
@@ -641,7 +643,8 @@ mod tests {
         let (op, ack_at) = (&put.op, &put.ack_at);
         assert_eq!(*ack_at, ACK_AT_TAIL, "answered by the tail");
         let version = Version::local(0, Timestamp::new(1, 0));
-        let acked = Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true, old: None };
+        let acked =
+            Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 2, stable: true, stable_through: 0, old: None };
         assert_eq!(d.on_message(acked, 1).done[..], [Ok(Response::Written(true))]);
         // The session's level is unchanged; a linearizable read goes to the tail.
         assert_eq!(d.consistency(), Consistency::Causal);
@@ -659,7 +662,7 @@ mod tests {
         let version = Version::local(0, Timestamp::new(1, 0));
         let item = Item { value: Some(Bytes::from("x")), version: Some(version), seq: 4, stable: false, expires_at_ms: None };
         let at = t.chain(t.partition_of(b"a")).index_of(*at).unwrap() as u8;
-        assert_eq!(d.on_message(Message::Value { op: *op, item: Box::new(item), chain_index: at }, 1).done.len(), 1);
+        assert_eq!(d.on_message(Message::Value { op: *op, item: Box::new(item), chain_index: at, stable_through: 0 }, 1).done.len(), 1);
         let put = Request::Put { key: Bytes::from("b"), change: Change::set(Bytes::from("v")) };
         let p = d.start_at(put, Consistency::Linearizable, 2);
         assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 4, .. })]), "got {:?}", p.send);
@@ -679,7 +682,7 @@ mod tests {
 
     fn value(op: OpId, v: &str, version: Option<Version>, seq: u64, chain_index: u8) -> Message {
         let item = Item { value: Some(Bytes::from(v.to_string())), version, seq, stable: false, expires_at_ms: None };
-        Message::Value { op, item: Box::new(item), chain_index }
+        Message::Value { op, item: Box::new(item), chain_index, stable_through: 0 }
     }
 
     #[test]
@@ -697,8 +700,10 @@ mod tests {
         // The write is acknowledged at position 1: the read starts in the
         // same step and may only go to positions 0..=1 (read-your-writes).
         let v1 = Version::local(0, Timestamp::new(1, 0));
-        let p =
-            d.on_message(Message::PutDone { op: first, version: Some(v1.clone()), seq: 1, chain_index: 1, stable: false, old: None }, 1);
+        let p = d.on_message(
+            Message::PutDone { op: first, version: Some(v1.clone()), seq: 1, chain_index: 1, stable: false, stable_through: 0, old: None },
+            1,
+        );
         assert_eq!(p.done[..], [Ok(Response::Written(true))]);
         let [(at, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the read, got {:?}", p.send) };
         assert!(chain.index_of(*at).unwrap() <= 1);
@@ -712,7 +717,10 @@ mod tests {
         let (op, deps) = (&put.op, &put.deps);
         assert_eq!(deps, &vec![WriteDep { partition: t.partition_of(b"k"), on: DepOn::Seq(1), same_key: false }]);
         let v2 = Version::local(0, Timestamp::new(4, 0));
-        let p = d.on_message(Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false, old: None }, 4);
+        let p = d.on_message(
+            Message::PutDone { op: *op, version: Some(v2.clone()), seq: 2, chain_index: 1, stable: false, stable_through: 0, old: None },
+            4,
+        );
         assert_eq!(p.done[..], [Ok(Response::Written(true))]);
         let [(_, Message::Get { op, min, .. })] = &p.send[..] else { panic!("expected the last read, got {:?}", p.send) };
         assert_eq!(min.as_deref(), Some(&v2), "the last read must see the second write");
@@ -747,6 +755,7 @@ mod tests {
             seq: ms,
             chain_index: 1,
             stable: false,
+            stable_through: 0,
             old: None,
         };
         assert!(d.on_message(ack(w2, 2), 3).done.is_empty());
@@ -774,6 +783,7 @@ mod tests {
             seq: 5,
             chain_index: 1,
             stable: false,
+            stable_through: 0,
             old: None,
         };
         assert!(d.on_message(ack, 1).done.is_empty(), "answers stay in order");
@@ -808,7 +818,7 @@ mod tests {
             stable: false,
             expires_at_ms: None,
         };
-        d.on_message(Message::Value { op: *op, item: Box::new(item), chain_index: 0 }, 1);
+        d.on_message(Message::Value { op: *op, item: Box::new(item), chain_index: 0, stable_through: 0 }, 1);
         let p = d.start(set(a, "v"), 2);
         assert!(matches!(&p.send[..], [(_, Message::WaitStable { seq: 9, .. })]), "the session waits: {:?}", p.send);
         // And a write after one in flight whose partition its head does not
@@ -855,7 +865,10 @@ mod tests {
         let [(_, Message::Put(put))] = &p.send[..] else { panic!("expected the write, got {:?}", p.send) };
         let op = &put.op;
         let version = Version::local(0, Timestamp::new(2, 0));
-        let p = d.on_message(Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 0, stable: false, old: None }, 2);
+        let p = d.on_message(
+            Message::PutDone { op: *op, version: Some(version), seq: 1, chain_index: 0, stable: false, stable_through: 0, old: None },
+            2,
+        );
         assert!(matches!(&p.send[..], [(_, Message::Get { .. })]), "got {:?}", p.send);
     }
 

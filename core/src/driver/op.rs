@@ -719,16 +719,18 @@ impl Op {
                     }
                 }
             }
-            Message::PutDone { version, seq, chain_index, stable, old, .. } => {
+            Message::PutDone { version, seq, chain_index, stable, stable_through, old, .. } => {
                 let Request::Put { key, change } = &self.request else {
                     return p;
                 };
+                let partition = cx.topology.partition_of(key);
                 if let Some(version) = &version {
                     if self.consistency != Consistency::Eventual {
                         let write = self.write.expect("a write's id is set at its start");
-                        cx.session.observe_write(key, version, seq, chain_index, stable, write);
+                        cx.session.observe_write(partition, key, version, seq, chain_index, stable, write);
                     }
                 }
+                cx.session.stable_through(partition, stable_through);
                 let written = version.as_ref().map(|v| v.ts);
                 let response = match change.get {
                     true => Response::Replaced { written: written.is_some(), old: old.map(|o| *o) },
@@ -764,18 +766,20 @@ impl Op {
                         return p;
                     }
                     for (key, item) in keys.iter().zip(&items) {
-                        cx.session.observe_read(key, item, 0);
+                        cx.session.observe_read(cx.topology.partition_of(key), key, item, 0);
                     }
                     p.done = Some(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));
                 }
             }
-            Message::Value { item, chain_index, .. } => {
+            Message::Value { item, chain_index, stable_through, .. } => {
                 let Request::Get(key) = &self.request else {
                     return p;
                 };
+                let partition = cx.topology.partition_of(key);
                 if self.consistency != Consistency::Eventual {
-                    cx.session.observe_read(key, &item, chain_index);
+                    cx.session.observe_read(partition, key, &item, chain_index);
                 }
+                cx.session.stable_through(partition, stable_through);
                 p.done = Some(Ok(Response::Read { value: item.value, chain_index, expires_at_ms: item.expires_at_ms }));
             }
             Message::Snapshot { items: got, site_time, .. } => {
@@ -796,7 +800,7 @@ impl Op {
                     };
                     if self.consistency != Consistency::Eventual {
                         for (key, item) in keys.iter().zip(&items) {
-                            cx.session.observe_read(key, item, 0);
+                            cx.session.observe_read(cx.topology.partition_of(key), key, item, 0);
                         }
                     }
                     p.done = Some(Ok(Response::Values(items.into_iter().map(|i| i.value).collect())));

@@ -115,7 +115,7 @@ mod tests {
                 self.sent.push(node);
                 if let (true, Message::Get { op, .. }) = (self.answering, msg) {
                     let item = Item { value: Some(Bytes::from("v")), version: None, seq: 0, stable: true, expires_at_ms: None };
-                    replies.push(Message::Value { op, item: Box::new(item), chain_index: 2 });
+                    replies.push(Message::Value { op, item: Box::new(item), chain_index: 2, stable_through: 0 });
                 }
             }
         }

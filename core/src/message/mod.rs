@@ -124,12 +124,19 @@ pub enum Message {
         seq: u64,
         chain_index: u8,
         stable: bool,
+        /// Every update of the partition up to this one is known to have
+        /// reached the tail, at the answering replica (0: not said). The
+        /// session forgets what it tracked of them (`Session::stable_through`).
+        stable_through: u64,
         old: Option<Box<Bytes>>,
     },
     Value {
         op: OpId,
         item: Box<Item>,
         chain_index: u8,
+        /// As `PutDone`'s: the partition's updates up to this one are
+        /// stable, at the answering replica (0: not said).
+        stable_through: u64,
     },
     Stable {
         op: OpId,

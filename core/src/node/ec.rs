@@ -113,7 +113,7 @@ impl Node {
                         Reply::Done { .. } if matches!(request, Message::Flush { .. }) => Message::Flushed { op },
                         Reply::Done { version: v, old } => {
                             let old = old.map(Box::new);
-                            Message::PutDone { op, version: v.map(version), seq: 0, chain_index: 0, stable: true, old }
+                            Message::PutDone { op, version: v.map(version), seq: 0, chain_index: 0, stable: true, stable_through: 0, old }
                         }
                         Reply::Value(found) if matches!(request, Message::KeyMemory { .. }) => {
                             // What the key takes where its value lives: the
@@ -128,7 +128,7 @@ impl Node {
                             let (value, v, expires_at_ms) =
                                 found.map_or((None, None, None), |(value, v, expires)| (Some(value), Some(version(v)), expires));
                             let item = Item { value, version: v, seq: 0, stable: true, expires_at_ms };
-                            Message::Value { op, item: Box::new(item), chain_index: 0 }
+                            Message::Value { op, item: Box::new(item), chain_index: 0, stable_through: 0 }
                         }
                         Reply::NotHere => Message::Refused { op, reason: Refusal::Unavailable { alive: 0, needed: 1 } },
                     };

@@ -462,15 +462,18 @@ impl Node {
                 if self.refuse_lost(op, partition, &key, out) {
                     return;
                 }
-                match self.with(partition, |r| r.get(&key, min.as_deref(), now_ms)) {
+                match self.with(partition, |r| r.get(&key, min.as_deref(), now_ms).map(|(item, at)| (item, at, r.stable()))) {
                     None => self.not_responsible(op, out),
                     Some(Err(reason)) => send(out, Dest::Client(op.client), Message::Refused { op, reason }),
-                    Some(Ok((item, chain_index))) => {
+                    Some(Ok((item, chain_index, stable_through))) => {
                         // A version the session already depends on needs
                         // no wait: it cannot be lost to this reader.
                         let vouched = min.is_some_and(|m| item.version.as_ref() == Some(&m));
                         let needs = if vouched { Needs::new() } else { smallvec::smallvec![(partition, item.seq)] };
-                        let reply = Envelope { to: Dest::Client(op.client), msg: Message::Value { op, item: Box::new(item), chain_index } };
+                        let reply = Envelope {
+                            to: Dest::Client(op.client),
+                            msg: Message::Value { op, item: Box::new(item), chain_index, stable_through },
+                        };
                         self.when_durable(needs, reply, out);
                     }
                 }

@@ -7,7 +7,7 @@ use crate::runtime::peer::Peer;
 use crate::runtime::server::Node;
 use bytes::BytesMut;
 use causeway_core::message::{Hello, LinkReply, Message, Welcome};
-use causeway_core::wire::{put_frame, take_frame};
+use causeway_core::wire::{put_frame, put_message, take_frame, take_message, take_sequenced};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -88,7 +88,7 @@ async fn serve_peer(node: Arc<Node>, id: Peer, stream: u64, mut rd: OwnedReadHal
     loop {
         loop {
             let before = buf.len();
-            match take_frame::<(u64, Message)>(&mut buf) {
+            match take_sequenced(&mut buf) {
                 Ok(Some((seq, msg))) => {
                     unacked += before - buf.len();
                     ack_due.get_or_insert_with(|| tokio::time::Instant::now() + ACK_DELAY);
@@ -159,9 +159,9 @@ async fn serve_client(
     out.clear();
     tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
-            put_frame(&m, &mut out);
+            put_message(&m, &mut out);
             while let Ok(m) = rx.try_recv() {
-                put_frame(&m, &mut out);
+                put_message(&m, &mut out);
             }
             if wr.write_all(&out).await.is_err() {
                 return;
@@ -171,7 +171,7 @@ async fn serve_client(
     });
     loop {
         loop {
-            match take_frame::<Message>(&mut buf) {
+            match take_message(&mut buf) {
                 Ok(Some(msg)) => {
                     node.route(vec![causeway_core::message::Envelope { to: destination(&node, &msg), msg }], None);
                 }

@@ -37,7 +37,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use causeway_core::message::{Hello, LinkReply, Message, BINARY_MAGIC};
 use causeway_core::ring::NodeId;
 use causeway_core::version::SiteId;
-use causeway_core::wire::{encode, encode_into, put_frame, take_frame};
+use causeway_core::wire::{encode_message, put_frame, put_sequenced, take_frame};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -189,7 +189,7 @@ impl Link {
     /// Queues `msg` for the peer. Never waits: it is called while routing
     /// a state machine's output.
     pub fn send(&self, msg: &Message) {
-        let frame = Bytes::from(encode(msg));
+        let frame = Bytes::from(encode_message(msg));
         let mut q = self.shared.queue.lock();
         if q.backlog() + frame.len() > HARD_LIMIT {
             drop(q);
@@ -431,17 +431,6 @@ impl Batch {
     }
 }
 
-/// Appends the frame `(seq, message)` given the message's encoding: the
-/// same bytes as `put_frame(&(seq, msg))`, without encoding it again.
-fn put_sequenced(seq: u64, message: &[u8], out: &mut BytesMut) {
-    let at = out.len();
-    out.put_u32_le(0);
-    encode_into(&seq, &mut out.writer());
-    out.extend_from_slice(message);
-    let len = (out.len() - at - 4) as u32;
-    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
-}
-
 async fn read_reply(stream: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<LinkReply> {
     loop {
         if let Some(r) = take_frame::<LinkReply>(buf).map_err(invalid)? {
@@ -530,7 +519,7 @@ mod tests {
         s.write_all(&out).await.unwrap();
         let mut got = Vec::new();
         while got.len() < n {
-            while let Some(f) = take_frame::<(u64, Message)>(&mut buf).unwrap() {
+            while let Some(f) = causeway_core::wire::take_sequenced(&mut buf).unwrap() {
                 got.push(f);
             }
             if got.len() < n {
@@ -583,7 +572,7 @@ mod tests {
     async fn next_frame(s: &mut TcpStream) -> (u64, Message) {
         let mut buf = BytesMut::new();
         loop {
-            if let Some(f) = take_frame::<(u64, Message)>(&mut buf).unwrap() {
+            if let Some(f) = causeway_core::wire::take_sequenced(&mut buf).unwrap() {
                 return f;
             }
             assert!(s.read_buf(&mut buf).await.unwrap() > 0, "still connected");
@@ -700,7 +689,7 @@ mod tests {
     #[test]
     fn sequenced_frames_decode_as_pairs() {
         let mut out = BytesMut::new();
-        put_sequenced(300, &encode(&msg(4)), &mut out);
-        assert_eq!(take_frame::<(u64, Message)>(&mut out).unwrap(), Some((300, msg(4))));
+        put_sequenced(300, &encode_message(&msg(4)), &mut out);
+        assert_eq!(causeway_core::wire::take_sequenced(&mut out).unwrap(), Some((300, msg(4))));
     }
 }

@@ -1,9 +1,13 @@
 //! The binary encoding of `Message`s and session tokens, and its framing on
 //! peer and native-client connections (bincode, varint
-//! integers), with a size limit so a corrupt or hostile length prefix cannot
-//! make a node allocate without bound.
+//! integers; the messages of every replicated write by hand, `hot`), with
+//! a size limit so a corrupt or hostile length prefix cannot make a node
+//! allocate without bound.
+
+mod hot;
 
 use crate::error::Error;
+use crate::message::Message;
 use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -64,6 +68,14 @@ pub fn put_frame<T: Serialize>(value: &T, out: &mut BytesMut) {
 
 /// Takes one complete frame from the front of `buf`, if there is one.
 pub fn take_frame<T: DeserializeOwned>(buf: &mut BytesMut) -> Result<Option<T>, Error> {
+    let Some(len) = frame_len(buf)? else { return Ok(None) };
+    buf.advance(4);
+    let body = buf.split_to(len);
+    decode(&body).map(Some)
+}
+
+/// The length of the frame at the front of `buf`, once all of it is there.
+fn frame_len(buf: &mut BytesMut) -> Result<Option<usize>, Error> {
     if buf.len() < 4 {
         return Ok(None);
     }
@@ -78,9 +90,71 @@ pub fn take_frame<T: DeserializeOwned>(buf: &mut BytesMut) -> Result<Option<T>, 
         buf.reserve((4 + len - buf.len()).min(1 << 20));
         return Ok(None);
     }
-    buf.advance(4);
-    let body = buf.split_to(len);
-    decode(&body).map(Some)
+    Ok(Some(len))
+}
+
+/// The encoding of a message: the messages of every replicated write by
+/// hand (`hot`), the others with bincode. Decoded by `decode_message`
+/// only (not `decode`).
+pub fn encode_message(msg: &Message) -> Vec<u8> {
+    let mut out = Vec::new();
+    if !hot::encode(msg, &mut out) {
+        encode_into(msg, &mut out);
+    }
+    within_limit(out.len());
+    out
+}
+
+/// Decodes what `encode_message` made. A message with keys or values is
+/// copied once, and they are slices of that copy: not of `body`, whose
+/// buffer (a connection's) they would keep alive as long as any of them.
+pub fn decode_message(body: &[u8]) -> Result<Message, Error> {
+    match body.first() {
+        None => Err(Error::InvalidData("an empty message".into())),
+        Some(&first) if hot::is_hot(first) => hot::decode(body),
+        Some(_) => decode(body),
+    }
+}
+
+/// Appends one frame holding `msg` (`encode_message`) to `out`.
+pub fn put_message(msg: &Message, out: &mut BytesMut) {
+    let at = out.len();
+    out.put_u32_le(0);
+    if !hot::encode(msg, out) {
+        encode_into(msg, &mut out.writer());
+    }
+    let len = out.len() - at - 4;
+    within_limit(len);
+    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+}
+
+/// Takes one complete frame of `put_message` from the front of `buf`.
+pub fn take_message(buf: &mut BytesMut) -> Result<Option<Message>, Error> {
+    let Some(len) = frame_len(buf)? else { return Ok(None) };
+    let msg = decode_message(&buf[4..4 + len]);
+    buf.advance(4 + len);
+    msg.map(Some)
+}
+
+/// Appends a peer link's frame: the message's place in its stream, then
+/// its encoding (`encode_message`).
+pub fn put_sequenced(seq: u64, message: &[u8], out: &mut BytesMut) {
+    let at = out.len();
+    out.put_u32_le(0);
+    hot::varint(out, seq);
+    out.extend_from_slice(message);
+    let len = out.len() - at - 4;
+    within_limit(len);
+    out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+}
+
+/// Takes one complete frame of `put_sequenced` from the front of `buf`.
+pub fn take_sequenced(buf: &mut BytesMut) -> Result<Option<(u64, Message)>, Error> {
+    let Some(len) = frame_len(buf)? else { return Ok(None) };
+    let body = &buf[4..4 + len];
+    let got = hot::read_varint(body).and_then(|(seq, n)| Ok((seq, decode_message(&body[n..])?)));
+    buf.advance(4 + len);
+    got.map(Some)
 }
 
 #[cfg(test)]

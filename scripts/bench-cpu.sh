@@ -2,7 +2,9 @@
 # Throughput and server CPU time per request, redis-server beside Causeway,
 # in one run: redis-benchmark SET and GET, unpipelined and at -P 16, against
 # redis-server, one Causeway node (R=1) and a 3-node dev site (R=3, k=2);
-# then the unloaded SET p50 (one client). CPU per request is utime+stime of
+# then the unloaded SET p50 (one client), then YCSB workload A (50:50
+# read:update, zipfian, `causeway bench --target resp`, 32 clients, 8 s).
+# CPU per request is utime+stime of
 # the server processes (/proc/PID/stat, all threads) over the fixed request
 # count, which moves far less than throughput on a shared machine.
 # Usage: scripts/bench-cpu.sh [requests] [clients]
@@ -51,4 +53,14 @@ for port in 7700 7710 7720; do
   done
   line=$(redis-benchmark -p $port -t set -n 20000 -r 100000 -d 100 -c 1 --csv 2>/dev/null | tail -1)
   printf '%-12s %-10s %12s %14s %10s\n' "$name" "set -c 1" "$(echo "$line" | cut -d, -f2 | tr -d '"')" "" "$(echo "$line" | cut -d, -f5 | tr -d '"')"
+done
+for port in 7700 7710 7720; do
+  name=$(case $port in 7700) echo redis ;; 7710) echo r1 ;; 7720) echo r3-site ;; esac)
+  sp=$(server_pids $port)
+  before=$(ticks "$sp")
+  $B bench --target resp --addr 127.0.0.1:$port --workload a --clients 32 --records 100000 --value-size 100 --duration 8 --json /tmp/bench-cpu-ycsb.json >/dev/null 2>&1
+  after=$(ticks "$sp")
+  ops=$(python3 -c "import json; print(json.load(open('/tmp/bench-cpu-ycsb.json'))['total_ops'])")
+  us=$(awk -v d=$((after - before)) -v hz="$hz" -v n="$ops" 'BEGIN { printf "%.1f", d * 1e6 / hz / n }')
+  printf '%-12s %-10s %12s %14s %10s\n' "$name" "ycsb-a" "$((ops / 8))" "$us" ""
 done

@@ -32,7 +32,11 @@ use crate::version::{Version, VersionVector};
 use ahash::AHashMap;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
+
+/// Tracked places beyond twice the index before the replaced ones go
+/// (`Session::untrack_replaced`).
+const UNTRACK_SLACK: usize = 64;
 
 /// What the session knows about one key's latest observed version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,24 +56,6 @@ pub struct Dep {
     pub seq: u64,
 }
 
-/// A partition's keys in a session's index (`Session::tracked`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct Tracked {
-    keys: VecDeque<(u64, Bytes)>,
-    /// Past this many, the keys no longer in the index are dropped.
-    limit: usize,
-}
-
-impl Tracked {
-    const MIN_LIMIT: usize = 64;
-}
-
-impl Default for Tracked {
-    fn default() -> Self {
-        Tracked { keys: VecDeque::new(), limit: Tracked::MIN_LIMIT }
-    }
-}
-
 /// One client's causal metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
@@ -81,13 +67,14 @@ pub struct Session {
     site_time: VersionVector,
     /// The id of the newest write of its own it has seen acknowledged.
     last_write: u64,
-    /// The keys of `index`, by partition, with the place of their version
-    /// in the partition's order, in the order observed: what
-    /// `stable_through` forgets. Not in a token (which keeps the format
-    /// every release reads): a resumed session's entries go as it sees
-    /// their keys stable.
+    /// The keys of `index` by partition and the place of their version in
+    /// the partition's order: what `stable_through` forgets (a version seen
+    /// again is here once; one replaced since stays until its place is
+    /// stable, bounded by `untrack_replaced`). Not in a token (which keeps
+    /// the format every release reads): a resumed session's entries go as
+    /// it sees their keys stable.
     #[serde(skip)]
-    tracked: AHashMap<PartitionId, Tracked>,
+    tracked: BTreeMap<(PartitionId, u64), Bytes>,
 }
 
 impl Session {
@@ -133,31 +120,32 @@ impl Session {
             self.forget(key, version);
             return;
         }
-        let (chain_index, tracked) = match self.index.get(key) {
-            Some(seen) if seen.version == *version => (seen.chain_index.max(at), seen.seq == item.seq),
+        let chain_index = match self.index.get(key) {
+            Some(seen) if seen.version == *version => seen.chain_index.max(at),
             Some(seen) if seen.version > *version => return, // older than what we saw: keep ours
-            _ => (at, false),
+            _ => at,
         };
         // Kept in a copy of its own: the key of a read may be a slice of a
         // connection's read buffer, which this would keep whole.
         let key = Bytes::copy_from_slice(key);
         self.note_accessed(&key, Dep { version: version.clone(), seq: item.seq });
         self.index.insert(key.clone(), Seen { version: version.clone(), seq: item.seq, chain_index });
-        if !tracked {
-            self.track(partition, item.seq, key);
-        }
+        self.track(partition, item.seq, key);
     }
 
     fn track(&mut self, partition: PartitionId, seq: u64, key: Bytes) {
-        let tracked = self.tracked.entry(partition).or_default();
-        tracked.keys.push_back((seq, key));
-        if tracked.keys.len() > tracked.limit {
-            // Keys read or written again are here more than once: keep
-            // only what the index still holds (at most twice that, so the
-            // work is constant per key on average).
-            tracked.keys.retain(|(seq, key)| self.index.get(key).is_some_and(|s| s.seq == *seq));
-            tracked.limit = (2 * tracked.keys.len()).max(Tracked::MIN_LIMIT);
+        self.tracked.insert((partition, seq), key);
+        if self.tracked.len() > 2 * self.index.len() + UNTRACK_SLACK {
+            self.untrack_replaced();
         }
+    }
+
+    /// Drops the tracked places of versions the index no longer holds (a
+    /// key written or read newer since): at most twice the index is
+    /// tracked, so this runs at most once per `index.len()` observations.
+    fn untrack_replaced(&mut self) {
+        let index = &self.index;
+        self.tracked.retain(|&(_, seq), key| index.get(key).is_some_and(|s| s.seq == seq));
     }
 
     /// Records this session's own write `write` (its id), acknowledged at
@@ -177,10 +165,14 @@ impl Session {
         write: u64,
     ) {
         self.past.merge(&version.vv);
+        // Kept in a copy of its own, as a read's: the key of a write is a
+        // slice of the connection's read buffer, which this would keep
+        // whole (and the connection would allocate another).
         if write < self.last_write {
             if !stable && self.index.get(key).is_none_or(|s| s.version < *version) {
+                let key = Bytes::copy_from_slice(key);
                 self.index.insert(key.clone(), Seen { version: version.clone(), seq, chain_index });
-                self.track(partition, seq, key.clone());
+                self.track(partition, seq, key);
             }
             return;
         }
@@ -189,9 +181,10 @@ impl Session {
         if stable {
             self.index.remove(key);
         } else {
+            let key = Bytes::copy_from_slice(key);
             self.index.insert(key.clone(), Seen { version: version.clone(), seq, chain_index });
             self.accessed.insert(key.clone(), Dep { version: version.clone(), seq });
-            self.track(partition, seq, key.clone());
+            self.track(partition, seq, key);
         }
     }
 
@@ -199,18 +192,15 @@ impl Session {
     /// stable: the session's writes there up to `seq` constrain nothing
     /// any more.
     pub fn stable_through(&mut self, partition: PartitionId, seq: u64) {
-        let Some(tracked) = self.tracked.get_mut(&partition) else { return };
-        while tracked.keys.front().is_some_and(|(at, _)| *at <= seq) {
-            let (_, key) = tracked.keys.pop_front().expect("a front");
+        while let Some(entry) = self.tracked.range((partition, 0)..=(partition, seq)).next() {
+            let place = *entry.0;
+            let key = self.tracked.remove(&place).expect("just found");
             if self.index.get(&key).is_some_and(|s| s.seq <= seq) {
                 self.index.remove(&key);
             }
             if self.accessed.get(&key).is_some_and(|d| d.seq <= seq) {
                 self.accessed.remove(&key);
             }
-        }
-        if tracked.keys.is_empty() {
-            self.tracked.remove(&partition);
         }
     }
 
@@ -372,14 +362,14 @@ mod tests {
             s.observe_read(5, &key, &item(10 + i, false), 0);
         }
         assert_eq!(s.tracked_keys(), 3);
-        assert!(s.tracked[&5].keys.len() <= 2 * Tracked::MIN_LIMIT, "{}", s.tracked[&5].keys.len());
+        assert!(s.tracked.len() <= 2 * 3 + UNTRACK_SLACK, "{}", s.tracked.len());
         s.stable_through(5, 10_009);
         assert_eq!(s.tracked_keys(), 0);
         // One unstable version read again and again (its tail lags).
         for at in 0..10_000u64 {
             s.observe_read(5, &Bytes::from("k"), &item(20_000, false), (at % 3) as u8);
         }
-        assert_eq!(s.tracked[&5].keys.len(), 1);
+        assert_eq!(s.tracked.len(), 1);
     }
 
     #[test]

@@ -192,9 +192,7 @@ impl Session {
     /// stable: the session's writes there up to `seq` constrain nothing
     /// any more.
     pub fn stable_through(&mut self, partition: PartitionId, seq: u64) {
-        while let Some(entry) = self.tracked.range((partition, 0)..=(partition, seq)).next() {
-            let place = *entry.0;
-            let key = self.tracked.remove(&place).expect("just found");
+        for (_, key) in self.tracked.extract_if((partition, 0)..=(partition, seq), |_, _| true) {
             if self.index.get(&key).is_some_and(|s| s.seq <= seq) {
                 self.index.remove(&key);
             }

@@ -121,8 +121,10 @@ const IDLE_PROMISE_MS: u64 = 100;
 /// on its way busy and has the promises it needs asked for; what moves at
 /// rest is CW.SITES `applied_ms` (its `lag_ms` grows to about this much)
 /// and the stable time tombstones are collected behind
-/// (`store::RETAIN_MS` is longer).
-const REST_MS: u64 = 1_000;
+/// (`store::RETAIN_MS` is longer). Three nodes of each of three sites at
+/// rest: 0.31% of a core per node, 0.43% at one second (the aim is 0.3%;
+/// BENCHMARKS.md, "Idle"); CW.SITES `lag_ms` at rest is up to this much.
+const REST_MS: u64 = 3_000;
 /// The leader asks its site's heads for promises at most this often: under
 /// load, one round of promises per `ASK_MS` whatever the write rate.
 const ASK_MS: u64 = 5;
@@ -415,7 +417,7 @@ impl Geo {
     /// Whether heads here promise at this tick unasked: every
     /// `IDLE_PROMISE_MS`, or `REST_MS` at rest.
     pub fn promises_due(&mut self, now_ms: u64) -> bool {
-        // At rest on whole seconds of the wall clock, so the site's heads
+        // At rest on multiples of `REST_MS` of the wall clock, so the site's heads
         // promise together and its stable time moves (and is shipped)
         // once per round rather than once per node.
         let due =

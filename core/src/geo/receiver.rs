@@ -104,8 +104,11 @@ use ahash::AHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
-/// Every origin is acknowledged at least this often, changed or not.
-pub const SITE_ACK_REFRESH_MS: u64 = 1_000;
+/// Every origin is acknowledged at least this often, changed or not. An
+/// origin at rest promises about as often (`geo::REST_MS`), which makes
+/// its acknowledgement due anyway (each second, idle sites sent each
+/// other a sixth more geo messages).
+pub const SITE_ACK_REFRESH_MS: u64 = 3_000;
 
 /// At most this many runs of shipments of one origin are kept ahead of a
 /// gap (one per gap: shipments that continue one another join a run).

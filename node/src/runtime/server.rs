@@ -25,9 +25,9 @@ use tokio::sync::mpsc;
 /// How often the node state machine gets a tick (retransmissions,
 /// heartbeats), and how often when it is idle (every heartbeat).
 ///
-/// An idle geo node ticks no faster, and promises only on whole seconds
+/// An idle geo node ticks no faster, and promises only every three seconds
 /// (`geo::REST_MS`): those promises move other sites' `applied` times
-/// while nobody writes, so at rest CW.SITES `lag_ms` is 0.6-1.4 s; but
+/// while nobody writes, so at rest CW.SITES `lag_ms` is 0.7-3.3 s; but
 /// nothing waits on that: a write makes the nodes on its way busy and has
 /// the promises it needs asked for (`GeoMsg::Promise`), and tombstones
 /// are kept 5 s anyway (`store::RETAIN_MS`).

@@ -1,6 +1,7 @@
 //! Erasure-coded sites (`--redundancy ec:3+2`) with real processes: Redis
 //! clients read and write as on chains (values across pages too), keys
-//! expire as in Redis, DBSIZE, MGET, MEMORY USAGE and FLUSHALL work, a
+//! expire as in Redis, DBSIZE, MGET, MEMORY USAGE and FLUSHALL work (and
+//! give the values' pages back, data and parity), a
 //! log it would not keep is refused, and a site loses two of its
 //! five nodes (kill -9, one after the other, under writers) without losing
 //! an acknowledged write.
@@ -59,12 +60,29 @@ fn an_ec_site_serves_redis_clients() {
     let _: () = redis::cmd("SET").arg("k").arg("v5").query(&mut a).unwrap();
     let got: Vec<Option<String>> = redis::cmd("MGET").arg("k").arg("none").arg("big").query(&mut b).unwrap();
     assert_eq!(got, vec![Some("v5".to_string()), None, Some(big.clone())]);
-    // FLUSHALL: every node deletes the keys of the slots it serves.
+    // FLUSHALL: every node deletes the keys of the slots it serves, and
+    // the pages no value is on any more go back, data and parity alike.
+    let mut load = redis::pipe();
+    for i in 0..2_000 {
+        load.cmd("SET").arg(format!("key{i}")).arg(&big[..1_000]).ignore();
+    }
+    let _: () = load.query(&mut a).unwrap();
+    let held = |what: &str| -> u64 { (0..5).map(|i| info_field(&mut c.conn(i), "ec", what)).sum() };
+    let (data, parity) = (held("ec_data_bytes"), held("ec_parity_bytes"));
+    assert!(data >= 2_000_000 && parity >= 2 * data / 3, "{data} bytes of data pages, {parity} of parity");
     let _: () = redis::cmd("FLUSHALL").query(&mut a).unwrap();
     let n: u64 = redis::cmd("DBSIZE").query(&mut b).unwrap();
     assert_eq!(n, 0);
     let gone: Option<String> = redis::cmd("GET").arg("big").query(&mut b).unwrap();
     assert_eq!(gone, None);
+    c.eventually(Duration::from_secs(10), "the pages given back", || {
+        (held("ec_data_bytes") == 0 && held("ec_parity_bytes") == 0).then_some(())
+    });
+    assert!(held("ec_given_back_pages") as usize >= data as usize / 4096, "{data} bytes of data pages were held");
+    // The site serves on as before.
+    let _: () = redis::cmd("SET").arg("k").arg("v6").query(&mut a).unwrap();
+    let got: String = redis::cmd("GET").arg("k").query(&mut b).unwrap();
+    assert_eq!(got, "v6");
 }
 
 /// A coded node keeps nothing on disk yet: asking for a log or a disk

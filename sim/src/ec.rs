@@ -343,6 +343,10 @@ pub fn describe(msg: &EcMsg) -> String {
     let st = |s: &causeway_core::ec::Stamp| format!("{}.{}", s.epoch, s.seq);
     let stamps = |v: &[(Slot, causeway_core::ec::Stamp)]| v.iter().map(|(s, t)| format!("{s}@{}", st(t))).collect::<Vec<_>>().join(",");
     match msg {
+        EcMsg::Update { slot, stamp, key, version, diffs, .. } if causeway_core::message::ec::gives_back(key, *version) => {
+            let pages: Vec<u64> = diffs.iter().map(|d| d.at / causeway_core::ec::area::PAGE as u64).collect();
+            format!("Update slot={slot} stamp={} gives back pages {pages:?}", st(stamp))
+        }
         EcMsg::Update { slot, stamp, key, meta, diffs, .. } => format!(
             "Update slot={slot} stamp={} key={} loc={} diff={}B",
             st(stamp),

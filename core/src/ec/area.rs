@@ -2,11 +2,13 @@
 //! data areas, in 4 KB pages that exist once written (a page never written
 //! reads as zeros, in the area and in the code). Pages are the unit of
 //! repair. `Free` places values in a data area: a bump pointer and holes of
-//! freed values, reused by size.
+//! freed values, reused by size; it counts the values on each page, so a
+//! page no value is on any more can be given back (zeroed, its diff sent to
+//! the parity as any other, and dropped: `Member::give_back`).
 
 use super::code::Code;
 use crate::message::ec::Loc;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub const PAGE: usize = 4096;
 /// Values are placed at multiples of this (a hole fits values of its class).
@@ -53,6 +55,31 @@ impl Area {
 
     pub fn set_page(&mut self, page: u32, bytes: &[u8]) {
         self.page_mut(page as usize).copy_from_slice(bytes);
+    }
+
+    /// Takes page `page` out (it reads as zeros from now on): its bytes, if
+    /// it was written and not all zeros.
+    pub fn take_page(&mut self, page: u32) -> Option<Box<[u8]>> {
+        let bytes = self.pages.get_mut(page as usize)?.take()?;
+        self.trim();
+        bytes.iter().any(|&b| b != 0).then_some(bytes)
+    }
+
+    /// Drops page `page` if it holds only zeros (a parity page once every
+    /// data page of its stripe was given back).
+    pub fn drop_if_zero(&mut self, page: u32) {
+        if let Some(slot) = self.pages.get_mut(page as usize) {
+            if slot.as_ref().is_some_and(|p| p.iter().all(|&b| b == 0)) {
+                *slot = None;
+                self.trim();
+            }
+        }
+    }
+
+    fn trim(&mut self) {
+        while self.pages.last().is_some_and(Option::is_none) {
+            self.pages.pop();
+        }
     }
 
     /// Bytes held in pages.
@@ -103,25 +130,61 @@ pub struct Free {
     bump: u64,
     holes: BTreeMap<u64, Vec<u64>>,
     hole_bytes: u64,
+    /// Per page, the placed values whose bytes are on it.
+    on_page: Vec<u32>,
+    /// Pages no placed value is on any more since they last had one.
+    emptied: BTreeSet<u32>,
 }
 
 impl Free {
     /// A free place for `len` bytes: a hole of the same class, or the end.
     pub fn alloc(&mut self, len: u32) -> Loc {
         let size = class(len);
-        if let Some(at) = self.holes.get_mut(&size).and_then(|v| v.pop()) {
-            self.hole_bytes -= size;
-            return Loc { at, len };
-        }
-        let at = self.bump;
-        self.bump += size;
-        Loc { at, len }
+        let loc = match self.holes.get_mut(&size).and_then(|v| v.pop()) {
+            Some(at) => {
+                self.hole_bytes -= size;
+                Loc { at, len }
+            }
+            None => {
+                let at = self.bump;
+                self.bump += size;
+                Loc { at, len }
+            }
+        };
+        self.placed(loc);
+        loc
     }
 
     pub fn free(&mut self, loc: Loc) {
         let size = class(loc.len);
         self.holes.entry(size).or_default().push(loc.at);
         self.hole_bytes += size;
+        for p in pages_of(loc) {
+            let n = &mut self.on_page[p as usize];
+            *n -= 1;
+            if *n == 0 {
+                self.emptied.insert(p);
+            }
+        }
+    }
+
+    fn placed(&mut self, loc: Loc) {
+        for p in pages_of(loc) {
+            if self.on_page.len() <= p as usize {
+                self.on_page.resize(p as usize + 1, 0);
+            }
+            self.on_page[p as usize] += 1;
+            self.emptied.remove(&p);
+        }
+    }
+
+    /// Takes up to `max` of the pages no value is on any more.
+    pub fn take_emptied(&mut self, max: usize) -> Vec<u32> {
+        let pages: Vec<u32> = self.emptied.iter().copied().take(max).collect();
+        for p in &pages {
+            self.emptied.remove(p);
+        }
+        pages
     }
 
     /// The allocator of an area whose live values are `live` and whose
@@ -133,8 +196,12 @@ impl Free {
         for l in live {
             free.gap(end, l.at);
             end = end.max(l.at + class(l.len));
+            free.placed(l);
         }
         free.bump = free.bump.max(end);
+        let pages = free.bump.div_ceil(PAGE as u64) as u32;
+        free.on_page.resize(pages as usize, 0);
+        free.emptied = (0..pages).filter(|&p| free.on_page[p as usize] == 0).collect();
         free
     }
 
@@ -194,5 +261,44 @@ mod tests {
         assert_eq!((class(64), class(65), class(100), class(1000), class(1024), class(1025)), (64, 72, 104, 1024, 1024, 1088));
         let r = Free::rebuild(vec![Loc { at: 16, len: 100 }], 200);
         assert_eq!(r.used(), (200, 16));
+    }
+
+    #[test]
+    fn a_page_is_emptied_once_no_value_is_on_it() {
+        let mut f = Free::default();
+        let a = f.alloc(3000); // page 0
+        let b = f.alloc(2000); // pages 0 and 1
+        let c = f.alloc(100); // page 1
+        assert_eq!(pages_of(b), 0..2);
+        f.free(a);
+        assert!(f.take_emptied(10).is_empty(), "b is still on page 0");
+        f.free(b);
+        assert_eq!(f.take_emptied(10), vec![0]);
+        // A value placed on an emptied page takes it back.
+        f.free(c);
+        let d = f.alloc(100);
+        assert_eq!(d.at, c.at);
+        assert!(f.take_emptied(10).is_empty());
+        // Rebuilt from the live values: the pages none is on.
+        let r = Free::rebuild(vec![Loc { at: 5000, len: 10 }], 3 * PAGE as u64);
+        let mut r = r;
+        assert_eq!(r.take_emptied(10), vec![0, 2]);
+    }
+
+    #[test]
+    fn a_page_taken_out_reads_as_zeros() {
+        let mut a = Area::default();
+        a.xor(PAGE as u64, &[7; 10]);
+        a.xor(0, &[0; 10]);
+        assert_eq!(a.take_page(0), None, "all zeros: nothing to give back");
+        assert_eq!(a.take_page(1).map(|p| p[0]), Some(7));
+        assert_eq!((a.bytes(), a.pages()), (0, 0));
+        let mut out = [1; 4];
+        a.read(PAGE as u64, &mut out);
+        assert_eq!(out, [0; 4]);
+        a.xor(2 * PAGE as u64, &[1]);
+        a.xor(2 * PAGE as u64, &[1]);
+        a.drop_if_zero(2);
+        assert_eq!(a.bytes(), 0);
     }
 }

@@ -34,6 +34,12 @@
 //!   Requests that touch a missing page wait for it (it is repaired first);
 //!   the rest is repaired in the background, a few pages at a time.
 //!
+//! **Giving pages back**: a page of a data area no value is on any more
+//! is zeroed by an update that changes no key (`gives_back`), its diff the
+//! page's bytes, so the parity drops the page's share as for any update,
+//! and dropped (`give_back`); a parity page goes once its stripe is all
+//! zeros.
+//!
 //! **Expiry**, as Redis's primary does it: the member serving a data slot
 //! decides a write's expiry (`chain::change::decide`, the same rules as a
 //! chain's head), keeps the instant in the key's metadata, answers reads
@@ -68,7 +74,7 @@ use super::area::{pages_of, Area, Free, PAGE};
 use super::code::Code;
 use super::index::Index;
 use crate::chain::change::{decide, Current};
-use crate::message::ec::{Diff, EcMsg, Meta, Received, Sessions, Slot, Stamp, StateEnd, StatePending, WriteId};
+use crate::message::ec::{gives_back, Diff, EcMsg, Loc, Meta, Received, Sessions, Slot, Stamp, StateEnd, StatePending, WriteId};
 use crate::message::{Change, NewValue};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -89,6 +95,11 @@ const RESEND_MS: u64 = 200;
 const SWEEP_MS: u64 = 1_000;
 /// Expired keys a served slot deletes per tick, at most.
 const EXPIRE_PER_TICK: usize = 256;
+/// Pages (128 KB) a served slot gives back in one update; it sends the
+/// next once that one is committed. (At 1 MB per update and per tick, a
+/// FLUSHALL of 500k keys of 1 KB on a 5-node site queued more than the
+/// peer links' backlog limit: messages were dropped and nodes removed.)
+const GIVE_BACK_PAGES: usize = 32;
 /// The op of a member's own writes (expiry): nobody waits for their answer.
 pub const OWN_OP: u64 = u64::MAX;
 /// How long (ms) a page repair may take before it is given up and
@@ -214,6 +225,8 @@ pub struct Memory {
     /// Pages of taken-over slots not repaired yet, and repaired so far.
     pub missing: usize,
     pub repaired: u64,
+    /// Data pages given back so far (`Member::give_back`).
+    pub given_back: u64,
     /// Keys with an expiry in the slots served here, and keys expired
     /// (deleted by this member) so far.
     pub expires: usize,
@@ -231,6 +244,7 @@ impl std::ops::AddAssign for Memory {
         self.buffered += o.buffered;
         self.missing += o.missing;
         self.repaired += o.repaired;
+        self.given_back += o.given_back;
         self.expires += o.expires;
         self.expired += o.expired;
     }
@@ -376,6 +390,14 @@ struct Pending {
     sent: u64,
 }
 
+impl Pending {
+    /// An update not stamped and sent yet (`Member::issue`).
+    fn new(key: Bytes, meta: Option<Meta>, version: u64, diffs: Vec<Diff>, op: u64, id: Option<WriteId>, old: Option<Bytes>) -> Pending {
+        let (stamp, waiting, to, sent, also) = (Stamp::default(), 0, 0, 0, Vec::new());
+        Pending { stamp, key, meta, version, diffs, waiting, to, op, also, id, old, sent }
+    }
+}
+
 /// A parity member's part.
 struct Parity {
     j: usize,
@@ -469,6 +491,8 @@ struct Buffered {
     old: Option<Meta>,
     id: Option<WriteId>,
     diffs: Vec<Diff>,
+    /// It only gives pages back (`gives_back`): no key to restore.
+    zeroes: bool,
 }
 
 /// A parity member's copy of some pages at a cut.
@@ -529,6 +553,8 @@ pub struct Member {
     repaired: u64,
     /// Keys expired so far.
     expired: u64,
+    /// Data pages given back so far.
+    given_back: u64,
     /// Told its parity misses a slot's updates (`Stale`).
     stale: bool,
     /// The configuration epoch this member was last made alive at.
@@ -575,6 +601,7 @@ impl Member {
             now: 0,
             repaired: 0,
             expired: 0,
+            given_back: 0,
             stale: false,
             alive_since: 0,
             stale_peers: 0,
@@ -744,8 +771,11 @@ impl Member {
                 };
                 let old = decided.old;
                 // Versions of a key only grow, whatever the caller's clock.
-                let newest = d.pending.iter().rev().find(|p| p.key == key).map(|p| p.version).or(d.index.get(&key).map(|m| m.version));
-                let version = newest.map_or(version, |n| version.max(n + 1));
+                // (At least 1: version 0 marks an update that gives pages
+                // back, `gives_back`.)
+                let newest = d.pending.iter().rev().find(|p| p.key == key && p.version > 0).map(|p| p.version);
+                let newest = newest.or(d.index.get(&key).map(|m| m.version));
+                let version = newest.map_or(version, |n| version.max(n + 1)).max(1);
                 let meta = loc.map(|loc| Meta { loc, version, expires_at_ms: expires.unwrap_or(0) });
                 let value = value.filter(|_| !keep);
                 let mut diffs = Vec::new();
@@ -758,34 +788,71 @@ impl Member {
                     d.area.xor(l.at, &diff);
                     diffs.push(Diff { at: l.at, bytes: diff.into() });
                 }
-                let stamp = d.next;
-                d.next.seq += 1;
-                d.last = stamp;
-                let waiting = d.targets(&self.config, self.stale_peers);
-                d.last_to = waiting;
-                d.pending.push_back(Pending {
-                    stamp,
-                    key: key.clone(),
-                    meta,
-                    version,
-                    diffs: diffs.clone(),
-                    waiting,
-                    to: waiting,
-                    op,
-                    also: Vec::new(),
-                    id,
-                    old,
-                    sent: self.now,
-                });
-                for p in bits(waiting).filter(|&p| !self.streaming(p, slot)).collect::<Vec<_>>() {
-                    let msg = EcMsg::Update { slot, stamp, key: key.clone(), meta, version, id, diffs: diffs.clone(), to: waiting };
-                    self.out.push(Out::Send { to: p, msg });
-                }
-                if !self.outgoing.is_empty() {
-                    self.behind_states(slot, &EcMsg::Update { slot, stamp, key, meta, version, id, diffs, to: waiting });
-                }
-                self.try_commit(slot);
+                self.issue(slot, Pending::new(key, meta, version, diffs, op, id, old));
             }
+        }
+    }
+
+    /// Stamps an update of data `slot`, applied to its area already, and
+    /// sends it to the parity members; committed once they all have it.
+    fn issue(&mut self, slot: Slot, mut p: Pending) {
+        let d = self.data.get_mut(&slot).expect("served slot");
+        let stamp = d.next;
+        d.next.seq += 1;
+        d.last = stamp;
+        let waiting = d.targets(&self.config, self.stale_peers);
+        d.last_to = waiting;
+        (p.stamp, p.waiting, p.to, p.sent) = (stamp, waiting, waiting, self.now);
+        let msg = EcMsg::Update {
+            slot,
+            stamp,
+            key: p.key.clone(),
+            meta: p.meta,
+            version: p.version,
+            id: p.id,
+            diffs: p.diffs.clone(),
+            to: waiting,
+        };
+        d.pending.push_back(p);
+        for to in bits(waiting).filter(|&to| !self.streaming(to, slot)).collect::<Vec<_>>() {
+            self.out.push(Out::Send { to, msg: msg.clone() });
+        }
+        if !self.outgoing.is_empty() {
+            self.behind_states(slot, &msg);
+        }
+        self.try_commit(slot);
+    }
+
+    /// Gives back the pages of the data slots served here that no value is
+    /// on any more (deleted, expired, overwritten elsewhere: FLUSHALL
+    /// leaves none): each is zeroed by an update that changes no key
+    /// (`gives_back`), its diff the page's bytes, so parity members take
+    /// the page out of their parity as for any update, and it is dropped
+    /// here at once (an absent page reads as zeros). A parity page goes
+    /// once its stripe is all zeros. One such update per slot is in flight
+    /// at a time. A slot taken over gives nothing back
+    /// before all its pages are repaired, nor while lost slots are being
+    /// prepared.
+    fn give_back(&mut self) {
+        let slots: Vec<Slot> = self.data.keys().copied().collect();
+        for slot in slots {
+            self.give_back_of(slot);
+        }
+    }
+
+    /// `give_back` for one slot: at every tick, and as soon as the one in
+    /// flight is committed.
+    fn give_back_of(&mut self, slot: Slot) {
+        let Some(d) = self.data.get_mut(&slot).filter(|_| self.prep.is_none()) else { return };
+        if !d.missing.is_empty() || d.pending.iter().any(|p| gives_back(&p.key, p.version)) {
+            return;
+        }
+        let pages = d.free.take_emptied(GIVE_BACK_PAGES);
+        let diffs: Vec<Diff> =
+            pages.into_iter().filter_map(|p| Some(Diff { at: p as u64 * PAGE as u64, bytes: Bytes::from(d.area.take_page(p)?) })).collect();
+        if !diffs.is_empty() {
+            self.given_back += diffs.len() as u64;
+            self.issue(slot, Pending::new(Bytes::new(), None, 0, diffs, OWN_OP, None, None));
         }
     }
 
@@ -798,6 +865,7 @@ impl Member {
         while d.pending.front().is_some_and(|p| p.waiting & mask == 0) {
             let p = d.pending.pop_front().expect("front");
             let old = match p.meta {
+                _ if gives_back(&p.key, p.version) => None,
                 Some(m) => d.index.insert(&p.key, m),
                 None => d.index.remove(&p.key),
             };
@@ -858,6 +926,7 @@ impl Member {
                         p.waiting &= !(1 << from);
                     }
                     self.try_commit(slot);
+                    self.give_back_of(slot);
                 }
             }
             EcMsg::Commit { slot, stamp } => {
@@ -962,14 +1031,21 @@ impl Member {
         if !next {
             return; // one before it was lost on the way: it comes again
         }
+        let zeroes = gives_back(&key, version);
         for d in &diffs {
             par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
             par.extent[i] = par.extent[i].max(d.at + d.bytes.len() as u64);
             for copy in par.cuts.values_mut().filter(|c| c.takes(slot, stamp)) {
                 copy.add(&code, par.j, i, d);
             }
+            if zeroes {
+                for page in pages_of(Loc { at: d.at, len: d.bytes.len() as u32 }) {
+                    par.area.drop_if_zero(page);
+                }
+            }
         }
         let old = match meta {
+            _ if zeroes => None,
             Some(m) => par.index[i].insert(&key, m),
             None => par.index[i].remove(&key),
         };
@@ -978,7 +1054,7 @@ impl Member {
         if let Some(id) = id {
             par.recent[i].insert(id, version, self.now);
         }
-        par.buffer[i].push_back(Buffered { stamp, key, old, id, diffs });
+        par.buffer[i].push_back(Buffered { stamp, key, old, id, diffs, zeroes });
         self.out.push(Out::Send { to: from, msg: EcMsg::Ack { slot, stamp } });
         self.finish_cuts();
     }
@@ -998,6 +1074,7 @@ impl Member {
                     par.area.add_delta(&code, par.j, i, d.at, &d.bytes);
                 }
                 match b.old {
+                    _ if b.zeroes => None,
                     Some(m) => par.index[i].insert(&b.key, m),
                     None => par.index[i].remove(&b.key),
                 };
@@ -1168,7 +1245,12 @@ impl Member {
         let mut recent = d.recent.clone();
         let mut newest: HashMap<&[u8], Option<Meta>> = HashMap::new();
         let mut pending = Vec::new();
-        for p in &d.pending {
+        for p in d.pending.iter() {
+            if gives_back(&p.key, p.version) {
+                let diffs = p.diffs.clone();
+                pending.push(StatePending { stamp: p.stamp, key: p.key.clone(), old: None, version: 0, id: None, diffs });
+                continue;
+            }
             let old = newest.get(&p.key[..]).copied().unwrap_or_else(|| d.index.get(&p.key));
             newest.insert(&p.key[..], p.meta);
             if let Some(id) = p.id {
@@ -1327,8 +1409,11 @@ impl Member {
         par.fence[i] = par.fence[i].max(end.source);
         par.extent[i] = end.extent;
         par.recent[i] = Recent::import(end.sessions, now);
-        par.buffer[i] =
-            end.pending.into_iter().map(|p| Buffered { stamp: p.stamp, key: p.key, old: p.old, id: p.id, diffs: p.diffs }).collect();
+        par.buffer[i] = end
+            .pending
+            .into_iter()
+            .map(|p| Buffered { zeroes: gives_back(&p.key, p.version), stamp: p.stamp, key: p.key, old: p.old, id: p.id, diffs: p.diffs })
+            .collect();
     }
 
     /// The live parity members not found stale here.
@@ -1511,6 +1596,7 @@ impl Member {
         self.ask_again(now);
         self.handed.retain(|_, h| now - h.since < HANDED_MS);
         self.expire();
+        self.give_back();
         self.repairs.retain(|_, r| now - r.since < REPAIR_MS);
         if let Some(par) = &mut self.parity {
             par.cuts.retain(|_, c| now - c.since < REPAIR_MS);
@@ -1877,7 +1963,7 @@ impl Member {
     }
 
     pub fn memory(&self) -> Memory {
-        let mut m = Memory { repaired: self.repaired, expired: self.expired, ..Memory::default() };
+        let mut m = Memory { repaired: self.repaired, expired: self.expired, given_back: self.given_back, ..Memory::default() };
         for d in self.data.values() {
             m.expires += d.expiring.len();
             m.data += d.area.bytes();

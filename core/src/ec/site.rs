@@ -36,11 +36,13 @@ use super::member::{Config, Member, Out, PutReq, Reply};
 use crate::message::ec::{EcMsg, Slot, Standing, State};
 use crate::ring::{Coding, NodeId, PartitionId, Topology};
 use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// How often an engine tells its peers what it knows.
 pub const HELLO_MS: u64 = 1_000;
+/// A FLUSHALL's deletes in flight from one node at once.
+const FLUSH_WINDOW: usize = 1_024;
 
 /// What the engine wants done: a message to a peer (an EC message of a
 /// group, or a client request passed on to the node serving it), or an
@@ -109,9 +111,11 @@ pub struct Engine<R> {
     tickets: HashMap<u64, R>,
     next_ticket: u64,
     /// FLUSHALLs in progress: the deletes they wait for (ticket -> flush),
-    /// and each flush's request and deletes left.
+    /// each flush's request and deletes left, and the deletes not sent yet
+    /// (group, slot, key, flush): at most `FLUSH_WINDOW` are in flight.
     flush_parts: HashMap<u64, u64>,
     flushes: HashMap<u64, (R, usize)>,
+    flush_queue: VecDeque<(u16, Slot, Bytes, u64)>,
     last_hello_ms: Option<u64>,
     actions: Vec<Action<R>>,
 }
@@ -142,6 +146,7 @@ impl<R> Engine<R> {
             next_ticket: 0,
             flush_parts: HashMap::new(),
             flushes: HashMap::new(),
+            flush_queue: VecDeque::new(),
             last_hello_ms: None,
             actions: Vec::new(),
         })
@@ -349,9 +354,12 @@ impl<R> Engine<R> {
     }
 
     /// FLUSHALL: every key of the data slots this node serves is deleted
-    /// with an ordinary update (the parity follows); answered (`Done`)
-    /// once all are. Keys written meanwhile may stay, as they would have
-    /// a moment later. (The data areas keep their pages, as holes.)
+    /// with an ordinary update (the parity follows), `FLUSH_WINDOW` at a
+    /// time; answered (`Done`) once all are. Keys written meanwhile may
+    /// stay, as they would have a moment later. The pages go back once
+    /// no value is on them (`Member::give_back`). (All at once, a flush
+    /// of 100 000 keys a node held its event loop for seconds: its
+    /// heartbeats stopped and the coordinator removed it.)
     pub fn flush(&mut self, request: R, now_ms: u64) {
         if self.members.iter().any(Member::preparing) {
             // A lost slot's keys are not served here until its takeover is
@@ -369,14 +377,28 @@ impl<R> Engine<R> {
             return self.actions.push(Action::Answer { request, reply: Reply::Done { version: None, old: None } });
         }
         let flush = self.next_ticket;
-        self.flushes.insert(flush, (request, deletes.len()));
-        for (g, slot, key) in deletes {
-            self.next_ticket += 1;
-            self.flush_parts.insert(self.next_ticket, flush);
-            self.members[g].put(self.next_ticket, slot, key, None, 0);
-        }
         self.next_ticket += 1;
-        for g in 0..self.coding.nodes() {
+        self.flushes.insert(flush, (request, deletes.len()));
+        self.flush_queue.extend(deletes.into_iter().map(|(g, slot, key)| (g as u16, slot, key, flush)));
+        self.send_flushes();
+    }
+
+    /// Sends the queued deletes of flushes in progress, up to
+    /// `FLUSH_WINDOW` in flight (those of a flush given up are dropped).
+    fn send_flushes(&mut self) {
+        let mut touched = BTreeSet::new();
+        while self.flush_parts.len() < FLUSH_WINDOW {
+            let Some((g, slot, key, flush)) = self.flush_queue.pop_front() else { break };
+            if !self.flushes.contains_key(&flush) {
+                continue;
+            }
+            let ticket = self.next_ticket;
+            self.next_ticket += 1;
+            self.flush_parts.insert(ticket, flush);
+            self.members[g as usize].put(ticket, slot, key, None, 0);
+            touched.insert(g);
+        }
+        for g in touched {
             self.collect(g);
         }
     }
@@ -389,6 +411,9 @@ impl<R> Engine<R> {
         self.members[group as usize].step(from, msg);
         self.collect(group);
         self.rejoin();
+        if !self.flush_queue.is_empty() {
+            self.send_flushes();
+        }
     }
 
     /// Time passes: background repair, and the hello when it is due.
@@ -400,6 +425,7 @@ impl<R> Engine<R> {
                 self.collect(g);
             }
             self.rejoin();
+            self.send_flushes();
         }
         if self.last_hello_ms.is_none_or(|at| now_ms >= at + HELLO_MS) {
             self.last_hello_ms = Some(now_ms);

@@ -105,6 +105,14 @@ pub struct Diff {
     pub bytes: Bytes,
 }
 
+/// Whether an update (its key and version) only gives pages back: it
+/// zeroes pages no value is on any more and changes no key
+/// (`Member::give_back`). No write has version 0 (they start at 1), so an
+/// empty key at version 0 says it.
+pub fn gives_back(key: &[u8], version: u64) -> bool {
+    version == 0 && key.is_empty()
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EcMsg {
     /// Data slot `slot` wrote `key` (`meta`, or deleted it with `None`):

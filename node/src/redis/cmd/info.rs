@@ -259,6 +259,7 @@ fn ec_fields(status: &Status) -> Vec<(&'static str, String)> {
         ("ec_parity_bytes", m.parity.to_string()),
         ("ec_placed_bytes", m.placed.to_string()),
         ("ec_hole_bytes", m.holes.to_string()),
+        ("ec_given_back_pages", m.given_back.to_string()),
         ("ec_buffered_updates", m.buffered.to_string()),
         ("ec_missing_pages", m.missing.to_string()),
         ("ec_repaired_pages", m.repaired.to_string()),

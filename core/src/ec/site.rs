@@ -253,6 +253,17 @@ impl<R> Engine<R> {
             for g in 0..self.coding.nodes() {
                 self.members[g as usize].drain();
             }
+            // What waited for the old members never gets their answer:
+            // the clients are told now (a FLUSHALL's deletes not sent yet
+            // are dropped, or they would delete what is written later).
+            for (_, request) in std::mem::take(&mut self.tickets) {
+                self.actions.push(Action::Moved { request });
+            }
+            for (_, (request, _)) in std::mem::take(&mut self.flushes) {
+                self.actions.push(Action::Unavailable { request });
+            }
+            self.flush_parts.clear();
+            self.flush_queue = VecDeque::new();
         }
         if fresh || before != self.nodes {
             self.reconfigure();
@@ -386,20 +397,27 @@ impl<R> Engine<R> {
     /// Sends the queued deletes of flushes in progress, up to
     /// `FLUSH_WINDOW` in flight (those of a flush given up are dropped).
     fn send_flushes(&mut self) {
-        let mut touched = BTreeSet::new();
-        while self.flush_parts.len() < FLUSH_WINDOW {
-            let Some((g, slot, key, flush)) = self.flush_queue.pop_front() else { break };
-            if !self.flushes.contains_key(&flush) {
-                continue;
+        // (Deletes answered at once, of keys already gone, leave the
+        // window as their answers are collected: then more go.)
+        while self.flush_parts.len() < FLUSH_WINDOW && !self.flush_queue.is_empty() {
+            let mut touched = BTreeSet::new();
+            while self.flush_parts.len() < FLUSH_WINDOW {
+                let Some((g, slot, key, flush)) = self.flush_queue.pop_front() else { break };
+                if !self.flushes.contains_key(&flush) {
+                    continue;
+                }
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                self.flush_parts.insert(ticket, flush);
+                self.members[g as usize].put(ticket, slot, key, None, 0);
+                touched.insert(g);
             }
-            let ticket = self.next_ticket;
-            self.next_ticket += 1;
-            self.flush_parts.insert(ticket, flush);
-            self.members[g as usize].put(ticket, slot, key, None, 0);
-            touched.insert(g);
+            for g in touched {
+                self.collect(g);
+            }
         }
-        for g in touched {
-            self.collect(g);
+        if self.flush_queue.is_empty() && self.flush_queue.capacity() > FLUSH_WINDOW {
+            self.flush_queue = VecDeque::new(); // (a large flush's capacity)
         }
     }
 
@@ -491,7 +509,7 @@ impl<R> Engine<R> {
 
     /// Whether nothing waits on time here but the hello.
     pub fn idle(&self) -> bool {
-        self.members.iter().all(Member::settled)
+        self.members.iter().all(Member::settled) && self.flush_queue.is_empty()
     }
 
     /// What this node holds in all its groups, and how its recovery goes.
@@ -528,5 +546,137 @@ impl<R> Engine<R> {
             lines.push(format!("group {g} [{}]: {}", nodes.join(" "), m.status().join("; ")));
         }
         lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Change;
+    use crate::ring::{NodeInfo, Shape};
+    use std::collections::VecDeque;
+
+    const SHAPE: Shape = Shape { partitions: 20, replicas: 1, k: 1, coding: Some(Coding { data: 3, parity: 2 }) };
+
+    struct Net {
+        engines: Vec<Engine<u64>>,
+        queue: VecDeque<(NodeId, Action<u64>)>,
+        answers: Vec<(NodeId, u64, Reply)>,
+        other: Vec<(NodeId, String)>,
+        now: u64,
+        t: Topology,
+    }
+
+    impl Net {
+        fn new() -> Net {
+            let nodes = (0..5).map(|id| NodeInfo { id, addr: String::new() }).collect();
+            let mut t = Topology::new(1, SHAPE, nodes).unwrap();
+            t.admitted = (0..5).map(|id| (id, 1)).collect();
+            let engines = (0..5).map(|id| Engine::new(id, 1, SHAPE.coding.unwrap()).unwrap()).collect();
+            Net { engines, queue: VecDeque::new(), answers: vec![], other: vec![], now: 1_000, t }
+        }
+        fn collect(&mut self, n: NodeId) {
+            for a in self.engines[n as usize].drain() {
+                self.queue.push_back((n, a));
+            }
+        }
+        /// Delivers everything queued, and what that sends, in order.
+        fn deliver(&mut self) {
+            while let Some((from, a)) = self.queue.pop_front() {
+                match a {
+                    Action::Send { to, group, from: slot, msg } => {
+                        self.engines[to as usize].step(group, slot, msg);
+                        self.collect(to);
+                    }
+                    Action::Hello { to, nodes } => {
+                        self.engines[to as usize].hello(from, nodes);
+                        self.collect(to);
+                    }
+                    Action::Answer { request, reply } => self.answers.push((from, request, reply)),
+                    Action::Forward { request, .. } => self.other.push((from, format!("forward {request}"))),
+                    Action::Unavailable { request } => self.other.push((from, format!("unavailable {request}"))),
+                    Action::Moved { request } => self.other.push((from, format!("moved {request}"))),
+                }
+            }
+        }
+        fn tick(&mut self, ms: u64) {
+            for _ in 0..ms / 10 {
+                self.now += 10;
+                for n in 0..5 {
+                    self.engines[n as usize].tick(self.now);
+                    self.collect(n);
+                }
+                self.deliver();
+            }
+        }
+        fn put(&mut self, op: u64, key: &str) {
+            let key = Bytes::from(key.to_string());
+            let p = self.t.partition_of(&key);
+            let (g, s) = SHAPE.coding.unwrap().place(p);
+            let n = SHAPE.coding.unwrap().node(g, self.engines[0].members[g as usize].config().acting(s).unwrap());
+            let put = PutReq { key: key.clone(), change: Change::set(Bytes::from(vec![7u8; 100])), version: 1, id: None };
+            self.engines[n as usize].request(op, p, key, Some(put), self.now);
+            self.collect(n);
+        }
+    }
+
+    /// A FLUSHALL in progress when the node's members start afresh (it
+    /// was lost, and is a replacement now): its client is told, and the
+    /// deletes it had in flight no longer hold the window (they did, and
+    /// every later FLUSHALL there went unanswered).
+    #[test]
+    fn a_flush_cut_short_by_fresh_members_is_answered_and_frees_its_window() {
+        let mut net = Net::new();
+        for n in 0..5 {
+            net.engines[n].topology(&net.t.clone());
+            net.collect(n as NodeId);
+        }
+        net.deliver();
+        net.tick(3_000);
+        assert!((0..5).all(|n| net.engines[n].alive(n as NodeId)), "formed");
+        let mut op = 0;
+        for i in 0..20_000 {
+            op += 1;
+            net.put(op, &format!("key{i}"));
+            if i % 100 == 0 {
+                net.deliver();
+            }
+        }
+        net.tick(500);
+        let done = net.answers.len();
+        assert_eq!(done, 20_000, "{:?}", &net.other[..net.other.len().min(5)]);
+        // FLUSHALL at node 0: its deletes go out, node 0 is cut off before
+        // any is acknowledged (the coordinator's path: it stalls, is
+        // declared lost by the others, hears it, starts over as a
+        // replacement).
+        net.engines[0].flush(1_000_000, net.now);
+        net.collect(0);
+        // Node 0 hears it is lost (a peer's hello with a newer standing).
+        let mut nodes = net.engines[1].nodes.clone().unwrap();
+        let s0 = nodes[&0];
+        nodes.insert(0, s0.then(State::Lost, 1));
+        net.queue.retain(|(from, _)| *from != 0); // what node 0 sent is lost with its links
+        net.engines[0].hello(1, nodes.clone());
+        net.collect(0);
+        // The others learn it too.
+        for n in 1..5 {
+            let theirs = net.engines[0].nodes.clone().unwrap();
+            net.engines[n].hello(0, theirs);
+            net.collect(n as NodeId);
+        }
+        net.deliver();
+        net.tick(20_000);
+        // Node 0 is a member again. A new FLUSHALL there:
+        let before = net.answers.len();
+        net.engines[0].flush(2_000_000, net.now);
+        net.collect(0);
+        net.deliver();
+        net.tick(10_000);
+        let answered: Vec<_> = net.answers[before..].iter().filter(|(_, r, _)| *r >= 1_000_000).collect();
+        assert!(answered.iter().any(|(_, r, _)| *r == 2_000_000), "the second FLUSHALL at node 0 is never answered");
+        // The first was told it could not finish, once.
+        let told: Vec<_> = net.other.iter().filter(|(_, s)| s.contains("1000000")).collect();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert!(told[0].1.starts_with("unavailable"), "{told:?}");
     }
 }

@@ -94,12 +94,6 @@ pub struct Client {
     /// before it finished (a timeout around it) leaves its request running,
     /// and the next call skips its response.
     unanswered: usize,
-    /// A connection closed since the session last resumed: the site may
-    /// have crashed whole and come back without some of what it showed
-    /// (`fsync=everysec`), so before the next request the session resumes
-    /// (`Request::Resume`: it waits until the site has applied the other
-    /// sites' writes it saw).
-    resume: bool,
     out: BytesMut,
 }
 
@@ -128,7 +122,6 @@ impl Client {
             tx,
             responses: VecDeque::new(),
             unanswered: 0,
-            resume: false,
             out,
         };
         let topology = match tokio::time::timeout(DEFAULT_TIMEOUT, client.replies.recv()).await {
@@ -199,25 +192,8 @@ impl Client {
 
     /// Runs one request to completion at `level`, for this request only.
     /// The driver decides deadlines, retries and when to look for a new
-    /// map; this only moves messages. After a connection closed, the
-    /// session resumes first (`resume`); if the site has not applied what
-    /// it saw in time, the request fails (`Behind`) and the next one tries
-    /// again: it never reads older than it read.
+    /// map; this only moves messages.
     pub async fn run_at(&mut self, request: Request, level: Consistency) -> Result<Response, Error> {
-        if self.resume && !matches!(request, Request::Resume(_)) {
-            let session = Box::new(self.driver.session().clone());
-            self.run_one(Request::Resume(session), level).await?;
-            self.resume = false;
-        }
-        let resuming = matches!(request, Request::Resume(_));
-        let response = self.run_one(request, level).await;
-        if resuming && response.is_ok() {
-            self.resume = false;
-        }
-        response
-    }
-
-    async fn run_one(&mut self, request: Request, level: Consistency) -> Result<Response, Error> {
         let epoch = self.driver.topology().epoch;
         let mut earlier = self.unanswered;
         self.unanswered += 1;
@@ -252,7 +228,6 @@ impl Client {
                 Incoming::Closed(Some(node)) => {
                     // Reconnect next time; reads waiting on it go elsewhere now.
                     self.writers.remove(&node);
-                    self.resume = true;
                     self.driver.unreachable(node, now_ms())
                 }
                 Incoming::Closed(None) => Progress::default(),

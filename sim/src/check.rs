@@ -98,13 +98,14 @@ impl CausalChecker {
         past
     }
 
-    /// Takes `lost` versions out of every causal past: writes a site lost
-    /// in a crash its contract allows (`fsync=everysec`), which sessions
-    /// that outlive the crash may read older than. What a past held of
-    /// their keys before them is not known, so those keys go unchecked in
-    /// it until read or written again.
-    pub fn forget(&mut self, lost: impl Fn(&Version) -> bool) {
-        for f in self.clients.values_mut().chain(self.writes.values_mut()) {
+    /// Takes `lost` versions out of `client`'s causal past: writes its
+    /// site lost in a crash its contract allows (`fsync=everysec`), which
+    /// a session that outlives the crash may read older than. What its
+    /// past held of their keys before them is not known, so those keys go
+    /// unchecked for it until read or written again. (Other sessions'
+    /// pasts and the writes' keep them: no other site may have seen them.)
+    pub fn forget(&mut self, client: usize, lost: impl Fn(&Version) -> bool) {
+        if let Some(f) = self.clients.get_mut(&client) {
             f.retain(|_, v| !lost(v));
         }
     }

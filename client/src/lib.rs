@@ -129,10 +129,10 @@ impl Client {
             Ok(_) => return Err(Error::Protocol(format!("{addr} did not send the topology"))),
             Err(_) => return Err(Error::Connect(format!("{addr} did not answer"))),
         };
-        let seed_id = topology.nodes.iter().find(|n| n.addr == addr).map(|n| n.id);
-        if let Some(seed_id) = seed_id {
-            client.writers.insert(seed_id, seed);
-        }
+        // The seed's connection was opened before its node id was known, so
+        // its close would not say which node went: it served only the map,
+        // and every node (the seed too) gets a connection of its own.
+        drop(seed);
         client.driver.set_topology(Arc::new(*topology));
         client.connect_all().await?;
         Ok(client)

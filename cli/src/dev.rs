@@ -52,9 +52,21 @@ pub struct DevArgs {
     /// (`-- --maxmemory 100mb`) move there instead of keys being evicted.
     #[arg(long, value_name = "DIR")]
     disk_tier: Option<String>,
-    /// Extra flags passed to every node (e.g. --requirepass secret).
+    /// Extra flags passed to every node (e.g. --requirepass secret: then
+    /// `causeway cli`, `cluster` and `bench` take the password from
+    /// $CAUSEWAY_PASSWORD).
     #[arg(last = true)]
     node_args: Vec<String>,
+}
+
+/// The password of `--requirepass X` (or `--requirepass=X`) among the
+/// nodes' flags.
+fn requirepass(node_args: &[String]) -> Option<String> {
+    node_args.iter().enumerate().find_map(|(i, a)| match a.strip_prefix("--requirepass") {
+        Some("") => node_args.get(i + 1).cloned(),
+        Some(rest) => rest.strip_prefix('=').map(str::to_string),
+        None => None,
+    })
 }
 
 pub fn run(args: DevArgs) -> Result<(), String> {
@@ -66,20 +78,52 @@ pub fn run(args: DevArgs) -> Result<(), String> {
     }
     let delays = wan_delays(args.sites, args.wan.as_deref())?;
     let mut node_args = args.node_args.clone();
+    if let Some(password) = requirepass(&node_args) {
+        // For this process's own checks of the nodes (`Site::wait_serving`,
+        // `resp_client::RespConn::connect`).
+        std::env::set_var(crate::resp_client::PASSWORD_ENV, password);
+    }
     if let Some(pair) = args.dr {
         if pair.primary >= args.sites || pair.backup >= args.sites {
             return Err(format!("--dr {}={}: both must be sites of this deployment (0..{})", pair.primary, pair.backup, args.sites));
         }
         node_args.extend(["--dr".to_string(), format!("{}={}", pair.primary, pair.backup)]);
     }
+    // Coded: as many partitions for every data slot of every group, so the
+    // data areas (and the parity over them) are even.
+    let partitions = args.redundancy.map_or(args.partitions, |c| args.partitions.next_multiple_of(c.nodes() as u32 * c.data as u32));
+    if let Some(dir) = &args.data_dir {
+        // A node started without a place in the saved site would never be
+        // admitted (nodes join with `causeway cluster add`).
+        for s in 0..args.sites {
+            let node_0 = match args.sites {
+                1 => format!("{dir}/node-0"),
+                _ => format!("{dir}/site-{s}/node-0"),
+            };
+            let Some(saved) = causeway_node::runtime::saved_topology(std::path::Path::new(&node_0)) else { continue };
+            if saved.shape.partitions != partitions || saved.shape.coding != args.redundancy {
+                let coding = saved.shape.coding.map_or(String::new(), |c| format!(", --redundancy ec:{}+{}", c.data, c.parity));
+                return Err(format!(
+                    "{dir} holds a site of {} partitions{coding}: start it with the same --partitions and --redundancy, or use another directory",
+                    saved.shape.partitions
+                ));
+            }
+            if saved.nodes.len() != args.nodes as usize {
+                return Err(format!(
+                    "{dir} holds a site of {} nodes, and --nodes is {}: start it with --nodes {} (more nodes join with `causeway cluster add`), or use another directory",
+                    saved.nodes.len(),
+                    args.nodes,
+                    saved.nodes.len()
+                ));
+            }
+        }
+    }
     let ports: Vec<Vec<u16>> = (0..args.sites).map(|s| (0..args.nodes).map(|i| args.port + 10 * s + i).collect()).collect();
     let shape = Shape {
         nodes: args.nodes,
         replicas: args.replicas,
         k: args.k,
-        // Coded: as many partitions for every data slot of every group, so
-        // the data areas (and the parity over them) are even.
-        partitions: args.redundancy.map_or(args.partitions, |c| args.partitions.next_multiple_of(c.nodes() as u32 * c.data as u32)),
+        partitions,
         coding: args.redundancy,
         data_dir: args.data_dir.clone(),
         disk_tier: args.disk_tier.clone(),

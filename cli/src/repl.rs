@@ -3,6 +3,7 @@
 //! status, help, quit. Reads commands from stdin, so it also works in
 //! scripts: `echo "put a 1" | causeway cli`.
 
+use crate::resp_client::password;
 use causeway_client::Client;
 use clap::Args;
 use std::io::{BufRead, Write};
@@ -31,13 +32,14 @@ commands:
 pub fn run(args: CliArgs) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     runtime.block_on(async {
-        let mut client = match Client::connect(&args.addr).await {
+        let mut client = match Client::connect_with_password(&args.addr, password().as_deref()).await {
             Ok(c) => {
                 println!("connected to {} ({} nodes); type 'help' for commands", args.addr, c.topology().nodes.len());
                 Some(c)
             }
             Err(e) => {
-                println!("not connected: {e}; use 'connect <host:port>'");
+                let hint = if e.to_string().contains("NOAUTH") { " (the password goes in $CAUSEWAY_PASSWORD)" } else { "" };
+                println!("not connected: {e}{hint}; use 'connect <host:port>'");
                 None
             }
         };
@@ -61,10 +63,12 @@ pub fn run(args: CliArgs) -> Result<(), String> {
 }
 
 async fn execute(client: &mut Option<Client>, cmd: &str, args: &[&str], line: &str) -> String {
+    let cmd = cmd.to_ascii_lowercase();
+    let cmd = cmd.as_str();
     match (cmd, args.len()) {
         ("help", _) => return HELP.into(),
         ("connect", 1) => {
-            return match Client::connect(args[0]).await {
+            return match Client::connect_with_password(args[0], password().as_deref()).await {
                 Ok(c) => {
                     let n = c.topology().nodes.len();
                     *client = Some(c);
@@ -141,6 +145,7 @@ async fn execute(client: &mut Option<Client>, cmd: &str, args: &[&str], line: &s
             }
             (Err(e), _) | (_, Err(e)) => format!("error: {e}"),
         },
+        ("consistency", 0) => format!("{}", c.consistency()),
         ("consistency", 1) => match args[0].parse() {
             Ok(level) => {
                 c.set_consistency(level);

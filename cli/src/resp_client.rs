@@ -16,17 +16,32 @@ pub struct RespConn {
     limits: Limits,
 }
 
+/// The password the binary's tools send (AUTH, or the native client's
+/// proof) to sites started with `--requirepass`, as redis-cli takes
+/// `REDISCLI_AUTH`.
+pub const PASSWORD_ENV: &str = "CAUSEWAY_PASSWORD";
+
+/// `PASSWORD_ENV`, if set.
+pub fn password() -> Option<String> {
+    std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty())
+}
+
 impl RespConn {
+    /// Connects, and authenticates with `password()` if it is set.
     pub async fn connect(addr: &str) -> Result<RespConn, String> {
         let stream = TcpStream::connect(addr).await.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
-        Ok(RespConn {
+        let mut c = RespConn {
             stream,
             out: BytesMut::new(),
             input: BytesMut::with_capacity(16 * 1024),
             decoder: FrameDecoder::new(),
             limits: Limits::default(),
-        })
+        };
+        if let Some(password) = password() {
+            c.call(&[b"AUTH", password.as_bytes()]).await.map_err(|e| format!("{addr}: AUTH with ${PASSWORD_ENV}: {e}"))?;
+        }
+        Ok(c)
     }
 
     pub async fn call(&mut self, args: &[&[u8]]) -> Result<Frame, String> {

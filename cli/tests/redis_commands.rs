@@ -147,6 +147,44 @@ fn del_and_exists_count_like_redis() {
     assert_eq!(expect_err(&mut con, &cmd("MGET")), "ERR wrong number of arguments for 'mget' command");
 }
 
+/// String commands that are a read or a write answered another way.
+#[test]
+fn string_commands_beyond_get_and_set() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    assert_eq!(cmd("MSET").arg("a").arg("1").arg("b").arg("22").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(cmd("MGET").arg("a").arg("b").query::<Vec<String>>(&mut con).unwrap(), ["1", "22"]);
+    assert_eq!(expect_err(&mut con, cmd("MSET").arg("a").arg("1").arg("b")), "ERR wrong number of arguments for 'mset' command");
+    assert_eq!(cmd("STRLEN").arg("b").query::<i64>(&mut con).unwrap(), 2);
+    assert_eq!(cmd("STRLEN").arg("nosuch").query::<i64>(&mut con).unwrap(), 0);
+    assert_eq!(cmd("TYPE").arg("a").query::<String>(&mut con).unwrap(), "string");
+    assert_eq!(cmd("TYPE").arg("nosuch").query::<String>(&mut con).unwrap(), "none");
+    cmd("SET").arg("t").arg("x").arg("EX").arg(100).query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("GETSET").arg("t").arg("y").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("x"));
+    assert_eq!(cmd("TTL").arg("t").query::<i64>(&mut con).unwrap(), -1, "GETSET drops the expiry, as SET does");
+    assert_eq!(cmd("GETSET").arg("new").arg("z").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("GETDEL").arg("t").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("y"));
+    assert_eq!(cmd("GETDEL").arg("t").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("EXISTS").arg("t").query::<i64>(&mut con).unwrap(), 0);
+    assert_eq!(cmd("UNLINK").arg("a").arg("b").arg("nosuch").query::<i64>(&mut con).unwrap(), 2);
+}
+
+/// A key past 64 KiB: its version's timestamp (packed after the key) was
+/// once read at its place modulo 2^16, inside the key, and the session's
+/// next writes carried that garbage: a snapshot read (MGET) on another
+/// connection then missed them, or timed out.
+#[test]
+fn a_key_longer_than_64_kib_keeps_its_version() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    let long = vec![b'k'; 70_000];
+    cmd("SET").arg(&long).arg("v").query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("GET").arg(&long).query::<String>(&mut con).unwrap(), "v");
+    cmd("SET").arg("after").arg("1").query::<()>(&mut con).unwrap();
+    let mut other = c.conn(1);
+    assert_eq!(cmd("MGET").arg("after").query::<Vec<Option<String>>>(&mut other).unwrap(), [Some("1".to_string())]);
+}
+
 #[test]
 fn hello_switches_to_resp3_and_back() {
     let c = Cluster::three();
@@ -162,6 +200,8 @@ fn hello_switches_to_resp3_and_back() {
             let get = |name: &str| fields.iter().find(|(k, _)| *k == bulk(name.as_bytes())).map(|(_, v)| v.clone());
             assert_eq!(get("proto"), Some(Frame::Integer(3)));
             assert_eq!(get("server"), Some(bulk(b"causeway")));
+            // Not a Redis Cluster (whose clients would ask for slots).
+            assert_eq!(get("mode"), Some(bulk(b"standalone")));
             assert!(matches!(get("id"), Some(Frame::Integer(_))));
         }
         other => panic!("HELLO 3 answered {other:?}"),
@@ -415,6 +455,21 @@ fn info_status_and_command_table() {
     let Value::Array(info) = cmd("COMMAND").arg("INFO").arg("get").arg("nosuch").query::<Value>(&mut con).unwrap() else { panic!() };
     assert_eq!(info.len(), 2);
     assert_eq!(info[1], Value::Nil);
+    // Flags and key positions as Redis gives them: clients route by these.
+    let Value::Array(specs) = cmd("COMMAND").arg("INFO").arg("get").arg("set").arg("mset").arg("ping").query::<Value>(&mut con).unwrap()
+    else {
+        panic!()
+    };
+    let spec = |v: &Value| -> (Vec<String>, i64, i64, i64) {
+        let Value::Array(f) = v else { panic!("{v:?}") };
+        let flags = redis::from_redis_value::<Vec<String>>(&f[2]).unwrap();
+        let n = |i: usize| redis::from_redis_value::<i64>(&f[i]).unwrap();
+        (flags, n(3), n(4), n(5))
+    };
+    assert_eq!(spec(&specs[0]), (vec!["readonly".to_string(), "fast".to_string()], 1, 1, 1));
+    assert_eq!(spec(&specs[1]), (vec!["write".to_string(), "denyoom".to_string()], 1, 1, 1));
+    assert_eq!((spec(&specs[2]).1, spec(&specs[2]).2, spec(&specs[2]).3), (1, -1, 2));
+    assert_eq!((spec(&specs[3]).1, spec(&specs[3]).2), (0, 0), "PING's argument is no key");
     assert!(expect_err(&mut con, cmd("COMMAND").arg("BOGUS")).starts_with("ERR"));
 }
 

@@ -162,6 +162,11 @@ impl Client {
         self.driver.set_consistency(c);
     }
 
+    /// The session's consistency level.
+    pub fn consistency(&self) -> Consistency {
+        self.driver.consistency()
+    }
+
     pub fn set_timeout(&mut self, t: Duration) {
         self.driver.set_timeout(t.as_millis() as u64);
     }

@@ -108,9 +108,9 @@ fn joining_tail_never_acks(shape_k: usize, ack_at: u8) {
                 rd.forward(updates, now, &mut out)
             }
         }
-        ra.tick(now, None, &mut out);
-        rb.tick(now, None, &mut out);
-        rd.tick(now, None, &mut out);
+        ra.tick(now, None, &|_| false, &mut out);
+        rb.tick(now, None, &|_| false, &mut out);
+        rd.tick(now, None, &|_| false, &mut out);
     }
     assert_eq!(ra.digest().stable, 1, "the write is stable everywhere");
     assert_eq!(rd.digest().applied, 1);

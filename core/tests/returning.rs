@@ -189,7 +189,7 @@ fn a_replica_behind_a_gap_that_resends_do_not_fill_fetches_what_it_lacks() {
     out.clear();
     let mut fetched = None;
     for now in (60..1_000).step_by(10) {
-        b.tick(now, None, &mut out);
+        b.tick(now, None, &|_| false, &mut out);
         if let Some(Message::Fetch { epoch, from, have, .. }) = take(&mut out, Dest::Node(A)).pop() {
             fetched = Some((epoch, from, have));
             break;

@@ -144,8 +144,14 @@ pub struct RemoteSite {
 fn default_partitions() -> u32 {
     64
 }
+/// The largest key or value a node takes by default: 128 MiB, not Redis's
+/// 512 MB (`proto-max-bulk-len`): a value travels between nodes in one
+/// message, and a peer link drops one that would take its backlog past
+/// 256 MiB, so a larger value could never be replicated.
+pub const MAX_VALUE_BYTES: usize = 128 << 20;
+
 fn default_max_bulk() -> usize {
-    Limits::default().max_bulk_len
+    MAX_VALUE_BYTES
 }
 fn default_max_args() -> usize {
     Limits::default().max_array_len

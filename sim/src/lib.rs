@@ -601,7 +601,9 @@ impl Sim {
 
     /// Starts `request` on a client, after what it has in flight (a
     /// pipeline); returns what completed at once (requests that needed no
-    /// messages).
+    /// messages, and a proxy session's read answered in place by its node:
+    /// `read_here`).
+    #[must_use = "a read may complete at once"]
     pub fn start(&mut self, client: usize, request: Request) -> Vec<Completed> {
         let c = &mut self.clients[client];
         assert!(!c.gone, "client {client} was disconnected");
@@ -615,10 +617,35 @@ impl Sim {
             acked_at: None,
         };
         c.pending.push_back(pending);
-        let progress = c.driver.start(request, self.now_ms);
+        if let Request::Get(key) = &request {
+            if let Some(done) = self.read_here(client, key) {
+                return vec![done];
+            }
+        }
+        let progress = self.clients[client].driver.start(request, self.now_ms);
         let mut done = Vec::new();
         self.pump(client, progress, &mut done);
         done
+    }
+
+    /// A proxy session's GET answered in place by its own node, as the
+    /// Redis front end does (`node/src/redis/conn.rs`), when the driver
+    /// allows it (`Driver::read_here`) and the node, up and running, has
+    /// the answer at once (`Node::read_now`).
+    fn read_here(&mut self, client: usize, key: &bytes::Bytes) -> Option<Completed> {
+        let c = &self.clients[client];
+        let level = c.driver.consistency();
+        let here = c.driver.read_here(key, level)?;
+        let node = &mut self.nodes[here.node as usize];
+        if node.crashed || node.paused_until > self.now_ms {
+            return None;
+        }
+        let now = node.now(self.now_ms);
+        let (item, chain_index, stable_through) = node.core.read_now(here.epoch, here.partition, key, here.min.as_ref(), now.wall_ms)?;
+        let c = &mut self.clients[client];
+        c.pending.back_mut().expect("just queued").items = vec![(key.clone(), item.clone(), 0)];
+        let response = c.driver.read_answered(key, level, here, item, chain_index, stable_through);
+        Some(self.complete(client, Ok(response)))
     }
 
     /// Does what client `client`'s driver asked, as every shell does

@@ -68,11 +68,12 @@ fn acl_and_photo_album_are_never_fractured() {
                 let generation = alice_step.div_ceil(2);
                 let r =
                     if alice_step % 2 == 1 { put(&acl, format!("acl-{generation}")) } else { put(&album, format!("photo-{generation}")) };
-                sim.start(0, r);
+                let _ = sim.start(0, r); // a write: answered later
             }
             for bob in [1, 2] {
                 if sim.is_idle(bob) {
-                    sim.start(bob, Request::MultiGet(vec![acl.clone(), album.clone()]));
+                    let _ = sim.start(bob, Request::MultiGet(vec![acl.clone(), album.clone()]));
+                    // by messages
                 }
             }
             let until = sim.now_ms + 1;
@@ -106,7 +107,7 @@ fn consistency_levels_acknowledge_at_their_positions() {
     let expect_index = [0u8, 1, 2];
     for (client, level) in levels.iter().enumerate() {
         sim.set_consistency(client, *level);
-        sim.start(client, Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) });
+        let _ = sim.start(client, Request::Put { key: Bytes::from("k"), change: Change::set(Bytes::from("v")) });
     }
     let until = sim.now_ms + 500;
     let done = sim.run_until(until);

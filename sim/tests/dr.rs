@@ -250,9 +250,10 @@ fn request(world: &mut World, seed: u64, c: usize, request: Request) -> Complete
 
 /// A refused key: a conditional write is refused too (what the key holds
 /// is unknown); a plain SET clears it, and reads through every node serve
-/// the new value. (A value may still arrive late, from updates the backup
-/// had in hand: then the key is complete, and the next refused key is
-/// tried.)
+/// the new value; a DEL clears another (a tombstone, even where no older
+/// value was), and both leave the list of missing keys. (A value may still
+/// arrive late, from updates the backup had in hand: then the key is
+/// complete, and the next refused key is tried.)
 fn refused_keys_clear_on_write(world: &mut World, seed: u64, reads: &[Completed]) {
     let refused: Vec<Bytes> = reads
         .iter()
@@ -263,17 +264,20 @@ fn refused_keys_clear_on_write(world: &mut World, seed: u64, reads: &[Completed]
         .collect();
     let c = world.sites[1].add_client(Some(0));
     let nx = Change { condition: Condition::IfAbsent, ..Change::set(Bytes::from("nx")) };
-    let key = refused.into_iter().find(|key| {
-        let r = request(world, seed, c, Request::Put { key: key.clone(), change: nx.clone() }).result;
-        let head = world.sites[1].topology().chain(world.sites[1].topology().partition_of(key)).head();
-        let arrived = world.sites[1].node(head).geo().and_then(|g| g.dr()).and_then(|d| d.lost(key)).is_some_and(|missing| {
-            let p = world.sites[1].topology().partition_of(key);
-            world.sites[1].node(head).newest(p, key).is_some_and(|v| v >= (missing.ts, missing.site))
-        });
-        assert!(matches!(r, Err(Error::Lost { .. })) || arrived, "seed {seed}: SET NX on a lost key: {r:?}");
-        !arrived
-    });
-    let Some(key) = key else { return };
+    let mut refused = refused.into_iter();
+    let mut still_refused = |world: &mut World| {
+        refused.by_ref().find(|key| {
+            let r = request(world, seed, c, Request::Put { key: key.clone(), change: nx.clone() }).result;
+            let head = world.sites[1].topology().chain(world.sites[1].topology().partition_of(key)).head();
+            let arrived = world.sites[1].node(head).geo().and_then(|g| g.dr()).and_then(|d| d.lost(key)).is_some_and(|missing| {
+                let p = world.sites[1].topology().partition_of(key);
+                world.sites[1].node(head).newest(p, key).is_some_and(|v| v >= (missing.ts, missing.site))
+            });
+            assert!(matches!(r, Err(Error::Lost { .. })) || arrived, "seed {seed}: SET NX on a lost key: {r:?}");
+            !arrived
+        })
+    };
+    let Some(key) = still_refused(world) else { return };
     let r = request(world, seed, c, Request::Put { key: key.clone(), change: Change::set(Bytes::from("fresh")) }).result;
     assert!(matches!(r, Ok(Response::Written(true))), "seed {seed}: SET on a lost key: {r:?}");
     for node in 0..4u16 {
@@ -283,6 +287,35 @@ fn refused_keys_clear_on_write(world: &mut World, seed: u64, reads: &[Completed]
             matches!(&r, Ok(Response::Read { value: Some(v), .. }) if v == "fresh"),
             "seed {seed}: node {node} after the key was written again: {r:?}"
         );
+    }
+    let mut cleared = vec![key];
+    // For the DEL, a key the backup never had a value of, if any (a DEL
+    // of an older value there wrote its tombstone anyway).
+    let rest: Vec<Bytes> = std::iter::from_fn(|| still_refused(world)).collect();
+    let never_here = |key: &Bytes| {
+        let t = world.sites[1].topology();
+        let p = t.partition_of(key);
+        world.sites[1].node(t.chain(p).head()).newest(p, key).is_none()
+    };
+    if let Some(key) = rest.iter().find(|k| never_here(k)).or(rest.first()).cloned() {
+        let r = request(world, seed, c, Request::Put { key: key.clone(), change: Change::delete() }).result;
+        assert!(matches!(r, Ok(Response::Written(true))), "seed {seed}: DEL of a lost key: {r:?}");
+        for node in 0..4u16 {
+            let reader = world.sites[1].add_client(Some(node));
+            let r = request(world, seed, reader, Request::Get(key.clone())).result;
+            assert!(matches!(&r, Ok(Response::Read { value: None, .. })), "seed {seed}: node {node} after DEL of a lost key: {r:?}");
+        }
+        cleared.push(key);
+    }
+    // Once every replica has the writes (the link to the primary is still
+    // cut: only the backup's own traffic).
+    world.run_until(world.now_ms() + 2_000);
+    for key in cleared {
+        let t = world.sites[1].topology().clone();
+        for &node in &t.chain(t.partition_of(&key)).nodes {
+            let (missing, _) = world.sites[1].node(node).dr_missing(b"", usize::MAX);
+            assert!(missing.iter().all(|(k, _)| *k != key), "seed {seed}: node {node} still lists {key:?} as missing once written");
+        }
     }
 }
 

@@ -244,7 +244,7 @@ impl goldenscript::Runner for Story {
             Command::Status => {
                 for (n, dr) in &self.nodes {
                     let s = dr.status();
-                    let (lost, _) = dr.missing(b"", 100);
+                    let (lost, _) = dr.missing(b"", 100, |_, _| true);
                     let lost: Vec<String> =
                         lost.iter().map(|(k, v)| format!("{}@{}", String::from_utf8_lossy(k), v.ts.physical_ms())).collect();
                     let lost = match s.lost {

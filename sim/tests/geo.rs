@@ -715,13 +715,14 @@ fn visibility(
         let put = Request::Put { key: key.clone(), change: Change::set(value.clone()) };
         let start = world.now_ms();
         checker.issued_write(global(0), &value);
-        world.sites[0].start(0, put);
+        let _ = world.sites[0].start(0, put);
         loop {
+            let mut done = Vec::new();
             if world.sites[1].is_idle(0) {
-                world.sites[1].start(0, Request::Get(key.clone()));
+                done.extend(world.sites[1].start(0, Request::Get(key.clone())).into_iter().map(|c| (1, c)));
             }
             let step = world.now_ms() + 1;
-            let done = world.run_until(step);
+            done.extend(world.run_until(step));
             let seen = done.iter().any(|(site, c)| {
                 *site == 1 && matches!(&c.result, Ok(causeway_core::driver::Response::Read { value: Some(v), .. }) if *v == value)
             });
@@ -781,7 +782,7 @@ fn a_deleted_key_never_comes_back() {
         world.run_until(world.now_ms() + 1_000);
         world.cut(0, 1, 30_000);
         let write = |world: &mut World, site: usize, change: Change| {
-            world.sites[site].start(0, Request::Put { key: key.clone(), change });
+            let _ = world.sites[site].start(0, Request::Put { key: key.clone(), change });
             let until = world.now_ms() + 2_000;
             while !world.sites[site].is_idle(0) && world.now_ms() < until {
                 world.run_until(world.now_ms() + 1);
@@ -809,13 +810,13 @@ fn a_deleted_key_never_comes_back() {
         }
         assert!(world.quiet(), "seed {seed}: the sites did not settle: {}", geo_state(&world));
         assert_eq!(tombstones(&world, 0) + tombstones(&world, 1), 0, "seed {seed}: tombstones were not collected");
+        let mut reads = Vec::new();
         for site in 0..2 {
             for node in 0..3u16 {
                 let c = world.sites[site].add_client(Some(node));
-                world.sites[site].start(c, Request::Get(key.clone()));
+                reads.extend(world.sites[site].start(c, Request::Get(key.clone())).into_iter().map(|c| c.result));
             }
         }
-        let mut reads = Vec::new();
         while reads.len() < 6 {
             reads.extend(world.run_until(world.now_ms() + 10).into_iter().map(|(_, c)| c.result));
         }

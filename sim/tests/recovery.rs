@@ -171,7 +171,7 @@ fn a_node_back_from_a_pause_moves_up_its_chains_while_writers_keep_writing() {
                     writes += 1;
                     let key = Bytes::from(format!("key{}", rng.below(200)));
                     let change = Change::set(Bytes::from(format!("w{writes}")));
-                    sim.start(client, Request::Put { key, change });
+                    let _ = sim.start(client, Request::Put { key, change });
                 }
             }
             if !paused && sim.now_ms >= start + 500 {

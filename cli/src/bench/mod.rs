@@ -136,7 +136,8 @@ impl Target {
         let addr = addrs[i % addrs.len()];
         Ok(match args.target {
             TargetKind::Causeway => {
-                let mut c = Client::connect(addr).await.map_err(|e| e.to_string())?;
+                let mut c =
+                    Client::connect_with_password(addr, crate::resp_client::password().as_deref()).await.map_err(|e| e.to_string())?;
                 c.set_consistency(args.consistency.parse::<Consistency>()?);
                 Target::Native(Box::new(c))
             }

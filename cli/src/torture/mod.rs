@@ -87,8 +87,8 @@ pub struct TortureArgs {
     #[arg(long)]
     dr: bool,
     /// An erasure-coded site (`ec:K+M`, K+M nodes): instead of the campaign,
-    /// M faults in all (`coded`), the most the code covers while a lost
-    /// member does not come back.
+    /// more than M faults one at a time (`coded`), each node rebuilt before
+    /// the next; the run lasts as long as those take, past --seconds.
     #[arg(long, value_name = "ec:K+M")]
     redundancy: Option<causeway_core::ring::Coding>,
 }

@@ -116,13 +116,19 @@ impl ChainReplica {
 
     /// Removes the tombstones nothing can need any more: stable here, and,
     /// with several sites, older than `floor` (what this site has applied
-    /// of every other site; `None` with one site).
-    pub(super) fn collect_tombstones(&mut self, floor: Option<Timestamp>) {
+    /// of every other site; `None` with one site). The tombstones of keys
+    /// to `keep` stay in the store (after a failover of a disaster-recovery
+    /// backup, a deleted key the primary wrote last: without its tombstone
+    /// it would read as never written since, and be refused again).
+    pub(super) fn collect_tombstones(&mut self, floor: Option<Timestamp>, keep: &dyn Fn(&[u8]) -> bool) {
         while let Some((seq, ts, _)) = self.reclaim.graves.front() {
             if *seq > self.stable || floor.is_some_and(|f| *ts > f) {
                 break;
             }
             let (seq, ts, key) = self.reclaim.graves.pop_front().expect("looked at");
+            if keep(&key) {
+                continue;
+            }
             if !self.store.collect(&key, seq) {
                 // Versions before it are kept for snapshots a while yet.
                 self.reclaim.graves.push_front((seq, ts, key));

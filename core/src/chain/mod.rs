@@ -120,6 +120,15 @@ fn chain_history(before: u64, u: &Update) -> u64 {
 
 /// What an update kept among the recent ones takes: its key and value, its
 /// place in the window.
+/// The most bytes of keys and values in one `Forward` (`send_forward`, and
+/// `node::coalesce` merging a burst's): one larger update goes alone.
+pub const FORWARD_BYTES: usize = 16 << 20;
+
+/// An update's key and value bytes, as `FORWARD_BYTES` counts them.
+pub fn forward_bytes(u: &Update) -> usize {
+    u.key.len() + u.value.as_ref().map_or(0, |v| v.len())
+}
+
 fn update_bytes(u: &Update) -> usize {
     u.key.len() + u.value.as_ref().map_or(0, |v| v.len()) + std::mem::size_of::<(Update, u64, u64)>()
 }
@@ -638,11 +647,25 @@ impl ChainReplica {
         self.send_forward(forward, out);
     }
 
+    /// Sends `updates` to the successor, in messages of at most
+    /// `FORWARD_BYTES` of keys and values (or one update): a peer link
+    /// drops a message that would take its backlog past its limit, and a
+    /// resend of everything unstable would be dropped again every time.
     fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
         let next = self.index + 1;
-        let lazy = updates.iter().all(|u| u.ack.as_ref().is_none_or(|a| (a.at as usize) < next));
-        let msg = Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy };
-        send(out, Dest::Node(self.successor().expect("only non-tails forward")), msg);
+        let to = Dest::Node(self.successor().expect("only non-tails forward"));
+        let mut updates = updates.into_iter().peekable();
+        while updates.peek().is_some() {
+            let mut bytes = 0;
+            let part: Vec<Update> = std::iter::from_fn(|| {
+                let u = updates.next_if(|u| bytes == 0 || bytes + forward_bytes(u) <= FORWARD_BYTES)?;
+                bytes += forward_bytes(&u);
+                Some(u)
+            })
+            .collect();
+            let lazy = part.iter().all(|u| u.ack.as_ref().is_none_or(|a| (a.at as usize) < next));
+            send(out, to, Message::Forward { epoch: self.epoch, partition: self.partition, updates: part, lazy });
+        }
     }
 
     /// Tells the predecessor how far this replica is stable and durable;
@@ -714,10 +737,11 @@ impl ChainReplica {
     /// Periodic work: resend unacknowledged updates if the successor has made
     /// no progress for `RETRANSMIT_MS`; expire keys (at the head) and
     /// collect tombstones (`expiry`; `floor`: what this site has applied of
-    /// every other site, `None` with one site).
-    pub fn tick(&mut self, now_ms: u64, floor: Option<Timestamp>, out: &mut Outbox) {
+    /// every other site, `None` with one site; `keep`: keys whose tombstone
+    /// stays, see `collect_tombstones`).
+    pub fn tick(&mut self, now_ms: u64, floor: Option<Timestamp>, keep: &dyn Fn(&[u8]) -> bool, out: &mut Outbox) {
         self.expire(now_ms, out);
-        self.collect_tombstones(floor);
+        self.collect_tombstones(floor, keep);
         self.writes.prune(now_ms);
         self.store.tick(now_ms);
         self.forget_recent(now_ms);

@@ -230,7 +230,7 @@ fn a_member_that_moved_up_asks_again_while_writes_flow_past_it() {
             rs[0].put(put(write, write), ms, &mut out);
         }
         for r in rs.iter_mut() {
-            r.tick(ms, None, &mut out);
+            r.tick(ms, None, &|_| false, &mut out);
         }
         while !out.is_empty() {
             for env in std::mem::take(&mut out) {

@@ -67,9 +67,10 @@ mod op;
 mod transport;
 
 use crate::error::Error;
-use crate::message::{Change, ClientId, Condition, Keyspace, Message, NewValue};
-use crate::ring::{NodeId, Topology};
+use crate::message::{Change, ClientId, Condition, Item, Keyspace, Message, NewValue};
+use crate::ring::{NodeId, PartitionId, Topology};
 use crate::session::Session;
+use crate::version::Version;
 use ahash::AHashMap;
 use bytes::Bytes;
 use op::{Ctx, Op, Step};
@@ -286,6 +287,17 @@ fn pipelined(request: &Request, level: Consistency) -> Option<&Bytes> {
     }
 }
 
+/// A GET the session's own node may answer in place (`Driver::read_here`):
+/// where, and the version the session already saw.
+#[derive(Clone, Debug)]
+pub struct ReadHere {
+    /// The session's own node.
+    pub node: NodeId,
+    pub partition: PartitionId,
+    pub epoch: u64,
+    pub min: Option<Version>,
+}
+
 /// One session: its metadata and its requests, in order.
 #[derive(Debug)]
 pub struct Driver {
@@ -386,6 +398,51 @@ impl Driver {
         let mut p = Progress::default();
         self.advance(now_ms, &mut p);
         p
+    }
+
+    /// Whether a GET of `key` at `level` may be answered in place by the
+    /// node the session runs on, as the request would be answered there
+    /// (a shell that holds the node skips the message and the request's
+    /// state machine, about half of a GET's instructions): nothing of the
+    /// session runs or waits, so nothing can overlap it; the level reads
+    /// where the session's metadata allows (causal, eventual), which is
+    /// always the local node when it is legal (`Ctx::pick`); and the node
+    /// holds a replica the session may read from. The shell then asks the
+    /// node (`node::Node::read_now`, with this) and hands its answer to
+    /// `read_answered`; if the node has none (a refusal, a wait), it starts
+    /// the request as usual.
+    pub fn read_here(&self, key: &Bytes, level: Consistency) -> Option<ReadHere> {
+        let me = self.cx.local?;
+        if !self.queue.is_empty()
+            || level == Consistency::Linearizable
+            || self.cx.topology.shape.coding.is_some()
+            || self.cx.down.contains_key(&me)
+        {
+            return None;
+        }
+        let partition = self.cx.topology.partition_of(key);
+        let at = self.cx.topology.chain(partition).nodes.iter().position(|&n| n == me)?;
+        let min = match level {
+            Consistency::Causal if self.cx.session.read_limit(key).is_some_and(|limit| at > limit as usize) => return None,
+            Consistency::Causal => self.cx.session.min_version(key).cloned(),
+            _ => None,
+        };
+        Some(ReadHere { node: me, partition, epoch: self.cx.topology.epoch, min })
+    }
+
+    /// The node's answer to a GET `read_here` allowed: the session takes
+    /// it as the request's `Message::Value`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_answered(
+        &mut self,
+        key: &Bytes,
+        level: Consistency,
+        here: ReadHere,
+        item: Item,
+        chain_index: u8,
+        stable_through: u64,
+    ) -> Response {
+        op::answered_read(&mut self.cx.session, level, here.partition, key, item, chain_index, stable_through)
     }
 
     /// A reply from a node. Replies to abandoned attempts are ignored; a
@@ -683,6 +740,52 @@ mod tests {
     fn value(op: OpId, v: &str, version: Option<Version>, seq: u64, chain_index: u8) -> Message {
         let item = Item { value: Some(Bytes::from(v.to_string())), version, seq, stable: false, expires_at_ms: None };
         Message::Value { op, item: Box::new(item), chain_index, stable_through: 0 }
+    }
+
+    #[test]
+    fn a_read_is_answered_in_place_only_where_and_when_the_request_would_read_locally() {
+        let t = site();
+        let k = Bytes::from("k");
+        let partition = t.partition_of(&k);
+        let chain = t.chain(partition).clone();
+        assert!(Driver::new(7, t.clone(), None, 5_000).read_here(&k, Consistency::Causal).is_none(), "a native session has no node");
+        let mut at_head = Driver::new(7, t.clone(), Some(chain.head()), 5_000);
+        let mut at_tail = Driver::new(8, t.clone(), Some(chain.tail()), 5_000);
+        let here = at_tail.read_here(&k, Consistency::Causal).expect("a session that saw nothing of k reads anywhere");
+        assert_eq!((here.node, here.partition, here.epoch, here.min), (chain.tail(), partition, 1, None));
+        assert!(at_tail.read_here(&k, Consistency::Linearizable).is_none(), "linearizable reads go by the tail's lease");
+        // Both sessions write k, acknowledged at position 1 (the tail may
+        // not have it yet).
+        let v1 = Version::local(0, Timestamp::new(1, 0));
+        for d in [&mut at_head, &mut at_tail] {
+            let p = d.start(set("k", "v1"), 0);
+            assert!(d.read_here(&k, Consistency::Eventual).is_none(), "nothing overlaps a write in flight");
+            assert_eq!(d.on_message(acked_at_1(op_of(&p.send[0].1), v1.clone()), 1).done[..], [Ok(Response::Written(true))]);
+        }
+        assert!(at_tail.read_here(&k, Consistency::Causal).is_none(), "the tail is past the write's position");
+        assert!(at_tail.read_here(&k, Consistency::Eventual).is_some(), "an eventual read goes anywhere");
+        let here = at_head.read_here(&k, Consistency::Causal).expect("the head has every write");
+        assert_eq!(here.min.as_ref(), Some(&v1), "and must hold the one the session wrote");
+        // The head's answer counts as the read's: stable, so the session
+        // may read k anywhere again.
+        let item = Item { value: Some(Bytes::from("v1")), version: Some(v1.clone()), seq: 1, stable: true, expires_at_ms: None };
+        let response = at_head.read_answered(&k, Consistency::Causal, here, item, 0, 1);
+        assert_eq!(response, Response::Read { value: Some(Bytes::from("v1")), chain_index: 0, expires_at_ms: None });
+        assert!(!at_head.is_busy());
+        assert_eq!(at_head.session().min_version(&k), None);
+        // The tail session learns it through a read by message.
+        let p = at_tail.start(get("k"), 2);
+        let [(node, Message::Get { op, .. })] = &p.send[..] else { panic!("expected a get, got {:?}", p.send) };
+        assert!(chain.index_of(*node).unwrap() <= 1);
+        let stable = Item { value: Some(Bytes::from("v1")), version: Some(v1), seq: 1, stable: true, expires_at_ms: None };
+        let p = at_tail.on_message(Message::Value { op: *op, item: Box::new(stable), chain_index: 1, stable_through: 1 }, 3);
+        assert_eq!(p.done.len(), 1);
+        assert!(at_tail.read_here(&k, Consistency::Causal).is_some());
+    }
+
+    /// A write's acknowledgement at chain position 1, not stable.
+    fn acked_at_1(op: OpId, version: Version) -> Message {
+        Message::PutDone { op, version: Some(version), seq: 1, chain_index: 1, stable: false, stable_through: 0, old: None }
     }
 
     #[test]

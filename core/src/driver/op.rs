@@ -776,11 +776,7 @@ impl Op {
                     return p;
                 };
                 let partition = cx.topology.partition_of(key);
-                if self.consistency != Consistency::Eventual {
-                    cx.session.observe_read(partition, key, &item, chain_index);
-                }
-                cx.session.stable_through(partition, stable_through);
-                p.done = Some(Ok(Response::Read { value: item.value, chain_index, expires_at_ms: item.expires_at_ms }));
+                p.done = Some(Ok(answered_read(&mut cx.session, self.consistency, partition, key, *item, chain_index, stable_through)));
             }
             Message::Snapshot { items: got, site_time, .. } => {
                 cx.session.observe_site_time(&site_time);
@@ -831,4 +827,22 @@ impl Op {
         }
         p
     }
+}
+
+/// What a read's answer (`Message::Value`, or a read answered in place,
+/// `Driver::read_here`) does to the session, and the response.
+pub(super) fn answered_read(
+    session: &mut Session,
+    level: Consistency,
+    partition: PartitionId,
+    key: &Bytes,
+    item: Item,
+    chain_index: u8,
+    stable_through: u64,
+) -> Response {
+    if level != Consistency::Eventual {
+        session.observe_read(partition, key, &item, chain_index);
+    }
+    session.stable_through(partition, stable_through);
+    Response::Read { value: item.value, chain_index, expires_at_ms: item.expires_at_ms }
 }

@@ -751,11 +751,14 @@ impl Dr {
         self.lost.is_some()
     }
 
-    /// The lost keys, in key order, from `cursor` on, at most `count`, and
-    /// the cursor after them (`CW.DR MISSING`).
-    pub fn missing(&self, cursor: &[u8], count: usize) -> (Vec<(Bytes, Version)>, Option<Bytes>) {
+    /// The lost keys still refused (`still`: not written since), in key
+    /// order, from `cursor` on, at most `count`, and the cursor after them
+    /// (`CW.DR MISSING`).
+    pub fn missing(&self, cursor: &[u8], count: usize, still: impl Fn(&[u8], &Version) -> bool) -> (Vec<(Bytes, Version)>, Option<Bytes>) {
         let Some(lost) = &self.lost else { return (Vec::new(), None) };
-        let mut keys: Vec<(&Bytes, &Timestamp)> = lost.iter().filter(|(k, _)| k.as_ref() >= cursor).collect();
+        let primary = self.pair.primary;
+        let mut keys: Vec<(&Bytes, &Timestamp)> =
+            lost.iter().filter(|(k, &ts)| k.as_ref() >= cursor && still(k, &Version::local(primary, ts))).collect();
         keys.sort_unstable();
         let next = keys.get(count).map(|(k, _)| (*k).clone());
         let page = keys.into_iter().take(count).map(|(k, &ts)| (k.clone(), Version::local(self.pair.primary, ts))).collect();
@@ -899,7 +902,7 @@ mod tests {
             assert_eq!(n.lost(b"b"), Some(Version::local(0, Timestamp::new(11, 0))));
             assert_eq!(n.lost(b"c"), None);
         }
-        let (page, next) = nodes[1].missing(b"", 1);
+        let (page, next) = nodes[1].missing(b"", 1, |_, _| true);
         assert_eq!((page.len(), next), (1, Some(Bytes::from_static(b"b"))));
         // The primary's link comes back with a write in flight: a backup
         // that failed over notes nothing more, so that write is never

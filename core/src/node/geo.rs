@@ -246,6 +246,26 @@ impl Node {
         r.newest(key).is_none_or(|v| v < (missing.ts, missing.site)).then_some(missing)
     }
 
+    /// After a failover of this backup site: the keys still refused (not
+    /// written since, as far as this node's replicas tell: a key of a
+    /// partition it holds no replica of is listed), from `cursor` on, at
+    /// most `count`, and where the next page starts (`CW.DR MISSING`).
+    pub fn dr_missing(&self, cursor: &[u8], count: usize) -> (Vec<(bytes::Bytes, Version)>, Option<bytes::Bytes>) {
+        let Some(dr) = self.geo.as_ref().and_then(Geo::dr) else { return (Vec::new(), None) };
+        let still = |key: &[u8], missing: &Version| {
+            let partition = self.topology.partition_of(key);
+            let newest = self.parts.get(partition as usize).and_then(Option::as_ref).map(|r| r.newest(key));
+            newest.is_none_or(|n| n.is_none_or(|v| v < (missing.ts, missing.site)))
+        };
+        dr.missing(cursor, count, still)
+    }
+
+    /// How many keys `dr_missing` lists in all.
+    pub fn dr_missing_count(&self) -> Option<usize> {
+        self.geo.as_ref().and_then(Geo::dr).filter(|d| d.failed_over())?;
+        Some(self.dr_missing(b"", usize::MAX).0.len())
+    }
+
     /// Identifier-first disaster recovery between `pair`'s sites (set at
     /// start, like `Identity::dr`).
     pub fn enable_dr(&mut self, pair: crate::message::geo::DrPair) {

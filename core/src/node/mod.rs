@@ -32,7 +32,7 @@
 use crate::chain::{ChainReplica, Digest, PutRequest};
 use crate::geo::{Geo, GeoMsg, Replication};
 use crate::hlc::Timestamp;
-use crate::message::{send, Dest, Envelope, Keyspace, Message, OpId, Outbox, Refusal, Update};
+use crate::message::{send, Dest, Envelope, Item, Keyspace, Message, OpId, Outbox, Refusal, Update};
 pub use crate::message::{Beat, Recovered};
 use crate::record::LogRecord;
 use crate::ring::{NodeId, PartitionId, Topology};
@@ -117,6 +117,15 @@ pub struct Recovery {
 /// The (partition, seq) pairs a reply waits to be durable for (inline:
 /// a read has one).
 type Needs = smallvec::SmallVec<[(PartitionId, u64); 1]>;
+
+/// A read's answer (`Node::read`): the item, the replica's chain index and
+/// stable watermark, and what must be durable first.
+struct Read {
+    item: Item,
+    chain_index: u8,
+    stable_through: u64,
+    needs: Needs,
+}
 
 /// One data node.
 #[derive(Debug)]
@@ -456,20 +465,9 @@ impl Node {
                 if leased && !self.has_lease(now.mono_ms) {
                     return send(out, Dest::Client(op.client), Message::Refused { op, reason: Refusal::NoLease });
                 }
-                if stale(epoch) || self.dr_asking() {
-                    return self.not_responsible(op, out);
-                }
-                if self.refuse_lost(op, partition, &key, out) {
-                    return;
-                }
-                match self.with(partition, |r| r.get(&key, min.as_deref(), now_ms).map(|(item, at)| (item, at, r.stable()))) {
-                    None => self.not_responsible(op, out),
-                    Some(Err(reason)) => send(out, Dest::Client(op.client), Message::Refused { op, reason }),
-                    Some(Ok((item, chain_index, stable_through))) => {
-                        // A version the session already depends on needs
-                        // no wait: it cannot be lost to this reader.
-                        let vouched = min.is_some_and(|m| item.version.as_ref() == Some(&m));
-                        let needs = if vouched { Needs::new() } else { smallvec::smallvec![(partition, item.seq)] };
+                match self.read(epoch, partition, &key, min.as_deref(), now_ms) {
+                    Err(reason) => send(out, Dest::Client(op.client), Message::Refused { op, reason }),
+                    Ok(Read { item, chain_index, stable_through, needs }) => {
                         let reply = Envelope {
                             to: Dest::Client(op.client),
                             msg: Message::Value { op, item: Box::new(item), chain_index, stable_through },
@@ -558,13 +556,16 @@ impl Node {
                 self.grant_streams(now_ms, out);
             }
             Message::Transfer { epoch, partition, state, updates, history_before, clock, on_disk } => {
-                let whole = state.is_some();
+                // A state with nothing applied yet (a new site's chains
+                // forming) is no catching up: not counted.
+                let whole = state.as_ref().map(|s| s.applied > 0);
                 if self.with(partition, |r| r.transfer(epoch, state.map(|s| *s), updates, history_before, clock, on_disk, now_ms, out))
                     == Some(true)
                 {
                     match whole {
-                        true => self.transfers.1 += 1,
-                        false => self.transfers.0 += 1,
+                        Some(true) => self.transfers.1 += 1,
+                        Some(false) => {}
+                        None => self.transfers.0 += 1,
                     }
                 }
                 self.grant_streams(now_ms, out);
@@ -615,7 +616,7 @@ impl Node {
     }
 
     /// A client write at the head of `partition`, to order now.
-    fn put(&mut self, partition: PartitionId, req: PutRequest, now_ms: u64, out: &mut Outbox) {
+    fn put(&mut self, partition: PartitionId, mut req: PutRequest, now_ms: u64, out: &mut Outbox) {
         let op = req.op;
         let write = OpId { client: op.client, seq: req.write };
         let value_len = req.change.new_value().map_or(0, |v| v.len());
@@ -626,6 +627,12 @@ impl Node {
             if !req.change.is_blind() {
                 let reason = Refusal::Lost { key: req.key, missing };
                 return send(out, Dest::Client(op.client), Message::Refused { op, reason });
+            }
+            // A DEL writes its tombstone even where no older value is
+            // here (it would be a no-op otherwise, and the key stay
+            // refused): the key had a value at the primary.
+            if req.change.value == crate::message::NewValue::Delete {
+                req.change.condition = crate::message::Condition::Always;
             }
             self.with(partition, |r| r.observe(missing.ts));
         }
@@ -639,11 +646,57 @@ impl Node {
     /// older than the primary's last noted write of it. The head and the
     /// tail know (`Lost`); a replica between them may only be behind.
     fn refuse_lost(&self, op: OpId, partition: PartitionId, key: &[u8], out: &mut Outbox) -> bool {
-        let Some(missing) = self.lost_write(partition, key) else { return false };
-        let ends = self.parts[partition as usize].as_ref().is_some_and(|r| r.is_head() || r.next().is_none());
-        let reason = if ends { Refusal::Lost { key: bytes::Bytes::copy_from_slice(key), missing } } else { Refusal::Behind };
+        let Some(reason) = self.lost_refusal(partition, key) else { return false };
         send(out, Dest::Client(op.client), Message::Refused { op, reason });
         true
+    }
+
+    /// After a failover of this backup site, the refusal of a read of a key
+    /// whose last write never arrived (`geo::dr`).
+    fn lost_refusal(&self, partition: PartitionId, key: &[u8]) -> Option<Refusal> {
+        let missing = self.lost_write(partition, key)?;
+        let ends = self.parts[partition as usize].as_ref().is_some_and(|r| r.is_head() || r.next().is_none());
+        Some(if ends { Refusal::Lost { key: bytes::Bytes::copy_from_slice(key), missing } } else { Refusal::Behind })
+    }
+
+    /// A client's read of `key` (`Message::Get`, or `read_now`): this
+    /// replica's latest version and what must be durable before it is
+    /// answered.
+    fn read(&mut self, epoch: u64, partition: PartitionId, key: &[u8], min: Option<&Version>, now_ms: u64) -> Result<Read, Refusal> {
+        let not_responsible = Refusal::NotResponsible { epoch: self.topology.epoch };
+        if epoch != self.topology.epoch || self.dr_asking() {
+            return Err(not_responsible);
+        }
+        if let Some(reason) = self.lost_refusal(partition, key) {
+            return Err(reason);
+        }
+        let (item, chain_index, stable_through) =
+            self.with(partition, |r| r.get(key, min, now_ms).map(|(item, at)| (item, at, r.stable()))).ok_or(not_responsible)??;
+        // A version the session already depends on needs no wait: it
+        // cannot be lost to this reader.
+        let vouched = min.is_some_and(|m| item.version.as_ref() == Some(m));
+        let needs = if vouched { Needs::new() } else { smallvec::smallvec![(partition, item.seq)] };
+        Ok(Read { item, chain_index, stable_through, needs })
+    }
+
+    /// A client's read answered in place of a `Message::Get` (the client's
+    /// session runs on this node, and nothing else of it is in flight): the
+    /// `Value` that message would get at once, or `None` when it would get
+    /// anything else (a refusal, a wait for the disk, for durability or for
+    /// a coded site's groups) and the client sends the message instead.
+    pub fn read_now(
+        &mut self,
+        epoch: u64,
+        partition: PartitionId,
+        key: &[u8],
+        min: Option<&Version>,
+        now_ms: u64,
+    ) -> Option<(Item, u8, u64)> {
+        if self.ec.is_some() || !self.admitted || self.tier.is_some() {
+            return None;
+        }
+        let Read { item, chain_index, stable_through, needs } = self.read(epoch, partition, key, min, now_ms).ok()?;
+        self.durable(&needs).then_some((item, chain_index, stable_through))
     }
 
     /// Periodic work: retransmissions, and the heartbeat when it is due.
@@ -653,7 +706,11 @@ impl Node {
         if self.admitted {
             let floor = self.remote_floor();
             for p in 0..self.parts.len() {
-                self.with(p as PartitionId, |r| r.tick(now_ms, floor, out));
+                let dr = self.geo.as_ref().and_then(Geo::dr).filter(|d| d.failed_over());
+                let keep = |key: &[u8]| dr.is_some_and(|d| d.lost(key).is_some());
+                let Some(r) = self.parts[p].as_mut() else { continue };
+                r.tick(now_ms, floor, &keep, out);
+                self.stepped(p as PartitionId);
             }
             self.tier_replicas();
             self.grant_streams(now_ms, out);
@@ -875,14 +932,21 @@ impl Node {
     /// Runs `f` on this node's replica of `partition` and collects the log
     /// records it produced.
     fn with<R>(&mut self, partition: PartitionId, f: impl FnOnce(&mut ChainReplica) -> R) -> Option<R> {
-        let r = self.parts.get_mut(partition as usize)?.as_mut()?;
-        let result = f(r);
-        self.log.extend(r.take_log());
+        let result = f(self.parts.get_mut(partition as usize)?.as_mut()?);
+        self.stepped(partition);
+        Some(result)
+    }
+
+    /// After `partition`'s replica ran: its log records, what its tail has
+    /// for other sites, and the parked writes it may let go.
+    fn stepped(&mut self, partition: PartitionId) {
+        if let Some(r) = self.parts.get_mut(partition as usize).and_then(Option::as_mut) {
+            self.log.extend(r.take_log());
+        }
         self.geo_feed(partition);
         if self.waiting.on(partition) {
             self.touched.push(partition);
         }
-        Some(result)
     }
 
     fn not_responsible(&self, op: OpId, out: &mut Outbox) {
@@ -929,12 +993,15 @@ impl Node {
     /// Sends `reply` once every (partition, seq) in `needs` is durable here
     /// (`ChainReplica::durable`): at once, nearly always.
     fn when_durable(&mut self, needs: Needs, reply: Envelope, out: &mut Outbox) {
-        let durable =
-            |&(p, seq): &(PartitionId, u64)| self.parts.get(p as usize).and_then(Option::as_ref).is_some_and(|r| r.durable() >= seq);
-        match needs.iter().all(durable) {
+        match self.durable(&needs) {
             true => out.push(reply),
             false => self.parked.push((needs, reply)),
         }
+    }
+
+    /// Whether every update `needs` names is durable here.
+    fn durable(&self, needs: &Needs) -> bool {
+        needs.iter().all(|&(p, seq)| self.parts.get(p as usize).and_then(Option::as_ref).is_some_and(|r| r.durable() >= seq))
     }
 
     /// Sends the parked replies that are due, and refuses those whose

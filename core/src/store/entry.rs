@@ -245,8 +245,8 @@ impl Eq for Entry {}
 pub struct View<'a> {
     b: &'a [u8],
     key_at: u32,
+    /// The timestamp's 8 bytes follow the key.
     key_len: u32,
-    ts_at: u16,
     seq: u64,
     site: u8,
     flags: u8,
@@ -263,9 +263,7 @@ impl<'a> View<'a> {
         let (key_len, used) = read_leb128(&b[at..]);
         at += used;
         let key_at = at;
-        at += key_len as usize;
-        let ts_at = at as u16;
-        at += 8;
+        at += key_len as usize + 8;
         let (seq, used) = read_leb128(&b[at..]);
         at += used;
         let (site, flags, n) = (b[at], b[at + 1], b[at + 2]);
@@ -279,11 +277,11 @@ impl<'a> View<'a> {
         for _ in 1..n {
             at += read_leb128(&b[at..]).1;
         }
-        View { b, ts_at, seq, site, flags, n, access_at, extra_at, key_at: key_at as u32, key_len: key_len as u32, value_at: at as u32 }
+        View { b, seq, site, flags, n, access_at, extra_at, key_at: key_at as u32, key_len: key_len as u32, value_at: at as u32 }
     }
 
     pub fn ts(&self) -> Timestamp {
-        let at = self.ts_at as usize;
+        let at = (self.key_at + self.key_len) as usize;
         Timestamp::from_bits(u64::from_le_bytes(self.b[at..at + 8].try_into().expect("8 bytes")))
     }
 
@@ -461,6 +459,11 @@ mod tests {
         let mut vv = VersionVector::local(2, ts);
         vv.set(0, Timestamp::new(1_699_999_999_999, 0));
         round_trip(b"k", Version { ts, site: 2, vv }, Some(b"v"), None);
+        // Keys past 64 KiB: the timestamp after them was once read at its
+        // place modulo 2^16, inside the key.
+        for len in [65_535, 65_536, 70_000, 1 << 20] {
+            round_trip(&vec![b'k'; len], Version::local(0, ts), Some(b"v"), Some(5));
+        }
     }
 
     #[test]

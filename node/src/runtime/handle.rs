@@ -9,9 +9,10 @@ use super::server::Node;
 use crate::config::NodeConfig;
 use bytes::Bytes;
 use causeway_core::chain::{Conflict, Digest};
+use causeway_core::driver::ReadHere;
 use causeway_core::geo::visibility::Delays;
 use causeway_core::geo::Replication;
-use causeway_core::message::{ClientId, Message};
+use causeway_core::message::{ClientId, Item, Message};
 use causeway_core::ring::{NodeId, NodeInfo, PartitionId, Topology};
 use causeway_core::supervisor::NodeReport;
 use causeway_core::version::{SiteId, Version, VersionVector};
@@ -222,6 +223,13 @@ impl Handle {
         self.node.route_sends(sends, client, replies, undelivered)
     }
 
+    /// A client's read answered in place, if the node can at once
+    /// (`causeway_core::driver::Driver::read_here`).
+    #[inline]
+    pub fn read_now(&self, here: &ReadHere, key: &[u8], now_ms: u64) -> Option<(Item, u8, u64)> {
+        self.node.read_now(here, key, now_ms)
+    }
+
     /// Waits, up to a second, while a link to a live member is over its
     /// backlog's soft limit: a slow peer slows the clients of this node.
     #[inline]
@@ -257,7 +265,7 @@ impl Handle {
     /// their last write never arrived, from `cursor` on (at most `count`),
     /// with the write each misses, and where the next page starts.
     pub fn dr_missing(&self, cursor: &[u8], count: usize) -> (Vec<(Bytes, Version)>, Option<Bytes>) {
-        self.node.with_core(|core| core.geo().and_then(|g| g.dr()).map(|d| d.missing(cursor, count)).unwrap_or_default())
+        self.node.with_core(|core| core.dr_missing(cursor, count))
     }
 
     /// The node's status, now.
@@ -279,7 +287,7 @@ impl Handle {
                 remote_backlog: geo.backlog(),
                 unreported: geo.unreported(),
                 out_of_order: geo.out_of_order(),
-                dr: geo.dr().map(|d| d.status()),
+                dr: geo.dr().map(|d| causeway_core::geo::dr::DrStatus { lost: core.dr_missing_count(), ..d.status() }),
                 sites: node
                     .site_links()
                     .iter()

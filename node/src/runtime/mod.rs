@@ -31,6 +31,7 @@ mod wal;
 
 pub use clock::Clock;
 pub use handle::{CoordinatorStatus, GeoStatus, Handle, LinkState, SiteStatus, Status, TierStatus, WalStatus};
+pub use server::saved_topology;
 
 use crate::config::NodeConfig;
 use causeway_core::message::BINARY_MAGIC;

@@ -9,7 +9,8 @@ use crate::runtime::peer::wan::SiteLink;
 use crate::runtime::peer::Peer;
 use crate::runtime::wal::{Fsync, Wal};
 use ahash::AHashMap;
-use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Message, Outbox};
+use causeway_core::driver::ReadHere;
+use causeway_core::message::{home_node, session_id, ClientId, Dest, Envelope, Item, Message, Outbox};
 use causeway_core::node::{self as core_node, Identity, Now};
 use causeway_core::ring::{NodeId, Topology};
 use causeway_core::version::{SiteId, VersionVector};
@@ -355,6 +356,12 @@ impl Node {
         self.route(out, Some((local, replies)));
     }
 
+    /// A client's read answered in place (`core::node::Node::read_now`):
+    /// nothing to log, send or wait for.
+    pub fn read_now(&self, here: &ReadHere, key: &[u8], now_ms: u64) -> Option<(Item, u8, u64)> {
+        self.core.lock().read_now(here.epoch, here.partition, key, here.min.as_ref(), now_ms)
+    }
+
     /// The write-ahead log, if the node keeps one.
     pub fn wal(&self) -> Option<&Wal> {
         self.wal.get()
@@ -416,7 +423,15 @@ pub async fn start(config: NodeConfig) -> Result<(Arc<Node>, TcpListener, [tokio
     let mut topology = config.topology()?;
     // A restarted node starts from the last configuration it adopted (it
     // serves again only once the coordinator admits this incarnation).
-    if let Some(saved) = config.data_dir.as_ref().and_then(|d| load_topology(Path::new(d))) {
+    if let Some(saved) = config.data_dir.as_ref().and_then(|d| saved_topology(Path::new(d))) {
+        if saved.shape != topology.shape {
+            return Err(format!(
+                "{} holds a site of another shape ({}) than this node's flags ask for ({}): start it with the same shape, or with an empty data directory",
+                config.data_dir.as_deref().unwrap_or_default(),
+                describe(&saved.shape),
+                describe(&topology.shape)
+            ));
+        }
         if saved.epoch > topology.epoch {
             topology = saved;
         }
@@ -662,8 +677,17 @@ fn save_topology(dir: &Path, t: &Topology) -> Result<(), String> {
     std::fs::rename(&tmp, dir.join(TOPOLOGY_FILE)).map_err(|e| e.to_string())
 }
 
-fn load_topology(dir: &Path) -> Option<Topology> {
+/// The configuration a node with data directory `dir` last adopted, if any.
+pub fn saved_topology(dir: &Path) -> Option<Topology> {
     causeway_core::wire::decode(&std::fs::read(dir.join(TOPOLOGY_FILE)).ok()?).ok()
+}
+
+/// A site's shape in the words of the node's flags.
+fn describe(s: &causeway_core::ring::Shape) -> String {
+    match s.coding {
+        Some(c) => format!("{} partitions, --redundancy ec:{}+{}", s.partitions, c.data, c.parity),
+        None => format!("{} partitions, --replicas {} --k {}", s.partitions, s.replicas, s.k),
+    }
 }
 
 /// A random number from the standard library's per-process hash seed.

@@ -1,4 +1,5 @@
-//! DEL key [key ...]
+//! DEL key [key ...], UNLINK key [key ...] (the same: a delete frees
+//! nothing more later)
 //!
 //! Deletes each key that exists (a tombstone written only if the head finds
 //! a live value) and replies with how many did, or with the first error

@@ -39,6 +39,7 @@ mod quit;
 mod select;
 mod set;
 mod setex;
+mod strings;
 mod time;
 mod ttl;
 
@@ -112,6 +113,12 @@ pub static COMMANDS: &[Command] = &[
     data!("get", 2, get::parse),
     data!("set", -3, set::parse),
     data!("del", -2, del::parse),
+    data!("unlink", -2, del::parse),
+    data!("getdel", 2, strings::getdel),
+    data!("getset", 3, strings::getset),
+    data!("strlen", 2, strings::strlen),
+    data!("type", 2, strings::type_of),
+    data!("mset", -3, strings::mset),
     data!("exists", -2, exists::parse),
     data!("mget", -2, mget::parse),
     data!("setex", 4, setex::parse),

@@ -273,6 +273,7 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
     let mut decoder = RequestDecoder::new();
     'serve: loop {
         conn.follow_site();
+        let input_grown = crate::runtime::grown(&input);
         loop {
             match decoder.decode(&mut input, &limits) {
                 Ok(Some(args)) if args.is_empty() => {}
@@ -318,8 +319,11 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
             if stream.write_all(&conn.output).await.is_err() {
                 break;
             }
+            let grown = crate::runtime::grown(&conn.output);
             conn.output.clear();
+            crate::runtime::shrink_buffer(&mut conn.output, grown);
         }
+        crate::runtime::shrink_buffer(&mut input, input_grown);
         // A slow peer slows the clients that feed it.
         node.wait_for_peers().await;
         match stream.read_buf(&mut input).await {

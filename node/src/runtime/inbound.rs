@@ -86,6 +86,7 @@ async fn serve_peer(node: Arc<Node>, id: Peer, stream: u64, mut rd: OwnedReadHal
     let mut unacked = 0;
     let mut ack_due: Option<tokio::time::Instant> = None;
     loop {
+        let grown = super::grown(&buf);
         loop {
             let before = buf.len();
             match take_sequenced(&mut buf) {
@@ -108,6 +109,7 @@ async fn serve_peer(node: Arc<Node>, id: Peer, stream: u64, mut rd: OwnedReadHal
                 }
             }
         }
+        super::shrink_buffer(&mut buf, grown);
         if unacked >= ACK_BYTES || ack_due.is_some_and(|t| t <= tokio::time::Instant::now()) {
             out.clear();
             if matches!(id, Peer::Site(..)) {
@@ -166,10 +168,13 @@ async fn serve_client(
             if wr.write_all(&out).await.is_err() {
                 return;
             }
+            let grown = super::grown(&out);
             out.clear();
+            super::shrink_buffer(&mut out, grown);
         }
     });
     loop {
+        let grown = super::grown(&buf);
         loop {
             match take_message(&mut buf) {
                 Ok(Some(msg)) => {
@@ -182,6 +187,7 @@ async fn serve_client(
                 }
             }
         }
+        super::shrink_buffer(&mut buf, grown);
         // A slow peer slows the clients that feed it.
         node.wait_for_peers().await;
         if !matches!(rd.read_buf(&mut buf).await, Ok(n) if n > 0) {

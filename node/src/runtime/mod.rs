@@ -33,7 +33,30 @@ pub use clock::Clock;
 pub use handle::{CoordinatorStatus, GeoStatus, Handle, LinkState, SiteStatus, Status, TierStatus, WalStatus};
 pub use server::saved_topology;
 
+/// What a connection's buffer keeps between uses.
+const BUFFER_BYTES: usize = 64 * 1024;
+
+/// Whether a connection's buffer grew for a large message (a 100 MB
+/// value). Asked while the buffer holds it: once messages are split off,
+/// `capacity` no longer tells the size of the allocation.
+pub fn grown(buf: &BytesMut) -> bool {
+    buf.capacity() > 16 * BUFFER_BYTES
+}
+
+/// Moves what `buf` holds to a new buffer of the usual size, if it had
+/// `grown`: a `BytesMut` otherwise keeps its largest allocation for the
+/// connection's life (it reclaims it whole once the bytes split off it are
+/// dropped).
+pub fn shrink_buffer(buf: &mut BytesMut, grown: bool) {
+    if grown {
+        let mut fresh = BytesMut::with_capacity(BUFFER_BYTES.max(buf.len()));
+        fresh.extend_from_slice(buf);
+        *buf = fresh;
+    }
+}
+
 use crate::config::NodeConfig;
+use bytes::BytesMut;
 use causeway_core::message::BINARY_MAGIC;
 use server::Node;
 use std::future::Future;

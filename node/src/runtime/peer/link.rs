@@ -324,7 +324,11 @@ impl Writer {
             let first = self.next;
             if self.fill(&mut batch) {
                 wr.write_all(&batch).await?;
+                let grown = crate::runtime::grown(&batch);
                 let bytes = batch.split().freeze();
+                // Kept until acknowledged: the next batch must not reclaim
+                // a large one's allocation whole once it is.
+                crate::runtime::shrink_buffer(&mut batch, grown);
                 self.shared.queue.lock().unacked += bytes.len();
                 self.unacked.push_back(Batch { first, count: self.next - first, bytes });
                 continue;

@@ -17,6 +17,7 @@ fn ping_echo_select_and_generic_errors() {
     assert_eq!(cmd("ECHO").arg(b"a\r\nb\0c".as_slice()).query::<Vec<u8>>(&mut con).unwrap(), b"a\r\nb\0c");
     assert_eq!(cmd("SELECT").arg(0).query::<String>(&mut con).unwrap(), "OK");
     assert_eq!(expect_err(&mut con, cmd("SELECT").arg(1)), "ERR DB index is out of range");
+    assert_eq!(expect_err(&mut con, cmd("SELECT").arg("x")), "ERR value is not an integer or out of range");
     assert_eq!(expect_err(&mut con, cmd("PING").arg("a").arg("b")), "ERR wrong number of arguments for 'ping' command");
     assert_eq!(expect_err(&mut con, &cmd("GET")), "ERR wrong number of arguments for 'get' command");
     assert_eq!(expect_err(&mut con, cmd("GET").arg("a").arg("b")), "ERR wrong number of arguments for 'get' command");
@@ -28,10 +29,10 @@ fn ping_echo_select_and_generic_errors() {
     // Unknown commands: Redis' wording (the exact byte layout of the argument
     // list is checked on the raw connection below).
     let e = expect_err(&mut con, cmd("FOO").arg("bar").arg("baz"));
-    assert!(e.starts_with("ERR unknown command 'FOO', with args beginning with: 'bar' 'baz'"), "{e}");
+    assert_eq!(e, "ERR unknown command 'FOO', with args beginning with: 'bar' 'baz' ", "Redis's wording, to the trailing space");
     let mut raw = c.raw(2);
     match raw.cmd(&[b"foo"]) {
-        Frame::Error(e) => assert!(e.starts_with("ERR unknown command 'foo', with args beginning with:"), "{e}"),
+        Frame::Error(e) => assert_eq!(e, "ERR unknown command 'foo', with args beginning with: "),
         other => panic!("{other:?}"),
     }
     // The connection survives errors.
@@ -225,6 +226,7 @@ fn hello_switches_to_resp3_and_back() {
     raw.send_cmd(&[b"GET", b"missing"]);
     assert_eq!(raw.read_exact_raw(5), b"$-1\r\n");
     assert_eq!(raw.cmd(&[b"HELLO", b"4"]), error("NOPROTO unsupported protocol version"));
+    assert_eq!(raw.cmd(&[b"HELLO", b"x"]), error("ERR Protocol version is not an integer or out of range"));
     assert_eq!(raw.cmd(&[b"HELLO", b"3", b"BOGUS"]), error("ERR syntax error"));
 
     // The redis crate's own RESP3 mode works end to end.
@@ -242,6 +244,13 @@ fn client_subcommands() {
     assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut con).unwrap(), None);
     assert_eq!(cmd("CLIENT").arg("SETNAME").arg("worker-1").query::<String>(&mut con).unwrap(), "OK");
     assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("worker-1"));
+    assert_eq!(
+        expect_err(&mut con, cmd("CLIENT").arg("SETNAME").arg("bad name")),
+        "ERR Client names cannot contain spaces, newlines or special characters."
+    );
+    assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("worker-1"));
+    assert_eq!(cmd("CLIENT").arg("SETNAME").arg("").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(cmd("CLIENT").arg("GETNAME").query::<Option<String>>(&mut con).unwrap(), None, "an empty name clears it");
     assert_eq!(cmd("CLIENT").arg("SETINFO").arg("LIB-NAME").arg("x").query::<String>(&mut con).unwrap(), "OK");
     let id1: i64 = cmd("CLIENT").arg("ID").query(&mut con).unwrap();
     let id2: i64 = cmd("CLIENT").arg("ID").query(&mut c.conn(0)).unwrap();

@@ -1,7 +1,8 @@
 //! CLIENT SETNAME name | GETNAME | ID | SETINFO attribute value
 //!
-//! What client libraries send on connect. SETINFO is accepted and
-//! forgotten. Another subcommand is `ERR unknown subcommand '...' for
+//! What client libraries send on connect. SETNAME takes a name of
+//! printable characters without spaces (else Redis's error), and an empty
+//! one clears it. SETINFO is accepted and forgotten. Another subcommand is `ERR unknown subcommand '...' for
 //! 'client'`, and the wrong number of arguments for one is
 //! `ERR wrong number of arguments for 'client|setname' command`, as Redis 7
 //! names it (both answered in `mod.rs` before this runs).
@@ -19,12 +20,23 @@ pub const SUBCOMMANDS: &[Subcommand] = &[
     Subcommand { name: "setinfo", arity: 4 },
 ];
 
+/// Names the connection (CLIENT SETNAME, HELLO SETNAME), as Redis checks
+/// the name: no spaces, newlines or other characters outside `!`..=`~`;
+/// an empty name clears it.
+pub fn set_name(conn: &mut Conn, name: &[u8]) -> Result<(), Frame> {
+    if name.iter().any(|&c| !(b'!'..=b'~').contains(&c)) {
+        return Err(Frame::error("ERR Client names cannot contain spaces, newlines or special characters."));
+    }
+    conn.name = (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned());
+    Ok(())
+}
+
 pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     match upper(&args[1]).as_str() {
-        "SETNAME" => {
-            conn.name = Some(String::from_utf8_lossy(&args[2]).into_owned());
-            Frame::ok()
-        }
+        "SETNAME" => match set_name(conn, &args[2]) {
+            Ok(()) => Frame::ok(),
+            Err(e) => e,
+        },
         "GETNAME" => conn.name.clone().map_or(Frame::Null, |n| Frame::Bulk(n.into())),
         "ID" => Frame::Integer((conn.id() & 0xFFFF_FFFF_FFFF) as i64),
         "SETINFO" => Frame::ok(),

@@ -17,6 +17,9 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         proto = match v.as_ref() {
             b"2" => Protocol::Resp2,
             b"3" => Protocol::Resp3,
+            v if std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()).is_none() => {
+                return Frame::error("ERR Protocol version is not an integer or out of range").into()
+            }
             _ => return Frame::error("NOPROTO unsupported protocol version").into(),
         };
     }
@@ -35,7 +38,9 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
                 i += 3;
             }
             "SETNAME" if i + 1 < args.len() => {
-                conn.name = Some(String::from_utf8_lossy(&args[i + 1]).into_owned());
+                if let Err(e) = super::client::set_name(conn, &args[i + 1]) {
+                    return e.into();
+                }
                 i += 2;
             }
             _ => return syntax_error().into(),

@@ -262,9 +262,10 @@ fn unknown_subcommand(cmd: &Command, word: &[u8]) -> Frame {
     Frame::error(format!("ERR unknown subcommand '{}' for '{}'", String::from_utf8_lossy(word), cmd.name))
 }
 
+/// As Redis words it: each argument quoted and followed by a space.
 fn unknown(args: &[Bytes]) -> Frame {
-    let shown: Vec<String> = args[1..].iter().take(8).map(|a| format!("'{}'", String::from_utf8_lossy(a))).collect();
-    Frame::error(format!("ERR unknown command '{}', with args beginning with: {}", String::from_utf8_lossy(&args[0]), shown.join(" ")))
+    let shown: String = args[1..].iter().take(8).map(|a| format!("'{}' ", String::from_utf8_lossy(a))).collect();
+    Frame::error(format!("ERR unknown command '{}', with args beginning with: {shown}", String::from_utf8_lossy(&args[0])))
 }
 
 pub fn wrong_arity(name: &str) -> Frame {

@@ -1,7 +1,8 @@
 //! SELECT index
 //!
-//! Only database 0 exists: replies `+OK` for it and
-//! `ERR DB index is out of range` for any other.
+//! Only database 0 exists: replies `+OK` for it,
+//! `ERR DB index is out of range` for another number and `ERR value is not
+//! an integer or out of range` for what is not one.
 
 use super::Outcome;
 use crate::redis::conn::Conn;
@@ -9,9 +10,10 @@ use bytes::Bytes;
 use causeway_resp::Frame;
 
 pub async fn run(_conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
-    match args[1].as_ref() {
-        b"0" => Frame::ok(),
-        _ => Frame::error("ERR DB index is out of range"),
+    match super::integer(&args[1]) {
+        Ok(0) => Frame::ok(),
+        Ok(_) => Frame::error("ERR DB index is out of range"),
+        Err(e) => e,
     }
     .into()
 }

@@ -51,7 +51,7 @@ impl fmt::Display for Error {
             Error::OutOfMemory => f.write_str("command not allowed when used memory > 'maxmemory'."),
             Error::Disk(why) => write!(f, "disk tier: {why}"),
             Error::NotNoted => f.write_str(
-                "timed out waiting for the backup site to note the write (disaster recovery): it is applied here but not acknowledged; retry, or check the link to the backup (CW.DR STATUS)",
+                "timed out waiting for the backup site to note the write (disaster recovery): it is applied here but not acknowledged; retry, or check the link to the backup and whether the backup has failed over (CW.DR STATUS at the backup)",
             ),
             Error::Lost { key, missing } => write!(
                 f,

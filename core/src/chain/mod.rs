@@ -654,6 +654,11 @@ impl ChainReplica {
     fn send_forward(&self, updates: Vec<Update>, out: &mut Outbox) {
         let next = self.index + 1;
         let to = Dest::Node(self.successor().expect("only non-tails forward"));
+        let lazy = |part: &[Update]| part.iter().all(|u| u.ack.as_ref().is_none_or(|a| (a.at as usize) < next));
+        if updates.iter().map(forward_bytes).sum::<usize>() <= FORWARD_BYTES {
+            let lazy = lazy(&updates);
+            return send(out, to, Message::Forward { epoch: self.epoch, partition: self.partition, updates, lazy });
+        }
         let mut updates = updates.into_iter().peekable();
         while updates.peek().is_some() {
             let mut bytes = 0;
@@ -663,7 +668,7 @@ impl ChainReplica {
                 Some(u)
             })
             .collect();
-            let lazy = part.iter().all(|u| u.ack.as_ref().is_none_or(|a| (a.at as usize) < next));
+            let lazy = lazy(&part);
             send(out, to, Message::Forward { epoch: self.epoch, partition: self.partition, updates: part, lazy });
         }
     }

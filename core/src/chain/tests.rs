@@ -502,3 +502,37 @@ fn a_sample_of_tombstones_is_not_taken_for_nothing_left_to_evict() {
     }
     assert_eq!(head.evict(Policy::AllKeysLru, 1, 3_000, &mut out).1, 1, "k0 is found however the sample falls");
 }
+
+/// Large values go down the chain in messages of at most `FORWARD_BYTES`
+/// (one larger value alone), first as written and again when resent: a
+/// peer link drops a message past its backlog's limit, so one message of
+/// everything unstable would be dropped at every resend.
+#[test]
+fn large_updates_are_forwarded_and_resent_in_bounded_messages() {
+    let (_, [_, b, _], [mut head, ..]) = chain_of_three();
+    let mut out = Outbox::new();
+    let mut forwarded = Vec::new();
+    for (i, len) in [(1, 6 << 20), (2, 6 << 20), (3, 20 << 20)] {
+        let mut req = put(i, i);
+        req.key = Bytes::from(format!("k{i}"));
+        req.change = Change::set(Bytes::from(vec![b'v'; len]));
+        head.put(req, 10, &mut out);
+        forwarded.extend(take(&mut out, Dest::Node(b)));
+    }
+    let sizes = |msgs: &[Message]| -> Vec<usize> {
+        msgs.iter()
+            .map(|m| match m {
+                Message::Forward { updates, .. } => updates.iter().map(forward_bytes).sum(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(forwarded.len(), 3, "one message per write here");
+    // Nothing acknowledged: the head resends everything unstable.
+    head.tick(10 + RETRANSMIT_MS, None, &|_| false, &mut out);
+    let resent = take(&mut out, Dest::Node(b));
+    let resent_sizes = sizes(&resent);
+    assert_eq!(resent_sizes.len(), 2, "6 + 6 MB, then 20 MB alone: {resent_sizes:?}");
+    assert!(resent_sizes[0] <= FORWARD_BYTES);
+    assert_eq!(resent_sizes.iter().sum::<usize>(), sizes(&forwarded).iter().sum::<usize>());
+}

@@ -47,6 +47,10 @@ fn an_ec_site_serves_redis_clients() {
     assert_eq!(gone, None);
     let xx: Option<String> = redis::cmd("SET").arg("k").arg("v4").arg("XX").query(&mut a).unwrap();
     assert_eq!(xx, None);
+    // Not yet on a coded site: a clear refusal, nothing written.
+    let e = redis::cmd("INCR").arg("n").query::<i64>(&mut a).unwrap_err();
+    assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
+    assert_eq!(redis::cmd("GET").arg("n").query::<Option<String>>(&mut a).unwrap(), None);
     // The partition map names each partition's group and roles.
     let map: redis::Value = redis::cmd("CW.KEYRANGE").query(&mut a).unwrap();
     let text = format!("{map:?}");

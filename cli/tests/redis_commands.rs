@@ -170,6 +170,40 @@ fn string_commands_beyond_get_and_set() {
     assert_eq!(cmd("UNLINK").arg("a").arg("b").arg("nosuch").query::<i64>(&mut con).unwrap(), 2);
 }
 
+/// INCR and its family, decided at the key's head: increments through
+/// every node at once all count; Redis's errors and expiry rules.
+#[test]
+fn increments_from_many_clients_all_count() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    assert_eq!(cmd("INCR").arg("n").query::<i64>(&mut con).unwrap(), 1);
+    assert_eq!(cmd("INCRBY").arg("n").arg(41).query::<i64>(&mut con).unwrap(), 42);
+    assert_eq!(cmd("DECR").arg("n").query::<i64>(&mut con).unwrap(), 41);
+    assert_eq!(cmd("DECRBY").arg("n").arg(-9).query::<i64>(&mut con).unwrap(), 50);
+    assert_eq!(cmd("GET").arg("n").query::<String>(&mut con).unwrap(), "50");
+    cmd("SET").arg("s").arg("abc").query::<()>(&mut con).unwrap();
+    assert_eq!(expect_err(&mut con, cmd("INCR").arg("s")), "ERR value is not an integer or out of range");
+    assert_eq!(expect_err(&mut con, cmd("INCRBY").arg("n").arg("1.5")), "ERR value is not an integer or out of range");
+    cmd("SET").arg("max").arg(i64::MAX).query::<()>(&mut con).unwrap();
+    assert_eq!(expect_err(&mut con, cmd("INCR").arg("max")), "ERR increment or decrement would overflow");
+    cmd("SET").arg("t").arg("5").arg("EX").arg(100).query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("INCR").arg("t").query::<i64>(&mut con).unwrap(), 6);
+    assert!(cmd("TTL").arg("t").query::<i64>(&mut con).unwrap() > 0, "INCR keeps the expiry");
+    // Eight clients through all three nodes, 200 increments each.
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let mut con = c.conn(i % 3);
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    cmd("INCR").arg("shared").query::<i64>(&mut con).unwrap();
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(cmd("GET").arg("shared").query::<String>(&mut c.conn(2)).unwrap(), "1600");
+}
+
 /// A key past 64 KiB: its version's timestamp (packed after the key) was
 /// once read at its place modulo 2^16, inside the key, and the session's
 /// next writes carried that garbage: a snapshot read (MGET) on another

@@ -20,12 +20,43 @@ pub struct Decided {
     /// The value to write (`None`: a tombstone), and its expiry; `None`
     /// when the change's condition does not hold (nothing is written).
     pub write: Option<(Option<Bytes>, Option<u64>)>,
-    /// The value the key had, if the change asked for it.
+    /// What the answer carries: the value the key had, if the change asked
+    /// for it; for `NewValue::Add`, the value written.
     pub old: Option<Bytes>,
 }
 
+/// Redis's errors for an increment the key's value does not allow.
+pub const NOT_AN_INTEGER: &str = "value is not an integer or out of range";
+pub const OVERFLOW: &str = "increment or decrement would overflow";
+
+/// `NewValue::Add(n)` on `current` (a missing key counts as 0): the value
+/// to write, or Redis's error.
+pub fn add(current: Option<&[u8]>, n: i64) -> Result<Bytes, &'static str> {
+    let now = match current {
+        None => 0,
+        // As Redis's string2ll: no spaces, no '+', no leading zeros.
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .filter(|s| !s.starts_with('+') && (s.len() == 1 || !s.starts_with('0')) && !s.starts_with("-0"))
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or(NOT_AN_INTEGER)?,
+    };
+    Ok(Bytes::from(now.checked_add(n).ok_or(OVERFLOW)?.to_string()))
+}
+
 /// Decides `change` at `now_ms` against `current`.
-pub fn decide(change: &Change, current: Current<'_>, now_ms: u64) -> Decided {
+pub fn decide(change: &Change, current: Current<'_>, now_ms: u64) -> Result<Decided, &'static str> {
+    if let NewValue::Add(n) = change.value {
+        // INCR keeps the key's expiry.
+        let value = add(current.value, n)?;
+        let expires_at = current.expires_at_ms.filter(|_| current.value.is_some());
+        return Ok(Decided { write: Some((Some(value.clone()), expires_at)), old: Some(value) });
+    }
+    Ok(decide_set(change, current, now_ms))
+}
+
+/// `decide` for every change but an increment.
+fn decide_set(change: &Change, current: Current<'_>, now_ms: u64) -> Decided {
     let exists = current.value.is_some();
     let expires_at = match change.expiry {
         Expiry::Keep => current.expires_at_ms.filter(|_| exists),
@@ -51,6 +82,7 @@ pub fn decide(change: &Change, current: Current<'_>, now_ms: u64) -> Decided {
         NewValue::Set(v) => Some(v.clone()),
         NewValue::Delete => None,
         NewValue::Keep => current.value.map(Bytes::copy_from_slice),
+        NewValue::Add(_) => unreachable!("decided in `decide`"),
     };
     // An expiry already past deletes the key (EXPIRE with a time not in
     // the future, as in Redis).
@@ -78,51 +110,71 @@ mod tests {
     #[test]
     fn set_with_its_options() {
         let set = Change::set(Bytes::from("v"));
-        assert_eq!(decide(&set, with(b"old", Some(500)), 100).write, Some((Some(Bytes::from("v")), None)), "a plain SET clears the TTL");
+        assert_eq!(
+            decide_set(&set, with(b"old", Some(500)), 100).write,
+            Some((Some(Bytes::from("v")), None)),
+            "a plain SET clears the TTL"
+        );
         let keep = Change { expiry: Expiry::Keep, ..set.clone() };
-        assert_eq!(decide(&keep, with(b"old", Some(500)), 100).write, Some((Some(Bytes::from("v")), Some(500))));
-        assert_eq!(decide(&keep, NONE, 100).write, Some((Some(Bytes::from("v")), None)));
+        assert_eq!(decide_set(&keep, with(b"old", Some(500)), 100).write, Some((Some(Bytes::from("v")), Some(500))));
+        assert_eq!(decide_set(&keep, NONE, 100).write, Some((Some(Bytes::from("v")), None)));
         let nx = Change { condition: Condition::IfAbsent, get: true, ..set.clone() };
-        assert_eq!(decide(&nx, with(b"old", None), 100), Decided { write: None, old: Some(Bytes::from("old")) });
+        assert_eq!(decide_set(&nx, with(b"old", None), 100), Decided { write: None, old: Some(Bytes::from("old")) });
         let ex = Change { expiry: Expiry::After(1_000), ..set.clone() };
-        assert_eq!(decide(&ex, NONE, 100).write, Some((Some(Bytes::from("v")), Some(1_100))));
+        assert_eq!(decide_set(&ex, NONE, 100).write, Some((Some(Bytes::from("v")), Some(1_100))));
         let past = Change { expiry: Expiry::At(50), ..set };
-        assert_eq!(decide(&past, NONE, 100).write, Some((None, None)), "EXAT in the past deletes");
+        assert_eq!(decide_set(&past, NONE, 100).write, Some((None, None)), "EXAT in the past deletes");
     }
 
     #[test]
     fn expire_needs_the_key_and_follows_nx_xx_gt_lt() {
         let e = |c| expire(Expiry::After(1_000), c);
-        assert_eq!(decide(&e(Condition::Always), NONE, 100).write, None, "no key, nothing to expire");
-        assert_eq!(decide(&e(Condition::Always), with(b"v", None), 100).write, Some((Some(Bytes::from("v")), Some(1_100))));
-        assert!(decide(&e(Condition::IfNoExpiry), with(b"v", None), 100).write.is_some());
-        assert!(decide(&e(Condition::IfNoExpiry), with(b"v", Some(9)), 100).write.is_none());
-        assert!(decide(&e(Condition::IfExpiry), with(b"v", None), 100).write.is_none());
-        assert!(decide(&e(Condition::IfLater), with(b"v", None), 100).write.is_none(), "never is later than any time");
-        assert!(decide(&e(Condition::IfLater), with(b"v", Some(500)), 100).write.is_some());
-        assert!(decide(&e(Condition::IfSooner), with(b"v", None), 100).write.is_some());
-        assert!(decide(&e(Condition::IfSooner), with(b"v", Some(500)), 100).write.is_none());
-        assert!(decide(&e(Condition::IfExpiryAndSooner), with(b"v", None), 100).write.is_none());
-        assert!(decide(&e(Condition::IfExpiryAndSooner), with(b"v", Some(5_000)), 100).write.is_some());
-        assert_eq!(decide(&expire(Expiry::After(0), Condition::Always), with(b"v", None), 100).write, Some((None, None)), "now: deleted");
+        assert_eq!(decide_set(&e(Condition::Always), NONE, 100).write, None, "no key, nothing to expire");
+        assert_eq!(decide_set(&e(Condition::Always), with(b"v", None), 100).write, Some((Some(Bytes::from("v")), Some(1_100))));
+        assert!(decide_set(&e(Condition::IfNoExpiry), with(b"v", None), 100).write.is_some());
+        assert!(decide_set(&e(Condition::IfNoExpiry), with(b"v", Some(9)), 100).write.is_none());
+        assert!(decide_set(&e(Condition::IfExpiry), with(b"v", None), 100).write.is_none());
+        assert!(decide_set(&e(Condition::IfLater), with(b"v", None), 100).write.is_none(), "never is later than any time");
+        assert!(decide_set(&e(Condition::IfLater), with(b"v", Some(500)), 100).write.is_some());
+        assert!(decide_set(&e(Condition::IfSooner), with(b"v", None), 100).write.is_some());
+        assert!(decide_set(&e(Condition::IfSooner), with(b"v", Some(500)), 100).write.is_none());
+        assert!(decide_set(&e(Condition::IfExpiryAndSooner), with(b"v", None), 100).write.is_none());
+        assert!(decide_set(&e(Condition::IfExpiryAndSooner), with(b"v", Some(5_000)), 100).write.is_some());
+        assert_eq!(
+            decide_set(&expire(Expiry::After(0), Condition::Always), with(b"v", None), 100).write,
+            Some((None, None)),
+            "now: deleted"
+        );
     }
 
     #[test]
     fn persist_and_getex() {
         let persist = expire(Expiry::Never, Condition::IfExpiry);
-        assert_eq!(decide(&persist, with(b"v", Some(500)), 100).write, Some((Some(Bytes::from("v")), None)));
-        assert_eq!(decide(&persist, with(b"v", None), 100).write, None);
+        assert_eq!(decide_set(&persist, with(b"v", Some(500)), 100).write, Some((Some(Bytes::from("v")), None)));
+        assert_eq!(decide_set(&persist, with(b"v", None), 100).write, None);
         let getex = Change { get: true, ..expire(Expiry::At(900), Condition::IfPresent) };
         assert_eq!(
-            decide(&getex, with(b"v", None), 100),
+            decide_set(&getex, with(b"v", None), 100),
             Decided { write: Some((Some(Bytes::from("v")), Some(900))), old: Some(Bytes::from("v")) }
         );
-        assert_eq!(decide(&getex, NONE, 100), Decided { write: None, old: None });
+        assert_eq!(decide_set(&getex, NONE, 100), Decided { write: None, old: None });
     }
 
     #[test]
     fn del_only_what_is_there() {
-        assert_eq!(decide(&Change::delete(), with(b"v", Some(500)), 100).write, Some((None, None)));
-        assert_eq!(decide(&Change::delete(), NONE, 100).write, None);
+        assert_eq!(decide_set(&Change::delete(), with(b"v", Some(500)), 100).write, Some((None, None)));
+        assert_eq!(decide_set(&Change::delete(), NONE, 100).write, None);
+    }
+
+    #[test]
+    fn an_increment_of_an_integer_keeps_the_expiry_and_answers_the_value_written() {
+        let incr = |n| Change { value: NewValue::Add(n), expiry: Expiry::Keep, condition: Condition::Always, get: true };
+        assert_eq!(decide(&incr(1), NONE, 100), Ok(Decided { write: Some((Some(Bytes::from("1")), None)), old: Some(Bytes::from("1")) }));
+        assert_eq!(decide(&incr(-5), with(b"10", Some(500)), 100).unwrap().write, Some((Some(Bytes::from("5")), Some(500))));
+        for bad in [&b"x"[..], b" 1", b"1.5", b"+1", b"01", b"", b"99999999999999999999"] {
+            assert_eq!(decide(&incr(1), with(bad, None), 100), Err(NOT_AN_INTEGER), "{bad:?}");
+        }
+        assert_eq!(decide(&incr(1), with(b"9223372036854775807", None), 100), Err(OVERFLOW));
+        assert_eq!(decide(&incr(i64::MIN), with(b"-1", None), 100), Err(OVERFLOW));
     }
 }

@@ -462,7 +462,14 @@ impl ChainReplica {
             Some(v) => change::Current { value: v.live_value(now_ms), expires_at_ms: v.expires_at_ms() },
             None => change::Current::default(),
         };
-        let decided = change::decide(&req.change, current, now_ms);
+        let decided = match change::decide(&req.change, current, now_ms) {
+            Ok(decided) => decided,
+            Err(why) => {
+                // INCR of a value that is no integer: Redis's error.
+                let msg = Message::Refused { op: req.op, reason: Refusal::Unsupported(why.to_string()) };
+                return send(out, Dest::Client(req.op.client), msg);
+            }
+        };
         let Some((value, expires_at_ms)) = decided.write else {
             let msg = Message::PutDone {
                 op: req.op,

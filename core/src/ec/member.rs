@@ -720,7 +720,7 @@ impl Member {
                 // PERSIST, GETEX) leaves the value where it is.
                 let loc = match &change.value {
                     NewValue::Set(v) => Some(d.free.alloc(v.len() as u32)),
-                    NewValue::Delete | NewValue::Keep => None,
+                    NewValue::Delete | NewValue::Keep | NewValue::Add(_) => None,
                 };
                 need.extend(loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)));
                 // A condition (DEL's "if present" too) is decided after the
@@ -745,7 +745,7 @@ impl Member {
                 // bytes matter only to GET (read above).
                 let seen =
                     Current { value: current.map(|_| old.as_deref().unwrap_or(&[])), expires_at_ms: current.and_then(|m| m.expires_at()) };
-                let decided = decide(&change, seen, now);
+                let decided = decide(&change, seen, now).expect("increments are refused before a coded site's members (`node::ec`)");
                 let decided_any = decided.write.is_some();
                 // (A delete of a key only in flight is written too: it
                 // orders after that write.)

@@ -41,7 +41,8 @@ pub struct Change {
     pub value: NewValue,
     pub expiry: Expiry,
     pub condition: Condition,
-    /// The answer carries the value the key had (SET ... GET, GETEX).
+    /// The answer carries the value the key had (SET ... GET, GETEX; for
+    /// `NewValue::Add`, the value written).
     pub get: bool,
 }
 
@@ -60,7 +61,7 @@ impl Change {
     /// whether it exists and its expiry): GET, or an expiry change that
     /// keeps it.
     pub fn needs_value(&self) -> bool {
-        self.get || self.value == NewValue::Keep
+        self.get || matches!(self.value, NewValue::Keep | NewValue::Add(_))
     }
 
     /// Whether the change is decided without anything of what the key
@@ -70,7 +71,7 @@ impl Change {
             && match self.value {
                 NewValue::Set(_) => self.condition == Condition::Always && self.expiry != Expiry::Keep,
                 NewValue::Delete => true,
-                NewValue::Keep => false,
+                NewValue::Keep | NewValue::Add(_) => false,
             }
     }
 
@@ -78,7 +79,7 @@ impl Change {
     pub fn new_value(&self) -> Option<&Bytes> {
         match &self.value {
             NewValue::Set(v) => Some(v),
-            NewValue::Delete | NewValue::Keep => None,
+            NewValue::Delete | NewValue::Keep | NewValue::Add(_) => None,
         }
     }
 }
@@ -91,6 +92,10 @@ pub enum NewValue {
     /// The key keeps its value (EXPIRE, PERSIST, GETEX): only its expiry
     /// changes, and only if it holds a value.
     Keep,
+    /// The key's integer plus this (INCR, DECR, INCRBY, DECRBY; a missing
+    /// key counts as 0), decided at the head; the answer carries the value
+    /// written (`Decided::old`).
+    Add(i64),
 }
 
 /// A change's expiry.

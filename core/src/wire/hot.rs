@@ -258,6 +258,11 @@ fn change(out: &mut impl BufMut, c: &Change) {
         }
         NewValue::Delete => out.put_u8(1),
         NewValue::Keep => out.put_u8(2),
+        NewValue::Add(n) => {
+            out.put_u8(3);
+            // Zigzag: small negative increments stay one byte.
+            varint(out, ((n << 1) ^ (n >> 63)) as u64);
+        }
     }
     match c.expiry {
         Expiry::Keep => out.put_u8(0),
@@ -427,6 +432,10 @@ impl Reader<'_> {
             0 => NewValue::Set(self.bytes()?),
             1 => NewValue::Delete,
             2 => NewValue::Keep,
+            3 => {
+                let z = self.varint()?;
+                NewValue::Add((z >> 1) as i64 ^ -((z & 1) as i64))
+            }
             _ => return Err(bad("change")),
         };
         let expiry = match self.u8()? {
@@ -506,9 +515,11 @@ mod tests {
             Condition::IfExpiryAndSooner,
         ];
         for (i, condition) in conditions.into_iter().enumerate() {
-            let value = match i % 3 {
+            let value = match i % 5 {
                 0 => NewValue::Set(Bytes::from(vec![b'v'; 100])),
                 1 => NewValue::Delete,
+                2 => NewValue::Add(-7),
+                3 => NewValue::Add(i64::MIN),
                 _ => NewValue::Keep,
             };
             let expiry = [Expiry::Keep, Expiry::Never, Expiry::After(500), Expiry::At(1_795_472_999_000)][i % 4];

@@ -56,7 +56,7 @@ fn spec(name: &str) -> (&'static [&'static str], i64, i64, i64) {
         "get" | "strlen" | "type" | "ttl" | "pttl" | "expiretime" | "pexpiretime" => (READ, 1, 1, 1),
         "exists" | "mget" => (READ, 1, -1, 1),
         "set" | "setex" | "psetex" => (GROW, 1, 1, 1),
-        "getset" => (&["write", "denyoom", "fast"], 1, 1, 1),
+        "getset" | "incr" | "decr" | "incrby" | "decrby" => (&["write", "denyoom", "fast"], 1, 1, 1),
         "mset" => (GROW, 1, -1, 2),
         "getex" | "getdel" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" => (WRITE, 1, 1, 1),
         "del" | "unlink" => (&["write"], 1, -1, 1),

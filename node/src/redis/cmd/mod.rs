@@ -31,6 +31,7 @@ mod flushall;
 mod get;
 mod getex;
 mod hello;
+mod incr;
 mod info;
 mod memory;
 mod mget;
@@ -119,6 +120,10 @@ pub static COMMANDS: &[Command] = &[
     data!("strlen", 2, strings::strlen),
     data!("type", 2, strings::type_of),
     data!("mset", -3, strings::mset),
+    data!("incr", 2, incr::parse),
+    data!("decr", 2, incr::parse),
+    data!("incrby", 3, incr::parse),
+    data!("decrby", 3, incr::parse),
     data!("exists", -2, exists::parse),
     data!("mget", -2, mget::parse),
     data!("setex", 4, setex::parse),

@@ -765,6 +765,12 @@ impl Dr {
         (page, next)
     }
 
+    /// How many lost keys are `still` refused.
+    pub fn count_missing(&self, still: impl Fn(&[u8], &Version) -> bool) -> usize {
+        let Some(lost) = &self.lost else { return 0 };
+        lost.iter().filter(|(k, &ts)| still(k, &Version::local(self.pair.primary, ts))).count()
+    }
+
     pub fn status(&self) -> DrStatus {
         DrStatus {
             role: if self.is_backup() { "backup" } else { "primary" },

@@ -705,9 +705,12 @@ impl Node {
         let at = out.len();
         if self.admitted {
             let floor = self.remote_floor();
+            // A backup process that has not heard yet whether its site
+            // failed over keeps every tombstone (one may be a lost key's).
+            let asking = self.dr_asking();
             for p in 0..self.parts.len() {
                 let dr = self.geo.as_ref().and_then(Geo::dr).filter(|d| d.failed_over());
-                let keep = |key: &[u8]| dr.is_some_and(|d| d.lost(key).is_some());
+                let keep = |key: &[u8]| asking || dr.is_some_and(|d| d.lost(key).is_some());
                 let Some(r) = self.parts[p].as_mut() else { continue };
                 r.tick(now_ms, floor, &keep, out);
                 self.stepped(p as PartitionId);

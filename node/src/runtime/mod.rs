@@ -44,11 +44,13 @@ pub fn grown(buf: &BytesMut) -> bool {
 }
 
 /// Moves what `buf` holds to a new buffer of the usual size, if it had
-/// `grown`: a `BytesMut` otherwise keeps its largest allocation for the
-/// connection's life (it reclaims it whole once the bytes split off it are
-/// dropped).
+/// `grown` and what is left in it is small: a `BytesMut` otherwise keeps
+/// its largest allocation for the connection's life (it reclaims it whole
+/// once the bytes split off it are dropped). A large message still
+/// arriving stays where it is (copying it at every read would be
+/// quadratic).
 pub fn shrink_buffer(buf: &mut BytesMut, grown: bool) {
-    if grown {
+    if grown && buf.len() <= BUFFER_BYTES {
         let mut fresh = BytesMut::with_capacity(BUFFER_BYTES.max(buf.len()));
         fresh.extend_from_slice(buf);
         *buf = fresh;
@@ -136,5 +138,29 @@ async fn serve<F: Frontend>(node: Arc<Node>, frontend: Arc<F>, stream: TcpStream
         Ok(1) if first[0] == BINARY_MAGIC => inbound::serve(node, stream).await,
         Ok(1) => frontend.serve(Handle::new(node), stream).await,
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_gives_its_room_back_only_once_its_large_message_is_taken() {
+        let mut buf = BytesMut::with_capacity(BUFFER_BYTES);
+        // Part of a large message: grown, and left where it is (copying it
+        // at every read while it arrives would be quadratic).
+        buf.extend_from_slice(&vec![7u8; 4 << 20]);
+        let was = grown(&buf);
+        assert!(was);
+        let at = buf.as_ptr();
+        shrink_buffer(&mut buf, was);
+        assert_eq!(buf.as_ptr(), at);
+        // Taken but for the start of the next message: moved to a small buffer.
+        let message = buf.split_to((4 << 20) - 10).freeze();
+        shrink_buffer(&mut buf, was);
+        assert_eq!((buf.len(), buf.capacity()), (10, BUFFER_BYTES));
+        assert_eq!(&buf[..], &[7u8; 10]);
+        drop(message);
     }
 }

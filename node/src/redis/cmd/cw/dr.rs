@@ -19,6 +19,8 @@
 //!   write never arrived), as SCAN pages: the next cursor (`0` at the end)
 //!   and `key`, `write` pairs, the write as `ts@site`; at most COUNT (100)
 //!   keys a page. This is the manifest of what the primary's loss cost.
+//!   Keys written since are left out, as far as this node's replicas tell
+//!   (a key of a partition it holds no replica of stays listed).
 //! * FAILOVER: at the backup, fail over from the primary: once every node
 //!   of the site refuses the keys whose value never arrived (`-LOST`),
 //!   replies their number. A plain SET or DEL of such a key clears it.

@@ -290,6 +290,8 @@ fn sessions_move_between_sites_and_wait_for_their_writes() {
     for n in 0..3 {
         let _: () = redis::cmd("CW.WAN").arg("CUT").arg(0).query(&mut sites[2].conn(n)).unwrap();
     }
+    let own = redis::cmd("CW.WAN").arg("CUT").arg(2).query::<()>(&mut sites[2].conn(0)).unwrap_err();
+    assert!(own.to_string().contains("this node's own site"), "{own}");
     let _: () = at0.set("z", 1).unwrap();
     let err = redis::cmd("CW.WAIT").arg("ALL").arg(500).query::<()>(&mut at0).unwrap_err();
     assert!(err.to_string().contains("TIMEOUT") && err.to_string().contains('2'), "{err}");

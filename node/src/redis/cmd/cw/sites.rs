@@ -155,6 +155,9 @@ pub async fn conflicts(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
 pub async fn wan(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let word = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase());
     let Some(site) = word(2).and_then(|s| s.parse::<SiteId>().ok()) else { return syntax_error().into() };
+    if site == conn.node.config().site {
+        return Frame::error(format!("ERR site {site} is this node's own site: name the other end of the link")).into();
+    }
     if !conn.node.remote_sites().contains(&site) {
         return Frame::error(format!("ERR site {site} is not in this node's configuration")).into();
     }

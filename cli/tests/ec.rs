@@ -71,6 +71,12 @@ fn an_ec_site_serves_redis_clients() {
         load.cmd("SET").arg(format!("key{i}")).arg(&big[..1_000]).ignore();
     }
     let _: () = load.query(&mut a).unwrap();
+    // KEYS and SCAN: every node lists the keys of the slots it serves.
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("key1?").query(&mut b).unwrap();
+    keys.sort();
+    assert_eq!(keys, (10..20).map(|i| format!("key{i}")).collect::<Vec<_>>());
+    let scanned: std::collections::HashSet<String> = redis::Commands::scan_match(&mut b, "key*").unwrap().collect();
+    assert_eq!(scanned.len(), 2_000);
     let held = |what: &str| -> u64 { (0..5).map(|i| info_field(&mut c.conn(i), "ec", what)).sum() };
     let (data, parity) = (held("ec_data_bytes"), held("ec_parity_bytes"));
     assert!(data >= 2_000_000 && parity >= 2 * data / 3, "{data} bytes of data pages, {parity} of parity");

@@ -170,6 +170,70 @@ fn string_commands_beyond_get_and_set() {
     assert_eq!(cmd("UNLINK").arg("a").arg("b").arg("nosuch").query::<i64>(&mut con).unwrap(), 2);
 }
 
+/// KEYS, SCAN and RANDOMKEY: read at every partition's head, expired
+/// keys left out; a scan returns every key present for its whole length,
+/// while writers add and delete others.
+#[test]
+fn keys_scan_and_randomkey_list_the_whole_site() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    assert_eq!(cmd("RANDOMKEY").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("KEYS").arg("*").query::<Vec<String>>(&mut con).unwrap(), Vec::<String>::new());
+    let mut load = redis::pipe();
+    for i in 0..1_000 {
+        load.cmd("SET").arg(format!("user:{i}")).arg(i).ignore();
+    }
+    load.cmd("SET").arg("gone").arg("x").arg("PX").arg(1).ignore();
+    load.cmd("SET").arg(b"bin\x00[ary]".as_slice()).arg("x").ignore();
+    load.query::<()>(&mut con).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut other = c.conn(2);
+    let mut keys: Vec<String> = cmd("KEYS").arg("user:1?").query(&mut other).unwrap();
+    keys.sort();
+    assert_eq!(keys, (10..20).map(|i| format!("user:{i}")).collect::<Vec<_>>());
+    assert_eq!(cmd("KEYS").arg("*").query::<Vec<Vec<u8>>>(&mut other).unwrap().len(), 1_001, "the expired key is left out");
+    assert_eq!(cmd("KEYS").arg(b"bin\x00\\[*".as_slice()).query::<Vec<Vec<u8>>>(&mut other).unwrap(), [b"bin\x00[ary]".to_vec()]);
+    let key: String = cmd("RANDOMKEY").query(&mut other).unwrap();
+    assert!(key.starts_with("user:") || key.starts_with("bin"), "{key}");
+    // A scan while others write: every key there throughout is returned.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, mut w) = (stop.clone(), c.conn(1));
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                cmd("SET").arg(format!("new:{i}")).arg(i).query::<()>(&mut w).unwrap();
+                cmd("DEL").arg(format!("new:{}", i / 2)).query::<()>(&mut w).unwrap();
+                i += 1;
+            }
+        })
+    };
+    let mut cursor = 0u64;
+    let mut seen = std::collections::HashSet::new();
+    let mut calls = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) =
+            cmd("SCAN").arg(cursor).arg("MATCH").arg("user:*").arg("COUNT").arg(10).query(&mut other).unwrap();
+        seen.extend(keys);
+        calls += 1;
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(seen.len(), 1_000);
+    assert_eq!(calls, 64, "one partition a call");
+    let all: std::collections::HashSet<Vec<u8>> = redis::Commands::scan(&mut con).unwrap().collect();
+    assert!(all.len() >= 1_001, "{}", all.len());
+    let none: (u64, Vec<String>) = cmd("SCAN").arg(0).arg("TYPE").arg("hash").query(&mut con).unwrap();
+    assert_eq!(none, (1, vec![]));
+    assert_eq!(expect_err(&mut con, cmd("SCAN").arg("x")), "ERR invalid cursor");
+    assert_eq!(expect_err(&mut con, cmd("SCAN").arg(0).arg("COUNT").arg(0)), "ERR syntax error");
+    assert_eq!(expect_err(&mut con, &cmd("KEYS")), "ERR wrong number of arguments for 'keys' command");
+}
+
 /// INCR and its family, decided at the key's head: increments through
 /// every node at once all count; Redis's errors and expiry rules.
 #[test]

@@ -970,6 +970,12 @@ impl ChainReplica {
         self.store.keyspace(now_ms)
     }
 
+    /// The live keys held here matching `pattern` (KEYS, SCAN); with
+    /// `one`, at most one, at random (RANDOMKEY).
+    pub fn keys(&mut self, pattern: Option<&[u8]>, one: bool, now_ms: u64, into: &mut Vec<Bytes>) {
+        self.store.keys(pattern, one, now_ms, into)
+    }
+
     /// FLUSHALL: forget every key. Sequence numbers carry on so that updates
     /// in flight still line up.
     pub fn flush_all(&mut self) {

@@ -151,6 +151,12 @@ pub enum Request {
     MultiGet(Vec<Bytes>),
     /// Live keys in the whole site.
     Count,
+    /// Live keys of the site matching a Redis glob pattern (all of them
+    /// without one), read at each partition's head (KEYS, SCAN, RANDOMKEY).
+    Keys {
+        pattern: Option<Bytes>,
+        scope: KeyScope,
+    },
     /// The bytes a key takes at one replica (MEMORY USAGE).
     MemoryUsage(Bytes),
     /// Drop every key on every node.
@@ -170,6 +176,20 @@ pub enum Request {
     Failover {
         force: bool,
     },
+}
+
+/// Which keys `Request::Keys` lists.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KeyScope {
+    /// Every partition's (KEYS).
+    All,
+    /// One partition's: a SCAN cursor is the partition it reads next.
+    /// Partitions do not move between cursors, so every key present for
+    /// the whole scan is returned (some maybe twice, across a partition
+    /// map change), as Redis promises.
+    Cursor(u64),
+    /// One key of each partition, at random (RANDOMKEY picks among them).
+    Random,
 }
 
 /// What a client gets back.
@@ -192,6 +212,11 @@ pub enum Response {
     },
     Values(Vec<Option<Bytes>>),
     Count(Keyspace),
+    /// `Keys`: the keys, and the cursor that goes on (0 when done).
+    Keys {
+        keys: Vec<Bytes>,
+        cursor: u64,
+    },
     /// `MemoryUsage`: `None` if the key is not there.
     Memory(Option<u64>),
     Flushed,

@@ -15,7 +15,7 @@
 //!   `ChainReplica::snapshot_read` for why this never fractures.
 //! * a `NotResponsible` answer refreshes the topology and starts over.
 
-use super::{Consistency, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
+use super::{Consistency, KeyScope, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
 use crate::error::Error;
 use crate::hlc::Timestamp;
 use crate::message::{ClientId, DepOn, Item, Keyspace, Message, OpId, Refusal, WriteDep, ACK_AT_TAIL};
@@ -155,6 +155,11 @@ enum Phase {
     Counting {
         remaining: usize,
         total: Keyspace,
+    },
+    Listing {
+        remaining: usize,
+        keys: Vec<Bytes>,
+        cursor: u64,
     },
     Flushing {
         remaining: usize,
@@ -389,6 +394,38 @@ impl Op {
                 for (node, partitions) in by_node {
                     let op = self.next_op(cx);
                     p.send.push((node, Message::Count { op, epoch: cx.topology.epoch, partitions }));
+                }
+            }
+            Request::Keys { pattern, scope } => {
+                let all = cx.topology.shape.partitions as u64;
+                let (partitions, cursor): (Vec<PartitionId>, u64) = match scope {
+                    KeyScope::All | KeyScope::Random => ((0..cx.topology.shape.partitions).collect(), 0),
+                    KeyScope::Cursor(c) if c < all => (vec![c as PartitionId], if c + 1 < all { c + 1 } else { 0 }),
+                    // Past the end (a cursor of a larger site): done, as
+                    // Redis answers a cursor it does not know.
+                    KeyScope::Cursor(_) => (Vec::new(), 0),
+                };
+                let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
+                for partition in partitions {
+                    if cx.topology.shape.coding.is_some() {
+                        // Erasure-coded: every node lists the slots it
+                        // serves, as for a count.
+                        for n in &cx.topology.nodes {
+                            by_node.entry(n.id).or_default().push(partition);
+                        }
+                    } else {
+                        by_node.entry(cx.topology.chain(partition).head()).or_default().push(partition);
+                    }
+                }
+                if by_node.is_empty() {
+                    p.done = Some(Ok(Response::Keys { keys: Vec::new(), cursor }));
+                    return p;
+                }
+                self.phase = Phase::Listing { remaining: by_node.len(), keys: Vec::new(), cursor };
+                for (node, partitions) in by_node {
+                    let op = self.next_op(cx);
+                    let one = scope == KeyScope::Random;
+                    p.send.push((node, Message::ListKeys { op, epoch: cx.topology.epoch, partitions, pattern: pattern.clone(), one }));
                 }
             }
             Request::Flush => {
@@ -811,6 +848,16 @@ impl Op {
                 *total += keyspace;
                 if *remaining == 0 {
                     p.done = Some(Ok(Response::Count(*total)));
+                }
+            }
+            Message::KeysAre { keys, .. } => {
+                let Phase::Listing { remaining, keys: all, cursor } = &mut self.phase else {
+                    return p;
+                };
+                *remaining -= 1;
+                all.extend(keys);
+                if *remaining == 0 {
+                    p.done = Some(Ok(Response::Keys { keys: std::mem::take(all), cursor: *cursor }));
                 }
             }
             Message::Flushed { .. } => {

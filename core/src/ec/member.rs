@@ -1904,6 +1904,18 @@ impl Member {
         (keys, expires)
     }
 
+    /// The keys of the data slots served here that `keep` takes and that
+    /// have not expired at `now_ms` (KEYS, SCAN).
+    pub fn live_keys(&self, keep: impl Fn(Slot, &[u8]) -> bool, now_ms: u64, into: &mut Vec<Bytes>) {
+        for (&slot, d) in &self.data {
+            for (key, meta) in d.index.iter() {
+                if !meta.expired(now_ms) && keep(slot, key) {
+                    into.push(Bytes::copy_from_slice(key));
+                }
+            }
+        }
+    }
+
     /// Whether this member holds its whole part: its own data slot (once
     /// alive) with every page, its parity rebuilt, and no slot it serves
     /// still being taken over. Until then it does not count towards the

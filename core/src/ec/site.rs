@@ -364,6 +364,32 @@ impl<R> Engine<R> {
         (keys, expires)
     }
 
+    /// The live keys of `partitions` in the data slots this node serves
+    /// that match `pattern` (KEYS, SCAN).
+    pub fn keys(
+        &self,
+        partitions: &[PartitionId],
+        pattern: Option<&[u8]>,
+        now_ms: u64,
+        partition_of: impl Fn(&[u8]) -> PartitionId,
+    ) -> Vec<Bytes> {
+        let mut keys = Vec::new();
+        if !self.alive(self.me) {
+            return keys;
+        }
+        let wanted: std::collections::HashSet<PartitionId> = partitions.iter().copied().collect();
+        for (g, member) in self.members.iter().enumerate() {
+            let keep = |slot, key: &[u8]| {
+                let p = partition_of(key);
+                self.coding.place(p) == (g as u16, slot)
+                    && wanted.contains(&p)
+                    && pattern.is_none_or(|pat| crate::store::glob::matches(pat, key))
+            };
+            member.live_keys(keep, now_ms, &mut keys);
+        }
+        keys
+    }
+
     /// FLUSHALL: every key of the data slots this node serves is deleted
     /// with an ordinary update (the parity follows), `FLUSH_WINDOW` at a
     /// time; answered (`Done`) once all are. Keys written meanwhile may

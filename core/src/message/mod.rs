@@ -94,6 +94,15 @@ pub enum Message {
         epoch: u64,
         partitions: Vec<PartitionId>,
     },
+    /// The live keys of these partitions matching `pattern` (KEYS, SCAN);
+    /// with `one`, at most one of each partition, at random (RANDOMKEY).
+    ListKeys {
+        op: OpId,
+        epoch: u64,
+        partitions: Vec<PartitionId>,
+        pattern: Option<Bytes>,
+        one: bool,
+    },
     /// Drop every key this node holds (FLUSHALL; for tests, not causal).
     Flush {
         op: OpId,
@@ -162,6 +171,10 @@ pub enum Message {
     Counted {
         op: OpId,
         keyspace: Keyspace,
+    },
+    KeysAre {
+        op: OpId,
+        keys: Vec<Bytes>,
     },
     /// The answer to `KeyMemory`: `None` if the key is not there.
     KeyMemoryIs {
@@ -358,6 +371,7 @@ impl Message {
             | WaitStable { op, .. }
             | SnapshotRead { op, .. }
             | Count { op, .. }
+            | ListKeys { op, .. }
             | KeyMemory { op, .. }
             | Flush { op }
             | GetTopology { op }
@@ -370,6 +384,7 @@ impl Message {
             | FailedOver { op, .. }
             | Snapshot { op, .. }
             | Counted { op, .. }
+            | KeysAre { op, .. }
             | KeyMemoryIs { op, .. }
             | Flushed { op }
             | TopologyIs { op, .. }
@@ -404,6 +419,7 @@ impl Message {
                 | FailedOver { .. }
                 | Snapshot { .. }
                 | Counted { .. }
+                | KeysAre { .. }
                 | KeyMemoryIs { .. }
                 | Flushed { .. }
                 | TopologyIs { .. }

@@ -25,7 +25,12 @@ impl Node {
         let Some(engine) = self.ec.as_mut() else { return Some(msg) };
         let request = matches!(
             msg,
-            Message::Put(_) | Message::Get { .. } | Message::KeyMemory { .. } | Message::Flush { .. } | Message::Count { .. }
+            Message::Put(_)
+                | Message::Get { .. }
+                | Message::KeyMemory { .. }
+                | Message::Flush { .. }
+                | Message::Count { .. }
+                | Message::ListKeys { .. }
         );
         if request && (!engine.ready() || matches!(msg, Message::Get { .. }) && !leased) {
             // The groups are forming, or this node has no lease of the
@@ -70,6 +75,19 @@ impl Node {
                 let (keys, expires) = engine.count(&partitions, |key| topology.partition_of(key));
                 let keyspace = Keyspace { keys, expires };
                 send(out, Dest::Client(op.client), Message::Counted { op, keyspace });
+                return None;
+            }
+            Message::ListKeys { op, partitions, pattern, one, .. } => {
+                // Every node is asked, as for a count.
+                let topology = &self.topology;
+                let mut keys = engine.keys(&partitions, pattern.as_deref(), now.wall_ms, |key| topology.partition_of(key));
+                if one && keys.len() > 1 {
+                    // RANDOMKEY: one of them (the driver picks among nodes).
+                    let at = (now.wall_ms as usize ^ keys.len()) % keys.len();
+                    keys.swap(0, at);
+                    keys.truncate(1);
+                }
+                send(out, Dest::Client(op.client), Message::KeysAre { op, keys });
                 return None;
             }
             Message::KeyMemory { partition, ref key, .. } => {

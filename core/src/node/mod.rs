@@ -526,6 +526,18 @@ impl Node {
                 }
                 send(out, Dest::Client(op.client), Message::Counted { op, keyspace });
             }
+            Message::ListKeys { op, epoch, partitions, pattern, one } => {
+                if stale(epoch) {
+                    return self.not_responsible(op, out);
+                }
+                let mut keys = Vec::new();
+                for p in partitions {
+                    if self.with(p, |r| r.keys(pattern.as_deref(), one, now_ms, &mut keys)).is_none() {
+                        return self.not_responsible(op, out);
+                    }
+                }
+                send(out, Dest::Client(op.client), Message::KeysAre { op, keys });
+            }
             Message::Flush { op } => {
                 for r in self.parts.iter_mut().flatten() {
                     r.flush_all();
@@ -607,6 +619,7 @@ impl Node {
             | Message::FailedOver { .. }
             | Message::Snapshot { .. }
             | Message::Counted { .. }
+            | Message::KeysAre { .. }
             | Message::KeyMemoryIs { .. }
             | Message::Flushed { .. }
             | Message::TopologyIs { .. }

@@ -27,6 +27,7 @@
 
 mod access;
 mod entry;
+pub mod glob;
 mod history;
 
 pub use crate::message::Stored;
@@ -557,6 +558,22 @@ impl PartitionStore {
             }
         }
         k
+    }
+
+    /// The live keys matching `pattern` (all of them without one), added
+    /// to `into`; with `one`, at most one, from a random place in the
+    /// table (RANDOMKEY).
+    pub fn keys(&mut self, pattern: Option<&[u8]>, one: bool, now_ms: u64, into: &mut Vec<Bytes>) {
+        let start = if one { self.chance() as usize } else { 0 };
+        let len = self.latest.len();
+        for (v, _) in self.window(start, len) {
+            if v.is_live(now_ms) && pattern.is_none_or(|p| glob::matches(p, v.key())) {
+                into.push(Bytes::copy_from_slice(v.key()));
+                if one {
+                    return;
+                }
+            }
+        }
     }
 
     /// Every key's latest version, tombstones too: what a state transfer

@@ -60,7 +60,8 @@ fn spec(name: &str) -> (&'static [&'static str], i64, i64, i64) {
         "mset" => (GROW, 1, -1, 2),
         "getex" | "getdel" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" => (WRITE, 1, 1, 1),
         "del" | "unlink" => (&["write"], 1, -1, 1),
-        "dbsize" => (READ, 0, 0, 0),
+        "dbsize" | "randomkey" => (READ, 0, 0, 0),
+        "keys" | "scan" => (&["readonly"], 0, 0, 0),
         "flushall" | "flushdb" => (&["write"], 0, 0, 0),
         "hello" | "auth" => (&["noscript", "loading", "stale", "fast", "no_auth"], 0, 0, 0),
         "ping" | "echo" | "time" | "select" => (ANY, 0, 0, 0),
@@ -80,7 +81,7 @@ mod tests {
         for c in COMMANDS {
             let (flags, first, _, _) = spec(c.name);
             let data = matches!(c.handler, crate::redis::cmd::Handler::Queue(_)) && !c.name.starts_with("cw.");
-            let keyless = matches!(c.name, "dbsize" | "flushall" | "flushdb");
+            let keyless = matches!(c.name, "dbsize" | "flushall" | "flushdb" | "keys" | "scan" | "randomkey");
             assert!(!data || keyless || first == 1, "{}: where are its keys?", c.name);
             assert!(c.name.starts_with("cw.") || !flags.is_empty(), "{}: no flags", c.name);
         }

@@ -33,6 +33,7 @@ mod getex;
 mod hello;
 mod incr;
 mod info;
+mod keys;
 mod memory;
 mod mget;
 mod ping;
@@ -139,6 +140,9 @@ pub static COMMANDS: &[Command] = &[
     data!("expiretime", 2, ttl::parse),
     data!("pexpiretime", 2, ttl::parse),
     data!("dbsize", 1, dbsize::parse),
+    data!("keys", 2, keys::keys),
+    data!("scan", -2, keys::scan),
+    data!("randomkey", 1, keys::randomkey),
     data!("flushall", -1, flushall::parse),
     data!("flushdb", -1, flushall::parse),
     command!("ping", -1, false, ping::run),

@@ -53,3 +53,16 @@ pub(crate) fn shrink_idle<T>(q: &mut std::collections::VecDeque<T>) {
         q.shrink_to_fit();
     }
 }
+
+/// How long after `base_ms` a resend of `bytes` may go: a resend is for
+/// what a broken connection lost, so it waits as long as the first copy
+/// may still be on its way (at 64 MB/s, slow for loopback or a LAN: a
+/// node's one loop also decodes and applies it). Every 200 ms, one 128 MiB
+/// value was once resent until its peer link's backlog was full, and the
+/// heartbeats behind it were dropped.
+pub fn resend_wait_ms(base_ms: u64, bytes: usize) -> u64 {
+    base_ms + (bytes / RESEND_BYTES_PER_MS) as u64
+}
+
+/// The rate `resend_wait_ms` assumes.
+const RESEND_BYTES_PER_MS: usize = 64 << 10;

@@ -28,6 +28,14 @@ pub struct Decided {
 /// Redis's errors for an increment the key's value does not allow.
 pub const NOT_AN_INTEGER: &str = "value is not an integer or out of range";
 pub const OVERFLOW: &str = "increment or decrement would overflow";
+pub const NOT_A_FLOAT: &str = "value is not a valid float";
+pub const NAN_OR_INFINITY: &str = "increment would produce NaN or Infinity";
+pub const TOO_LONG: &str = "string exceeds maximum allowed size (proto-max-bulk-len)";
+
+/// The longest value an APPEND or SETRANGE may make: the node's default
+/// `--max-value-bytes` (`node/src/config.rs` says why it is below Redis's
+/// 512 MB).
+pub const MAX_VALUE_BYTES: usize = 128 << 20;
 
 /// `NewValue::Add(n)` on `current` (a missing key counts as 0): the value
 /// to write, or Redis's error.
@@ -44,15 +52,81 @@ pub fn add(current: Option<&[u8]>, n: i64) -> Result<Bytes, &'static str> {
     Ok(Bytes::from(now.checked_add(n).ok_or(OVERFLOW)?.to_string()))
 }
 
+/// A number as Redis's INCRBYFLOAT reads one: no spaces, not NaN.
+pub fn float(text: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(text).ok().filter(|s| !s.starts_with(|c: char| c.is_ascii_whitespace()))?;
+    s.parse::<f64>().ok().filter(|f| !f.is_nan())
+}
+
+/// `NewValue::AddFloat` on `current` (a missing key counts as 0): the
+/// value to write, in the shortest decimal that reads back the same (Redis
+/// prints a long double's 17 digits and trims zeros: 10.5 + 0.1 is "10.6"
+/// in both), or Redis's error.
+pub fn add_float(current: Option<&[u8]>, by: f64) -> Result<Bytes, &'static str> {
+    let now = match current {
+        None => 0.0,
+        Some(v) => float(v).ok_or(NOT_A_FLOAT)?,
+    };
+    let sum = now + by;
+    if !sum.is_finite() {
+        return Err(NAN_OR_INFINITY);
+    }
+    Ok(Bytes::from(format!("{}", sum + 0.0)))
+}
+
+/// `NewValue::SetRange(offset, bytes)` on `current`: the new value, or
+/// `None` when nothing changes (no bytes to write).
+pub fn set_range(current: Option<&[u8]>, offset: u64, bytes: &[u8]) -> Result<Option<Bytes>, &'static str> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let end = offset.checked_add(bytes.len() as u64).filter(|&e| e <= MAX_VALUE_BYTES as u64).ok_or(TOO_LONG)? as usize;
+    let mut value = current.unwrap_or_default().to_vec();
+    if value.len() < end {
+        value.resize(end, 0);
+    }
+    value[offset as usize..end].copy_from_slice(bytes);
+    Ok(Some(Bytes::from(value)))
+}
+
 /// Decides `change` at `now_ms` against `current`.
 pub fn decide(change: &Change, current: Current<'_>, now_ms: u64) -> Result<Decided, &'static str> {
-    if let NewValue::Add(n) = change.value {
-        // INCR keeps the key's expiry.
-        let value = add(current.value, n)?;
-        let expires_at = current.expires_at_ms.filter(|_| current.value.is_some());
-        return Ok(Decided { write: Some((Some(value.clone()), expires_at)), old: Some(value) });
+    if !change.value.is_computed() {
+        return Ok(decide_set(change, current, now_ms));
     }
-    Ok(decide_set(change, current, now_ms))
+    // Computed from the key's value, which keeps its expiry (as Redis's
+    // INCR, INCRBYFLOAT, APPEND and SETRANGE do).
+    let expires_at = current.expires_at_ms.filter(|_| current.value.is_some());
+    let length = |v: &Bytes| Bytes::from(v.len().to_string());
+    let (value, answer) = match &change.value {
+        NewValue::Add(n) => {
+            let v = add(current.value, *n)?;
+            (Some(v.clone()), v)
+        }
+        NewValue::AddFloat(bits) => {
+            let v = add_float(current.value, f64::from_bits(*bits))?;
+            (Some(v.clone()), v)
+        }
+        NewValue::Append(bytes) => {
+            let old = current.value.unwrap_or_default();
+            if old.len() + bytes.len() > MAX_VALUE_BYTES {
+                return Err(TOO_LONG);
+            }
+            let v = Bytes::from([old, bytes.as_ref()].concat());
+            let len = length(&v);
+            (Some(v), len)
+        }
+        NewValue::SetRange(offset, bytes) => match set_range(current.value, *offset, bytes)? {
+            Some(v) => {
+                let len = length(&v);
+                (Some(v), len)
+            }
+            // Nothing to write: the length as it is (0 for no key).
+            None => (None, Bytes::from(current.value.map_or(0, <[u8]>::len).to_string())),
+        },
+        _ => unreachable!("not computed"),
+    };
+    Ok(Decided { write: value.map(|v| (Some(v), expires_at)), old: Some(answer) })
 }
 
 /// `decide` for every change but an increment.
@@ -82,7 +156,7 @@ fn decide_set(change: &Change, current: Current<'_>, now_ms: u64) -> Decided {
         NewValue::Set(v) => Some(v.clone()),
         NewValue::Delete => None,
         NewValue::Keep => current.value.map(Bytes::copy_from_slice),
-        NewValue::Add(_) => unreachable!("decided in `decide`"),
+        NewValue::Add(_) | NewValue::AddFloat(_) | NewValue::Append(_) | NewValue::SetRange(..) => unreachable!("decided in `decide`"),
     };
     // An expiry already past deletes the key (EXPIRE with a time not in
     // the future, as in Redis).
@@ -176,5 +250,27 @@ mod tests {
         }
         assert_eq!(decide(&incr(1), with(b"9223372036854775807", None), 100), Err(OVERFLOW));
         assert_eq!(decide(&incr(i64::MIN), with(b"-1", None), 100), Err(OVERFLOW));
+    }
+
+    #[test]
+    fn appends_ranges_and_floats_are_computed_from_the_value() {
+        let computed = |value| Change { value, expiry: Expiry::Keep, condition: Condition::Always, get: true };
+        let b = |s: &'static str| Some(Bytes::from(s));
+        let append = computed(NewValue::Append(Bytes::from("de")));
+        assert_eq!(decide(&append, with(b"abc", Some(500)), 100), Ok(Decided { write: Some((b("abcde"), Some(500))), old: b("5") }));
+        assert_eq!(decide(&append, NONE, 100), Ok(Decided { write: Some((b("de"), None)), old: b("2") }));
+        let range = |at, s: &'static str| computed(NewValue::SetRange(at, Bytes::from(s)));
+        assert_eq!(decide(&range(1, "XY"), with(b"abcd", None), 100).unwrap(), Decided { write: Some((b("aXYd"), None)), old: b("4") });
+        assert_eq!(decide(&range(3, "X"), NONE, 100).unwrap(), Decided { write: Some((b("\0\0\0X"), None)), old: b("4") });
+        assert_eq!(decide(&range(9, ""), with(b"abc", None), 100).unwrap(), Decided { write: None, old: b("3") }, "nothing to write");
+        assert_eq!(decide(&range(0, ""), NONE, 100).unwrap(), Decided { write: None, old: b("0") });
+        assert_eq!(decide(&range(MAX_VALUE_BYTES as u64, "x"), NONE, 100), Err(TOO_LONG));
+        let add = |f: f64| computed(NewValue::AddFloat(f.to_bits()));
+        assert_eq!(decide(&add(0.1), with(b"10.5", Some(9)), 100).unwrap(), Decided { write: Some((b("10.6"), Some(9))), old: b("10.6") });
+        assert_eq!(decide(&add(5.0e3), with(b"2.0e2", None), 100).unwrap().old, b("5200"));
+        assert_eq!(decide(&add(-1.5), NONE, 100).unwrap().old, b("-1.5"));
+        assert_eq!(decide(&add(1.0), with(b"abc", None), 100), Err(NOT_A_FLOAT));
+        assert_eq!(decide(&add(1.0), with(b" 1", None), 100), Err(NOT_A_FLOAT));
+        assert_eq!(decide(&add(f64::MAX), with(b"1.7976931348623157e308", None), 100), Err(NAN_OR_INFINITY));
     }
 }

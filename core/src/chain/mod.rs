@@ -782,7 +782,11 @@ impl ChainReplica {
             }
             _ => self.gap_since_ms = None,
         }
-        if !self.unstable.is_empty() && now_ms.saturating_sub(self.last_progress_ms) >= RETRANSMIT_MS {
+        let stalled = now_ms.saturating_sub(self.last_progress_ms);
+        if !self.unstable.is_empty()
+            && stalled >= RETRANSMIT_MS
+            && stalled >= crate::resend_wait_ms(RETRANSMIT_MS, self.unstable.iter().map(forward_bytes).sum())
+        {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);
         }

@@ -18,7 +18,7 @@
 use super::{Consistency, KeyScope, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
 use crate::error::Error;
 use crate::hlc::Timestamp;
-use crate::message::{ClientId, DepOn, Item, Keyspace, Message, OpId, Refusal, WriteDep, ACK_AT_TAIL};
+use crate::message::{ClientId, DepOn, Item, Keyspace, Message, NewValue, OpId, Refusal, WriteDep, ACK_AT_TAIL};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::session::{Dep, Session};
 use crate::version::Version;
@@ -255,7 +255,7 @@ impl Op {
         let deadline = self.started_ms + timeout_ms;
         match self.phase {
             Phase::Retrying { at_ms } => deadline.min(at_ms),
-            Phase::Writing => deadline.min(self.started_ms + (self.resends + 1) * RESEND_MS),
+            Phase::Writing => deadline.min(self.started_ms + (self.resends + 1) * self.resend_ms()),
             _ => deadline,
         }
     }
@@ -280,12 +280,25 @@ impl Op {
                 self.refresh(cx, &mut p);
                 self.sent(p)
             }
-            Phase::Writing if waited / RESEND_MS > self.resends => {
+            Phase::Writing if waited / self.resend_ms() > self.resends => {
                 self.resends += 1;
                 self.restart(cx, now_ms)
             }
             _ => Step::default(),
         }
+    }
+
+    /// How long a write waits for its answer before it is sent again:
+    /// longer for a large value (`crate::resend_wait_ms`).
+    fn resend_ms(&self) -> u64 {
+        let bytes = match &self.request {
+            Request::Put { key, change } => match &change.value {
+                NewValue::Set(v) | NewValue::Append(v) | NewValue::SetRange(_, v) => key.len() + v.len(),
+                _ => key.len(),
+            },
+            _ => 0,
+        };
+        crate::resend_wait_ms(RESEND_MS, bytes)
     }
 
     /// Whether a reply is awaited from `node`.

@@ -720,7 +720,7 @@ impl Member {
                 // PERSIST, GETEX) leaves the value where it is.
                 let loc = match &change.value {
                     NewValue::Set(v) => Some(d.free.alloc(v.len() as u32)),
-                    NewValue::Delete | NewValue::Keep | NewValue::Add(_) => None,
+                    _ => None,
                 };
                 need.extend(loc.into_iter().flat_map(pages_of).filter(|p| d.missing.contains(p)));
                 // A condition (DEL's "if present" too) is decided after the

@@ -61,7 +61,7 @@ impl Change {
     /// whether it exists and its expiry): GET, or an expiry change that
     /// keeps it.
     pub fn needs_value(&self) -> bool {
-        self.get || matches!(self.value, NewValue::Keep | NewValue::Add(_))
+        self.get || self.value == NewValue::Keep || self.value.is_computed()
     }
 
     /// Whether the change is decided without anything of what the key
@@ -71,7 +71,7 @@ impl Change {
             && match self.value {
                 NewValue::Set(_) => self.condition == Condition::Always && self.expiry != Expiry::Keep,
                 NewValue::Delete => true,
-                NewValue::Keep | NewValue::Add(_) => false,
+                NewValue::Keep | NewValue::Add(_) | NewValue::AddFloat(_) | NewValue::Append(_) | NewValue::SetRange(..) => false,
             }
     }
 
@@ -79,7 +79,9 @@ impl Change {
     pub fn new_value(&self) -> Option<&Bytes> {
         match &self.value {
             NewValue::Set(v) => Some(v),
-            NewValue::Delete | NewValue::Keep | NewValue::Add(_) => None,
+            NewValue::Delete | NewValue::Keep | NewValue::Add(_) | NewValue::AddFloat(_) | NewValue::Append(_) | NewValue::SetRange(..) => {
+                None
+            }
         }
     }
 }
@@ -96,6 +98,25 @@ pub enum NewValue {
     /// key counts as 0), decided at the head; the answer carries the value
     /// written (`Decided::old`).
     Add(i64),
+    /// The key's number plus this `f64` (its bits: INCRBYFLOAT), decided
+    /// at the head like `Add`.
+    AddFloat(u64),
+    /// The key's value with these bytes after it (APPEND; a missing key is
+    /// empty), decided at the head; the answer carries the new length in
+    /// decimal.
+    Append(Bytes),
+    /// The key's value with these bytes written at this offset, zeros
+    /// filling any gap (SETRANGE), decided at the head; the answer carries
+    /// the new length in decimal.
+    SetRange(u64, Bytes),
+}
+
+impl NewValue {
+    /// Whether the head computes the value from the key's (INCR and its
+    /// family, APPEND, SETRANGE): the answer carries what it made.
+    pub fn is_computed(&self) -> bool {
+        matches!(self, NewValue::Add(_) | NewValue::AddFloat(_) | NewValue::Append(_) | NewValue::SetRange(..))
+    }
 }
 
 /// A change's expiry.

@@ -263,6 +263,19 @@ fn change(out: &mut impl BufMut, c: &Change) {
             // Zigzag: small negative increments stay one byte.
             varint(out, ((n << 1) ^ (n >> 63)) as u64);
         }
+        NewValue::AddFloat(bits) => {
+            out.put_u8(4);
+            out.put_u64_le(*bits);
+        }
+        NewValue::Append(v) => {
+            out.put_u8(5);
+            bytes(out, v);
+        }
+        NewValue::SetRange(at, v) => {
+            out.put_u8(6);
+            varint(out, *at);
+            bytes(out, v);
+        }
     }
     match c.expiry {
         Expiry::Keep => out.put_u8(0),
@@ -325,6 +338,12 @@ impl Reader<'_> {
         let b = *self.buf.get(self.at).ok_or_else(|| bad("truncated"))?;
         self.at += 1;
         Ok(b)
+    }
+
+    fn u64_le(&mut self) -> Result<u64, Error> {
+        let b = self.buf.get(self.at..self.at + 8).ok_or_else(|| bad("truncated"))?;
+        self.at += 8;
+        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 
     fn flag(&mut self) -> Result<bool, Error> {
@@ -436,6 +455,12 @@ impl Reader<'_> {
                 let z = self.varint()?;
                 NewValue::Add((z >> 1) as i64 ^ -((z & 1) as i64))
             }
+            4 => NewValue::AddFloat(self.u64_le()?),
+            5 => NewValue::Append(self.bytes()?),
+            6 => {
+                let at = self.varint()?;
+                NewValue::SetRange(at, self.bytes()?)
+            }
             _ => return Err(bad("change")),
         };
         let expiry = match self.u8()? {
@@ -515,11 +540,14 @@ mod tests {
             Condition::IfExpiryAndSooner,
         ];
         for (i, condition) in conditions.into_iter().enumerate() {
-            let value = match i % 5 {
+            let value = match i % 8 {
                 0 => NewValue::Set(Bytes::from(vec![b'v'; 100])),
                 1 => NewValue::Delete,
                 2 => NewValue::Add(-7),
                 3 => NewValue::Add(i64::MIN),
+                4 => NewValue::AddFloat((-0.1f64).to_bits()),
+                5 => NewValue::Append(Bytes::from("tail")),
+                6 => NewValue::SetRange(1 << 40, Bytes::from("at")),
                 _ => NewValue::Keep,
             };
             let expiry = [Expiry::Keep, Expiry::Never, Expiry::After(500), Expiry::At(1_795_472_999_000)][i % 4];

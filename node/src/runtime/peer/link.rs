@@ -30,7 +30,7 @@
 //! (`Node::wait_for_peers`), so a slow peer slows its clients instead of
 //! growing memory; past `HARD_LIMIT` (a peer that is down or
 //! stuck) new messages are dropped, counted (`dropped`) and logged, never
-//! silently. The chain retransmits its own traffic and the coordinator
+//! silently (small ones only past a reserve above it). The chain retransmits its own traffic and the coordinator
 //! removes a node that stays away.
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -53,6 +53,12 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 pub const SOFT_LIMIT: usize = 32 << 20;
 /// Past this backlog, new messages to the peer are dropped (and counted).
 const HARD_LIMIT: usize = 256 << 20;
+/// Small messages (heartbeats, leases, acknowledgements) still go past
+/// `HARD_LIMIT`, up to `RESERVE` more: a peer that is alive but slow to
+/// take a few large values must keep hearing this node, or the
+/// coordinator removes a node that never failed.
+const SMALL: usize = 64 << 10;
+const RESERVE: usize = 16 << 20;
 /// How long to wait before dialing a peer that could not be reached.
 const REDIAL: Duration = Duration::from_millis(100);
 /// A link follows at most one `LinkReply::Redirect` this often: two nodes
@@ -191,7 +197,8 @@ impl Link {
     pub fn send(&self, msg: &Message) {
         let frame = Bytes::from(encode_message(msg));
         let mut q = self.shared.queue.lock();
-        if q.backlog() + frame.len() > HARD_LIMIT {
+        let limit = if frame.len() <= SMALL { HARD_LIMIT + RESERVE } else { HARD_LIMIT };
+        if q.backlog() + frame.len() > limit {
             drop(q);
             if self.shared.dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(10_000) {
                 tracing::warn!("a peer link is over its backlog limit ({HARD_LIMIT} bytes): dropping messages to it");
@@ -676,6 +683,30 @@ mod tests {
         assert!(link.shared.queue.lock().backlog() > SOFT_LIMIT, "all of it queued");
         assert!(link.backlog() <= SOFT_LIMIT);
         tokio::time::timeout(Duration::from_millis(100), link.room()).await.expect("clients go on");
+    }
+
+    #[tokio::test]
+    async fn a_full_link_still_takes_small_messages() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // The peer never answers: everything stays queued.
+        let link = Link::spawn(7, listener.local_addr().unwrap().to_string(), None);
+        let big = |i: u64| Message::Values {
+            partition: 3,
+            values: vec![(
+                (Bytes::from(format!("k{i}")), causeway_core::hlc::Timestamp::new(i, 0), 0),
+                Some(Bytes::from(vec![0u8; 32 << 20])),
+            )],
+        };
+        for i in 0..(HARD_LIMIT >> 25) as u64 + 1 {
+            link.send(&big(i));
+        }
+        let dropped = link.dropped();
+        assert!(dropped >= 1, "large messages past the limit are dropped");
+        // As a heartbeat or an acknowledgement would.
+        let small = Message::Flush { op: OpId { client: 1, seq: 1 } };
+        link.send(&small);
+        assert_eq!(link.dropped(), dropped, "a small message goes on");
+        assert_eq!(link.sent().kinds.get("Flush"), Some(&1));
     }
 
     #[test]

@@ -254,8 +254,11 @@ enum Slot {
 }
 
 /// What runs before a waiting request of its session (see the module doc).
-#[derive(Clone, Debug, PartialEq)]
-enum Before {
+/// It borrows the last write's key from its slot: `advance` walks every
+/// running request of a pipeline on each reply, and a clone was a
+/// reference count taken and dropped per request walked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Before<'a> {
     Nothing,
     /// Eventual reads only: another may run with them.
     EventualReads,
@@ -263,19 +266,19 @@ enum Before {
     /// such write may run with them (the head waits for the one before).
     Writes {
         level: Consistency,
-        key: Bytes,
+        key: &'a Bytes,
     },
     /// Nothing may run with it.
     Barrier,
 }
 
-impl Before {
+impl<'a> Before<'a> {
     /// What runs once `request` at `level` runs too.
-    fn then(self, request: &Request, level: Consistency) -> Before {
+    fn then(self, request: &'a Request, level: Consistency) -> Before<'a> {
         match (self, pipelined(request, level)) {
             (Before::Nothing | Before::EventualReads, _) if overlaps(request, level) => Before::EventualReads,
-            (Before::Nothing, Some(key)) => Before::Writes { level, key: key.clone() },
-            (Before::Writes { level: l, .. }, Some(key)) if l == level => Before::Writes { level, key: key.clone() },
+            (Before::Nothing, Some(key)) => Before::Writes { level, key },
+            (Before::Writes { level: l, .. }, Some(key)) if l == level => Before::Writes { level, key },
             _ => Before::Barrier,
         }
     }
@@ -288,7 +291,7 @@ impl Before {
             Before::Nothing => true,
             Before::EventualReads => overlaps(request, level),
             Before::Writes { level: l, key: last } => pipelined(request, level)
-                .is_some_and(|key| *l == level && (level == Consistency::Eventual || key == last || cx.head_holds(key, last))),
+                .is_some_and(|key| *l == level && (level == Consistency::Eventual || key == *last || cx.head_holds(key, last))),
             Before::Barrier => false,
         }
     }
@@ -570,6 +573,20 @@ impl Driver {
     /// Starts every waiting request the ones before it allow, and hands
     /// out the finished responses at the front, in order.
     fn advance(&mut self, now_ms: u64, p: &mut Progress) {
+        // Requests start in order, so those waiting are the queue's tail:
+        // none waits unless the last does (a pipeline's replies then cost
+        // no walk over the requests in flight).
+        if matches!(self.queue.back(), Some(Slot::Waiting(..))) {
+            self.start_waiting(now_ms, p);
+        }
+        while let Some(Slot::Done(_)) = self.queue.front() {
+            let Some(Slot::Done(result)) = self.queue.pop_front() else { unreachable!("checked above") };
+            p.done.push(result);
+        }
+    }
+
+    /// Starts every waiting request the ones before it allow.
+    fn start_waiting(&mut self, now_ms: u64, p: &mut Progress) {
         let mut before = Before::Nothing;
         for slot in self.queue.iter_mut() {
             if let Slot::Waiting(request, level) = slot {
@@ -584,6 +601,8 @@ impl Driver {
                 *slot = Slot::Running(op);
                 settle(&mut self.cx, slot, step, p);
             }
+            // Read only from here: `before` borrows from the slot.
+            let slot: &Slot = slot;
             if let Slot::Running(op) = slot {
                 before = before.then(&op.request, op.consistency);
                 if before == Before::Barrier {
@@ -591,10 +610,6 @@ impl Driver {
                     break;
                 }
             }
-        }
-        while let Some(Slot::Done(_)) = self.queue.front() {
-            let Some(Slot::Done(result)) = self.queue.pop_front() else { unreachable!("checked above") };
-            p.done.push(result);
         }
     }
 }

@@ -397,13 +397,13 @@ impl ChainReplica {
     }
 
     /// Notes write `write` of `client` once applied here: a parked write
-    /// waits for it (`take_seen_writes`).
+    /// waits for it (`seen_writes`).
     pub fn watch_write(&mut self, client: ClientId, write: u64, now_ms: u64) {
         self.writes.watch(client, write, now_ms);
     }
 
     /// The watched writes applied since the last call.
-    pub fn take_seen_writes(&mut self) -> Vec<(ClientId, u64)> {
+    pub fn seen_writes(&mut self) -> std::vec::Drain<'_, (ClientId, u64)> {
         self.writes.take_seen()
     }
 

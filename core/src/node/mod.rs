@@ -402,17 +402,23 @@ impl Node {
 
     /// Orders the parked writes that the step's changes let go (`put`).
     fn wake_touched(&mut self, now_ms: u64, out: &mut Outbox) {
-        while !self.touched.is_empty() {
-            let mut touched = std::mem::take(&mut self.touched);
-            touched.sort_unstable();
-            touched.dedup();
-            // Ordering a write touches its partition in turn.
-            self.wake_puts(&touched, now_ms, out);
-            if self.touched.is_empty() {
-                touched.clear();
-                self.touched = touched; // its capacity, for the next step
+        // In rounds, each partition once per round, in order. Ordering a
+        // write touches its partition in turn: the next round is what the
+        // last one appended (the list keeps its capacity, where taking it
+        // allocated another for every round of a pipeline's wakeups).
+        let mut from = 0;
+        while from < self.touched.len() {
+            let to = self.touched.len();
+            self.touched[from..to].sort_unstable();
+            for i in from..to {
+                let p = self.touched[i];
+                if i == from || self.touched[i - 1] != p {
+                    self.wake_puts(p, now_ms, out);
+                }
             }
+            from = to;
         }
+        self.touched.clear();
     }
 
     /// Sends what the steps since the last flush hold back: chain traffic,

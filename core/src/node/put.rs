@@ -64,6 +64,8 @@ pub(super) struct Waiting {
     /// when it empties (at most one per partition), its heaps ready for
     /// the next write that waits there.
     on: AHashMap<PartitionId, Waiters>,
+    /// `wake_puts`'s list of the writes to look at again, kept empty.
+    due: Vec<(Id, u64)>,
 }
 
 /// The parked writes waiting on one partition of this node, by what they
@@ -227,39 +229,40 @@ impl Node {
         }
     }
 
-    /// Orders the parked writes that waited on `partitions` and are ready
-    /// now.
-    pub(super) fn wake_puts(&mut self, partitions: &[PartitionId], now_ms: u64, out: &mut Outbox) {
-        for &p in partitions {
-            let Some(w) = self.waiting.on.get_mut(&p) else { continue };
-            let mut due = Vec::new();
-            match self.parts.get_mut(p as usize).and_then(Option::as_mut) {
-                Some(r) => {
-                    let (stable, applied) = (r.stable(), r.applied());
-                    while let Some(Reverse((_, id, ticket))) = w.stable.peek_mut().filter(|e| e.0 .0 <= stable).map(PeekMut::pop) {
-                        due.push((id, ticket));
-                    }
-                    while let Some(Reverse((_, id, ticket))) = w.applied.peek_mut().filter(|e| e.0 .0 <= applied).map(PeekMut::pop) {
-                        due.push((id, ticket));
-                    }
-                    for write in r.take_seen_writes() {
-                        due.extend(w.written.remove(&write).into_iter().flatten());
-                    }
-                    if !r.is_joining() {
-                        due.append(&mut w.joining);
-                    }
+    /// Orders the parked writes that waited on partition `p` and are
+    /// ready now.
+    pub(super) fn wake_puts(&mut self, p: PartitionId, now_ms: u64, out: &mut Outbox) {
+        let Some(w) = self.waiting.on.get_mut(&p) else { return };
+        // A buffer kept between calls (`recheck` never comes back here).
+        let mut due = std::mem::take(&mut self.waiting.due);
+        match self.parts.get_mut(p as usize).and_then(Option::as_mut) {
+            Some(r) => {
+                let (stable, applied) = (r.stable(), r.applied());
+                while let Some(Reverse((_, id, ticket))) = w.stable.peek_mut().filter(|e| e.0 .0 <= stable).map(PeekMut::pop) {
+                    due.push((id, ticket));
                 }
-                // The replica is gone: each finds out where it stands.
-                None => {
-                    let w = std::mem::take(w);
-                    due.extend(w.stable.into_iter().chain(w.applied).map(|Reverse((_, id, t))| (id, t)));
-                    due.extend(w.written.into_values().flatten().chain(w.joining));
+                while let Some(Reverse((_, id, ticket))) = w.applied.peek_mut().filter(|e| e.0 .0 <= applied).map(PeekMut::pop) {
+                    due.push((id, ticket));
+                }
+                for write in r.seen_writes() {
+                    due.extend(w.written.remove(&write).into_iter().flatten());
+                }
+                if !r.is_joining() {
+                    due.append(&mut w.joining);
                 }
             }
-            for (id, ticket) in due {
-                self.recheck(id, ticket, now_ms, out);
+            // The replica is gone: each finds out where it stands.
+            None => {
+                let w = std::mem::take(w);
+                due.extend(w.stable.into_iter().chain(w.applied).map(|Reverse((_, id, t))| (id, t)));
+                due.extend(w.written.into_values().flatten().chain(w.joining));
             }
         }
+        for &(id, ticket) in &due {
+            self.recheck(id, ticket, now_ms, out);
+        }
+        due.clear();
+        self.waiting.due = due;
     }
 
     /// A parked write whose dependency came in: ordered, refused, or

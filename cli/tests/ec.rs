@@ -51,6 +51,12 @@ fn an_ec_site_serves_redis_clients() {
     let e = redis::cmd("INCR").arg("n").query::<i64>(&mut a).unwrap_err();
     assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
     assert_eq!(redis::cmd("GET").arg("n").query::<Option<String>>(&mut a).unwrap(), None);
+    for computed in
+        [redis::cmd("APPEND").arg("n").arg("x"), redis::cmd("SETRANGE").arg("n").arg(1).arg("x"), redis::cmd("INCRBYFLOAT").arg("n").arg(1)]
+    {
+        let e = computed.query::<redis::Value>(&mut a).unwrap_err();
+        assert!(e.to_string().contains("not supported with erasure coding"), "{e}");
+    }
     // The partition map names each partition's group and roles.
     let map: redis::Value = redis::cmd("CW.KEYRANGE").query(&mut a).unwrap();
     let text = format!("{map:?}");

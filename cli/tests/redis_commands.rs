@@ -170,6 +170,85 @@ fn string_commands_beyond_get_and_set() {
     assert_eq!(cmd("UNLINK").arg("a").arg("b").arg("nosuch").query::<i64>(&mut con).unwrap(), 2);
 }
 
+/// APPEND, SETRANGE, GETRANGE, INCRBYFLOAT and SETNX as Redis answers
+/// them; appends from many clients through every node all count (each
+/// computed at the key's head).
+#[test]
+fn appends_ranges_and_float_increments() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    assert_eq!(cmd("APPEND").arg("a").arg("hello").query::<i64>(&mut con).unwrap(), 5);
+    assert_eq!(cmd("APPEND").arg("a").arg(" world").query::<i64>(&mut con).unwrap(), 11);
+    assert_eq!(cmd("SETRANGE").arg("a").arg(6).arg("Redis").query::<i64>(&mut con).unwrap(), 11);
+    assert_eq!(cmd("GETRANGE").arg("a").arg(-5).arg(-1).query::<String>(&mut con).unwrap(), "Redis");
+    assert_eq!(cmd("GETRANGE").arg("a").arg(0).arg(4).query::<String>(&mut con).unwrap(), "hello");
+    assert_eq!(cmd("SETRANGE").arg("z").arg(3).arg("x").query::<i64>(&mut con).unwrap(), 4);
+    assert_eq!(cmd("GET").arg("z").query::<Vec<u8>>(&mut con).unwrap(), b"\0\0\0x");
+    assert_eq!(cmd("SETRANGE").arg("none").arg(3).arg("").query::<i64>(&mut con).unwrap(), 0);
+    assert_eq!(cmd("EXISTS").arg("none").query::<i64>(&mut con).unwrap(), 0, "an empty SETRANGE writes nothing");
+    assert_eq!(expect_err(&mut con, cmd("SETRANGE").arg("a").arg(-1).arg("x")), "ERR offset is out of range");
+    cmd("SET").arg("f").arg("10.50").arg("EX").arg(100).query::<()>(&mut con).unwrap();
+    assert_eq!(cmd("INCRBYFLOAT").arg("f").arg("0.1").query::<String>(&mut con).unwrap(), "10.6");
+    assert!(cmd("TTL").arg("f").query::<i64>(&mut con).unwrap() > 0, "INCRBYFLOAT keeps the expiry");
+    assert_eq!(expect_err(&mut con, cmd("INCRBYFLOAT").arg("a").arg(1)), "ERR value is not a valid float");
+    assert_eq!(cmd("SETNX").arg("n").arg(1).query::<i64>(&mut con).unwrap(), 1);
+    assert_eq!(cmd("SETNX").arg("n").arg(2).query::<i64>(&mut con).unwrap(), 0);
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let mut con = c.conn(i % 3);
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    cmd("APPEND").arg("log").arg("x").query::<i64>(&mut con).unwrap();
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(cmd("STRLEN").arg("log").query::<i64>(&mut c.conn(2)).unwrap(), 600);
+}
+
+/// MULTI/EXEC: nothing runs before EXEC, which answers every reply in its
+/// place (redis-py's and the redis crate's pipelines use it); an unknown
+/// command aborts the transaction; Redis's errors.
+#[test]
+fn multi_queues_until_exec() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    let mut other = c.conn(1);
+    assert_eq!(cmd("MULTI").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(cmd("INCR").arg("cnt").query::<String>(&mut con).unwrap(), "QUEUED");
+    assert_eq!(cmd("SET").arg("k").arg("v").query::<String>(&mut con).unwrap(), "QUEUED");
+    assert_eq!(cmd("GET").arg("cnt").query::<Option<String>>(&mut other).unwrap(), None, "nothing ran before EXEC");
+    let replies: (i64, String) = cmd("EXEC").query(&mut con).unwrap();
+    assert_eq!(replies, (1, "OK".to_string()));
+    let (n, v, ttl): (i64, String, i64) = redis::pipe().atomic().incr("cnt", 1).get("k").ttl("k").query(&mut con).unwrap();
+    assert_eq!((n, v.as_str(), ttl), (2, "v", -1));
+    // A wrong argument is queued and answered in its place; an unknown
+    // command aborts.
+    let mut raw = c.raw(2);
+    assert_eq!(raw.cmd(&[b"MULTI"]), simple("OK"));
+    assert_eq!(raw.cmd(&[b"SET", b"k", b"v", b"EX", b"x"]), simple("QUEUED"));
+    assert_eq!(raw.cmd(&[b"INCR", b"cnt"]), simple("QUEUED"));
+    match raw.cmd(&[b"EXEC"]) {
+        Frame::Array(items) => {
+            assert!(matches!(&items[0], Frame::Error(e) if e.starts_with("ERR value is not an integer")), "{items:?}");
+            assert_eq!(items[1], Frame::Integer(3));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(raw.cmd(&[b"MULTI"]), simple("OK"));
+    assert_eq!(raw.cmd(&[b"INCR", b"cnt"]), simple("QUEUED"));
+    assert!(matches!(raw.cmd(&[b"NOSUCH"]), Frame::Error(_)));
+    assert_eq!(raw.cmd(&[b"EXEC"]), error("EXECABORT Transaction discarded because of previous errors."));
+    assert_eq!(cmd("GET").arg("cnt").query::<String>(&mut other).unwrap(), "3", "nothing of the aborted transaction ran");
+    assert_eq!(expect_err(&mut con, &cmd("EXEC")), "ERR EXEC without MULTI");
+    assert_eq!(expect_err(&mut con, &cmd("DISCARD")), "ERR DISCARD without MULTI");
+    cmd("MULTI").query::<()>(&mut con).unwrap();
+    assert_eq!(expect_err(&mut con, &cmd("MULTI")), "ERR MULTI calls can not be nested");
+    assert_eq!(cmd("DISCARD").query::<String>(&mut con).unwrap(), "OK");
+    assert_eq!(expect_err(&mut con, cmd("WATCH").arg("k")), "ERR WATCH is not supported: Causeway has no optimistic transactions yet");
+}
+
 /// KEYS, SCAN and RANDOMKEY: read at every partition's head, expired
 /// keys left out; a scan returns every key present for its whole length,
 /// while writers add and delete others.

@@ -147,8 +147,9 @@ fn default_partitions() -> u32 {
 /// The largest key or value a node takes by default: 128 MiB, not Redis's
 /// 512 MB (`proto-max-bulk-len`): a value travels between nodes in one
 /// message, and a peer link drops one that would take its backlog past
-/// 256 MiB, so a larger value could never be replicated.
-pub const MAX_VALUE_BYTES: usize = 128 << 20;
+/// 256 MiB, so a larger value could never be replicated. (APPEND and
+/// SETRANGE stop there too.)
+pub const MAX_VALUE_BYTES: usize = causeway_core::chain::change::MAX_VALUE_BYTES;
 
 fn default_max_bulk() -> usize {
     MAX_VALUE_BYTES

@@ -32,9 +32,9 @@ pub const NOT_A_FLOAT: &str = "value is not a valid float";
 pub const NAN_OR_INFINITY: &str = "increment would produce NaN or Infinity";
 pub const TOO_LONG: &str = "string exceeds maximum allowed size (proto-max-bulk-len)";
 
-/// The longest value an APPEND or SETRANGE may make: the node's default
-/// `--max-value-bytes` (`node/src/config.rs` says why it is below Redis's
-/// 512 MB).
+/// The longest value an APPEND or SETRANGE may make, and the node's
+/// default `--max-value-bytes` (`node/src/config.rs` says why it is below
+/// Redis's 512 MB).
 pub const MAX_VALUE_BYTES: usize = 128 << 20;
 
 /// `NewValue::Add(n)` on `current` (a missing key counts as 0): the value

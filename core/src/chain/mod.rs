@@ -27,7 +27,7 @@
 //! Get-transactions (ChainReaction §3.5) are served by heads: see
 //! `snapshot_read`.
 
-pub(crate) mod change;
+pub mod change;
 mod evict;
 mod expiry;
 mod geo;

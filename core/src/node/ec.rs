@@ -47,8 +47,8 @@ impl Node {
         match msg {
             Message::Ec { group, from, msg } => engine.step(group, from, *msg),
             Message::EcHello { from, nodes } => engine.hello(from, nodes.into_iter().collect()),
-            Message::Put(put) if matches!(put.change.value, crate::message::NewValue::Add(_)) => {
-                return unsupported(put.op, "INCR and its family are", out);
+            Message::Put(put) if put.change.value.is_computed() => {
+                return unsupported(put.op, "INCR and its family, APPEND and SETRANGE are", out);
             }
             Message::Put(put) => {
                 // No lease needed: a member removed without knowing it

@@ -72,8 +72,43 @@ pub struct Batch {
 /// The responses to a data command's requests, in order.
 pub type Responses<'a> = std::collections::vec_deque::Drain<'a, Result<Response, Error>>;
 
-/// How a data command answers once its responses are in.
-pub type Answer = fn(&Server, Responses) -> Frame;
+/// How a data command answers once its responses are in: from them
+/// alone, or with two numbers its arguments gave (GETRANGE's range).
+pub enum Answer {
+    Plain(fn(&Server, Responses) -> Frame),
+    With(fn(&Server, Responses, [i64; 2]) -> Frame, [i64; 2]),
+    /// EXEC: each queued command's answer over its share of the responses
+    /// (or the error its arguments got, with no share), in an array.
+    Exec(Vec<(usize, Result<Answer, Frame>)>),
+}
+
+impl Answer {
+    /// The reply from the first `n` of `responses` (taken).
+    fn give(self, server: &Server, responses: &mut VecDeque<Result<Response, Error>>, n: usize) -> Frame {
+        match self {
+            Answer::Plain(f) => f(server, responses.drain(..n)),
+            Answer::With(f, numbers) => f(server, responses.drain(..n), numbers),
+            Answer::Exec(parts) => Frame::Array(
+                parts
+                    .into_iter()
+                    .map(|(n, answer)| match answer {
+                        Ok(answer) => answer.give(server, responses, n),
+                        Err(error) => error,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// The commands a connection queued since MULTI (`cmd/multi.rs`): their
+/// batches, or the error their arguments got; `failed` once one was
+/// refused outright (unknown, wrong arity): EXEC then runs none.
+#[derive(Default)]
+pub struct Multi {
+    pub queued: Vec<Result<Batch, Frame>>,
+    pub failed: bool,
+}
 
 /// A reply owed to the client, in command order, and what it counts toward
 /// in INFO once encoded.
@@ -95,6 +130,8 @@ pub struct Conn {
     pub proto: Protocol,
     pub authed: bool,
     pub name: Option<String>,
+    /// Since MULTI, until EXEC or DISCARD.
+    pub multi: Option<Multi>,
     replies: mpsc::UnboundedReceiver<Message>,
     /// The driver's responses, in request order, not yet in a reply.
     responses: VecDeque<Result<Response, Error>>,
@@ -174,9 +211,9 @@ impl Conn {
                     Some(Owed::Frame(frame, call)) => (frame, call),
                     _ => unreachable!("matched above"),
                 },
-                Some(&Owed::Answer { requests, answer, call }) if self.responses.len() >= requests => {
-                    self.owed.pop_front();
-                    (answer(&self.server, self.responses.drain(..requests)), call)
+                Some(Owed::Answer { requests, .. }) if self.responses.len() >= *requests => {
+                    let Some(Owed::Answer { requests, answer, call }) = self.owed.pop_front() else { unreachable!("matched above") };
+                    (answer.give(&self.server, &mut self.responses, requests), call)
                 }
                 _ => return,
             };
@@ -263,6 +300,7 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
         proto: Protocol::Resp2,
         authed,
         name: None,
+        multi: None,
         replies,
         responses: VecDeque::new(),
         owed: VecDeque::new(),

@@ -54,6 +54,9 @@ fn spec(name: &str) -> (&'static [&'static str], i64, i64, i64) {
     const ANY: &[&str] = &["loading", "stale", "fast"];
     match name {
         "get" | "strlen" | "type" | "ttl" | "pttl" | "expiretime" | "pexpiretime" => (READ, 1, 1, 1),
+        "getrange" | "substr" => (&["readonly"], 1, 1, 1),
+        "setnx" | "append" | "setrange" => (GROW, 1, 1, 1),
+        "incrbyfloat" => (&["write", "denyoom", "fast"], 1, 1, 1),
         "exists" | "mget" => (READ, 1, -1, 1),
         "set" | "setex" | "psetex" => (GROW, 1, 1, 1),
         "getset" | "incr" | "decr" | "incrby" | "decrby" => (&["write", "denyoom", "fast"], 1, 1, 1),
@@ -67,6 +70,9 @@ fn spec(name: &str) -> (&'static [&'static str], i64, i64, i64) {
         "ping" | "echo" | "time" | "select" => (ANY, 0, 0, 0),
         "info" | "command" | "client" | "config" | "memory" => (&["loading", "stale"], 0, 0, 0),
         "quit" => (&["loading", "stale", "fast", "no_auth"], 0, 0, 0),
+        "multi" | "discard" | "unwatch" => (&["noscript", "loading", "stale", "fast", "allow_busy"], 0, 0, 0),
+        "exec" => (&["noscript", "loading", "stale", "skip_slowlog"], 0, 0, 0),
+        "watch" => (&["noscript", "loading", "stale", "fast", "allow_busy"], 1, -1, 1),
         _ => (&[], 0, 0, 0),
     }
 }

@@ -36,6 +36,7 @@ mod info;
 mod keys;
 mod memory;
 mod mget;
+mod multi;
 mod ping;
 mod quit;
 mod select;
@@ -46,6 +47,7 @@ mod time;
 mod ttl;
 
 use super::conn::{client_error, Answer, Batch, Conn, Dispatch, Outcome, Responses};
+use super::server::Server;
 use super::stats::{Call, Row};
 use crate::runtime::Clock;
 use bytes::Bytes;
@@ -57,8 +59,17 @@ use std::pin::Pin;
 use std::time::Instant;
 
 impl Batch {
-    fn new(requests: smallvec::SmallVec<[Request; 1]>, answer: Answer) -> Result<Batch, Frame> {
-        Ok(Batch { requests, level: None, answer })
+    fn new(requests: smallvec::SmallVec<[Request; 1]>, answer: fn(&Server, Responses) -> Frame) -> Result<Batch, Frame> {
+        Ok(Batch { requests, level: None, answer: Answer::Plain(answer) })
+    }
+
+    /// A batch answered with two numbers from its arguments.
+    fn with(
+        requests: smallvec::SmallVec<[Request; 1]>,
+        numbers: [i64; 2],
+        answer: fn(&Server, Responses, [i64; 2]) -> Frame,
+    ) -> Result<Batch, Frame> {
+        Ok(Batch { requests, level: None, answer: Answer::With(answer, numbers) })
     }
 }
 
@@ -118,6 +129,12 @@ pub static COMMANDS: &[Command] = &[
     data!("unlink", -2, del::parse),
     data!("getdel", 2, strings::getdel),
     data!("getset", 3, strings::getset),
+    data!("setnx", 3, strings::setnx),
+    data!("append", 3, strings::append),
+    data!("setrange", 4, strings::setrange),
+    data!("getrange", 4, strings::getrange),
+    data!("substr", 4, strings::getrange),
+    data!("incrbyfloat", 3, strings::incrbyfloat),
     data!("strlen", 2, strings::strlen),
     data!("type", 2, strings::type_of),
     data!("mset", -3, strings::mset),
@@ -157,6 +174,11 @@ pub static COMMANDS: &[Command] = &[
     command!("config", -2, false, config::run, config::SUBCOMMANDS),
     command!("memory", -2, false, memory::run, memory::SUBCOMMANDS),
     command!("quit", -1, true, quit::run),
+    command!("multi", 1, false, multi::multi),
+    command!("exec", 1, false, multi::exec),
+    command!("discard", 1, false, multi::discard),
+    command!("watch", -2, false, multi::watch),
+    command!("unwatch", 1, false, multi::unwatch),
     command!("cw.consistency", -1, false, cw::consistency::run),
     data!("cw.with", -3, cw::with::parse),
     command!("cw.keyrange", 1, false, cw::keyrange::run),
@@ -196,6 +218,17 @@ impl Dispatch for Commands {
 /// checks before it runs are Redis 7's (`processCommand`), and their errors
 /// are rejections.
 pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
+    let (call, outcome) = check_and_run(conn, args).await;
+    if matches!(call, Call::Unknown | Call::Rejected(_)) {
+        // Refused outright while queueing: EXEC will run nothing.
+        if let Some(multi) = conn.multi.as_mut() {
+            multi.failed = true;
+        }
+    }
+    (call, outcome)
+}
+
+async fn check_and_run(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
     let Some(i) = position(&args[0]) else {
         return (Call::Unknown, unknown(&args).into());
     };
@@ -215,6 +248,19 @@ pub async fn execute(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
         return (Call::Rejected(row), wrong_arity(&name).into());
     }
     let call = Call::Ran(row, Instant::now());
+    let clock = conn.server.clock;
+    if let Some(multi) = conn.multi.as_mut().filter(|_| !matches!(cmd.name, "multi" | "exec" | "discard" | "watch" | "unwatch" | "quit")) {
+        return match cmd.handler {
+            Handler::Queue(parse) if cmd.name != "cw.with" => {
+                multi.queued.push(parse(&args, clock));
+                (call, Frame::Simple("QUEUED".into()).into())
+            }
+            _ => (
+                Call::Rejected(row),
+                Frame::error(format!("ERR {} inside MULTI is not supported: only data commands are", cmd.name)).into(),
+            ),
+        };
+    }
     let outcome = match cmd.handler {
         Handler::Queue(parse) => match parse(&args, conn.server.clock) {
             Ok(batch) => Outcome::Queue(batch),

@@ -15,12 +15,13 @@ pub struct DevArgs {
     /// Number of nodes (per site).
     #[arg(long, default_value_t = 3)]
     nodes: u16,
-    /// R: nodes per chain.
-    #[arg(long, default_value_t = 3)]
-    replicas: usize,
-    /// Writes are acknowledged once k nodes of the chain have them.
-    #[arg(long, default_value_t = 2)]
-    k: usize,
+    /// R: nodes per chain (default 3, or --nodes if fewer).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Writes are acknowledged once k nodes of the chain have them
+    /// (default 2, or R if less).
+    #[arg(long)]
+    k: Option<usize>,
     /// `ec:K+M`: instead of chains of R copies, values kept once and
     /// erasure-coded over groups of K data and M parity nodes (needs
     /// --nodes K+M); any M nodes can be lost. E.g. --nodes 5 --redundancy ec:3+2.
@@ -119,10 +120,11 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         }
     }
     let ports: Vec<Vec<u16>> = (0..args.sites).map(|s| (0..args.nodes).map(|i| args.port + 10 * s + i).collect()).collect();
+    let replicas = args.replicas.unwrap_or(3.min(args.nodes as usize));
     let shape = Shape {
         nodes: args.nodes,
-        replicas: args.replicas,
-        k: args.k,
+        replicas,
+        k: args.k.unwrap_or(2.min(replicas)),
         partitions,
         coding: args.redundancy,
         data_dir: args.data_dir.clone(),
@@ -147,7 +149,8 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         Some(c) => format!("erasure-coded ec:{}+{} (any {} nodes can be lost)", c.data, c.parity, c.parity),
         None => format!("R={}, k={}", s.replicas, s.k),
     };
-    println!("{what} {} nodes, {redundancy}, {} partitions, up in {} ms.", s.nodes, s.partitions, started.elapsed().as_millis());
+    let plural = if s.nodes == 1 { "" } else { "s" };
+    println!("{what} {} node{plural}, {redundancy}, {} partitions, up in {} ms.", s.nodes, s.partitions, started.elapsed().as_millis());
     for (n, site) in sites.iter().enumerate() {
         for i in 0..site.shape.nodes {
             let at = if args.sites > 1 { format!("site {n} ") } else { String::new() };

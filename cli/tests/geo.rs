@@ -251,6 +251,7 @@ fn the_leader_of_a_site_is_killed_and_replication_goes_on() {
     let _: () = at0.set("after2", 3).unwrap();
     // CW.WAIT under the new leader: it returns once every site has it.
     let _: () = redis::cmd("CW.WAIT").arg("ALL").arg(20_000).query(&mut at0).unwrap();
+    let _: () = redis::cmd("CW.WAIT").arg("SITE").arg(0).arg(1).query(&mut at0).expect("its own site has the session's writes");
     assert!(sites[1..].iter().all(|c| get(c, 0, "after2").as_deref() == Some("3")), "CW.WAIT ALL returned before every site had it");
     let _: () = sites[1].conn(0).set("from1", 4).unwrap();
     let live0 = [1, 2];

@@ -39,6 +39,11 @@ fn a_node_joins_and_takes_its_share_with_the_data() {
 fn a_drained_node_leaves_every_chain_without_losing_data() {
     let c = Cluster::start_with(Opts::new(4, 3, 2));
     let keys = write_keys(&c, "k:", 300);
+    // A node that is not in the site: every member refuses, the leader
+    // saying which nodes there are.
+    let errors: Vec<String> =
+        (0..3).map(|i| redis::cmd("CW.CLUSTER").arg("REMOVE").arg(9).query::<String>(&mut c.conn(i)).unwrap_err().to_string()).collect();
+    assert!(errors.iter().any(|e| e.contains("no node 9 in this site (its nodes: 0,1,2,3)")), "{errors:?}");
     change(&c, &["REMOVE".into(), "3".into()]);
     eventually(Duration::from_secs(20), "node 3 to leave and the chains to grow back", || {
         let s = cluster_status(&c, 0)?;

@@ -407,9 +407,10 @@ fn cli_commands_and_errors() {
 
 #[test]
 fn dev_site_starts_serves_and_stops() {
+    // Two nodes: R and k follow (R=2, k=2).
     let port = common::free_consecutive_ports(3);
     let dev = Command::new(env!("CARGO_BIN_EXE_causeway"))
-        .args(["dev", "--port", &port.to_string(), "--nodes", "3", "--replicas", "3", "--k", "2"])
+        .args(["dev", "--port", &port.to_string(), "--nodes", "2"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -421,10 +422,10 @@ fn dev_site_starts_serves_and_stops() {
     let mut nodes = NodeGuard(Vec::new());
     let deadline = Instant::now() + WAIT;
     let mut up = false;
-    while nodes.0.len() < 3 {
+    while nodes.0.len() < 2 {
         assert!(Instant::now() < deadline, "dev site did not come up");
         let line = lines.next().expect("dev printed its banner").unwrap();
-        up |= line.contains("Causeway site up");
+        up |= line.contains("Causeway site up: 2 nodes, R=2, k=2,");
         if let Some(pid) = line.split("(pid ").nth(1).and_then(|r| r.trim_end_matches(')').parse::<u32>().ok()) {
             nodes.0.push(pid);
         }
@@ -434,7 +435,7 @@ fn dev_site_starts_serves_and_stops() {
     let mut a = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap().get_connection().unwrap();
     cmd("CW.CONSISTENCY").arg("linearizable").query::<()>(&mut a).unwrap();
     cmd("SET").arg("dev").arg("up").query::<()>(&mut a).unwrap();
-    let mut b = redis::Client::open(format!("redis://127.0.0.1:{}/", port + 2)).unwrap().get_connection().unwrap();
+    let mut b = redis::Client::open(format!("redis://127.0.0.1:{}/", port + 1)).unwrap().get_connection().unwrap();
     assert_eq!(cmd("GET").arg("dev").query::<String>(&mut b).unwrap(), "up");
     drop((a, b));
     // SIGTERM stops the site and its children.

@@ -4,9 +4,10 @@
 //! Causeway is configured by flags; what can change at run time is what a
 //! Redis user changes there: `maxmemory` and `maxmemory-policy` (the
 //! node's memory budget, `runtime::memory::Budget`). CONFIG GET answers
-//! those its glob-style patterns match (nothing else: tools such as
-//! redis-benchmark ask for `save` and `appendonly` and take no answer);
-//! CONFIG SET sets them, all or none, with Redis 7's errors. CONFIG
+//! those its glob-style patterns match, and what tools ask for that flags
+//! set (`save` is "", `appendonly` says whether the node keeps a log,
+//! `databases` is 1); CONFIG SET sets the first two, all or none, with
+//! Redis 7's errors. CONFIG
 //! RESETSTAT starts INFO's counters afresh (commandstats, errorstats,
 //! latencystats and those in stats), as Redis does; connected_clients
 //! stays. Another subcommand is `ERR unknown subcommand '...' for
@@ -26,13 +27,15 @@ use causeway_resp::Frame;
 pub const SUBCOMMANDS: &[Subcommand] =
     &[Subcommand { name: "get", arity: -3 }, Subcommand { name: "set", arity: -4 }, Subcommand { name: "resetstat", arity: 2 }];
 
-/// The parameters CONFIG knows.
+/// The parameters CONFIG SET sets.
 const PARAMETERS: &[&str] = &["maxmemory", "maxmemory-policy"];
+/// And those CONFIG GET also answers (set by flags at start).
+const FIXED: &[&str] = &["save", "appendonly", "databases"];
 
 pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let budget = conn.node.budget();
     match upper(&args[1]).as_str() {
-        "GET" => get(budget, &args[2..]),
+        "GET" => get(budget, conn.node.config().data_dir.is_some(), &args[2..]),
         "SET" => set(budget, &args[2..]),
         "RESETSTAT" => {
             conn.server.stats.reset();
@@ -43,17 +46,25 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     .into()
 }
 
-fn value(budget: &Budget, parameter: &str) -> String {
+fn value(budget: &Budget, logs: bool, parameter: &str) -> String {
     match parameter {
         "maxmemory" => budget.max().to_string(),
         "maxmemory-policy" => budget.policy().to_string(),
-        other => unreachable!("{other} is not in PARAMETERS"),
+        "save" => String::new(),
+        "appendonly" => if logs { "yes" } else { "no" }.to_string(),
+        "databases" => "1".to_string(),
+        other => unreachable!("{other} is not in PARAMETERS or FIXED"),
     }
 }
 
-fn get(budget: &Budget, patterns: &[Bytes]) -> Frame {
-    let matching = PARAMETERS.iter().filter(|p| patterns.iter().any(|pattern| glob(&pattern.to_ascii_lowercase(), p.as_bytes())));
-    Frame::Map(matching.map(|p| (Frame::bulk(Bytes::from_static(p.as_bytes())), Frame::bulk(Bytes::from(value(budget, p))))).collect())
+fn get(budget: &Budget, logs: bool, patterns: &[Bytes]) -> Frame {
+    let matching = PARAMETERS
+        .iter()
+        .chain(FIXED)
+        .filter(|p| patterns.iter().any(|pattern| causeway_core::store::glob::matches(&pattern.to_ascii_lowercase(), p.as_bytes())));
+    Frame::Map(
+        matching.map(|p| (Frame::bulk(Bytes::from_static(p.as_bytes())), Frame::bulk(Bytes::from(value(budget, logs, p))))).collect(),
+    )
 }
 
 fn set(budget: &Budget, args: &[Bytes]) -> Frame {
@@ -83,69 +94,9 @@ fn set(budget: &Budget, args: &[Bytes]) -> Frame {
     Frame::ok()
 }
 
-/// Redis's glob-style match (`*`, `?`, `[...]` with ranges and `^`, `\`
-/// escapes), on bytes.
-fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => text.is_empty(),
-        Some((b'*', rest)) => (0..=text.len()).any(|i| glob(rest, &text[i..])),
-        Some((b'?', rest)) => !text.is_empty() && glob(rest, &text[1..]),
-        Some((b'[', rest)) => {
-            let Some((&c, text_rest)) = text.split_first() else { return false };
-            let (negate, mut set) = match rest.split_first() {
-                Some((b'^', set)) => (true, set),
-                _ => (false, rest),
-            };
-            let mut matched = false;
-            loop {
-                match set {
-                    [] => return false, // no closing bracket
-                    [b']', after @ ..] => {
-                        set = after;
-                        break;
-                    }
-                    [b'\\', x, after @ ..] => {
-                        matched |= *x == c;
-                        set = after;
-                    }
-                    [lo, b'-', hi, after @ ..] if *hi != b']' => {
-                        matched |= (*lo.min(hi)..=*lo.max(hi)).contains(&c);
-                        set = after;
-                    }
-                    [x, after @ ..] => {
-                        matched |= *x == c;
-                        set = after;
-                    }
-                }
-            }
-            matched != negate && glob(set, text_rest)
-        }
-        Some((b'\\', [x, rest @ ..])) => text.first() == Some(x) && glob(rest, &text[1..]),
-        Some((x, rest)) => text.first() == Some(x) && glob(rest, &text[1..]),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs_match_as_redis_does() {
-        for (pattern, text, expected) in [
-            ("*", "maxmemory", true),
-            ("max*", "maxmemory-policy", true),
-            ("maxmemory", "maxmemory-policy", false),
-            ("*policy", "maxmemory-policy", true),
-            ("max?emory", "maxmemory", true),
-            ("[lm]axmemory", "maxmemory", true),
-            ("[^m]axmemory", "maxmemory", false),
-            ("[a-n]axmemory", "maxmemory", true),
-            ("save", "maxmemory", false),
-            ("\\*", "*", true),
-        ] {
-            assert_eq!(glob(pattern.as_bytes(), text.as_bytes()), expected, "{pattern} against {text}");
-        }
-    }
 
     #[test]
     fn memory_values_read_as_redis_reads_them() {

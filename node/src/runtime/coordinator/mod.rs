@@ -97,7 +97,13 @@ impl Coordinator {
     /// Drains a node out of every chain.
     pub fn drain(&self, node: NodeId) -> Result<(), String> {
         self.leader_only()?;
-        self.supervisor.lock().drain(node);
+        let current = self.raft.watch().borrow().clone();
+        let mut s = self.supervisor.lock();
+        if !s.knows(&current, node) {
+            let ids: Vec<String> = current.nodes.iter().map(|n| n.id.to_string()).collect();
+            return Err(format!("no node {node} in this site (its nodes: {})", ids.join(",")));
+        }
+        s.drain(node);
         Ok(())
     }
 

@@ -122,6 +122,8 @@ pub async fn wait(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     let own = conn.node.config().site;
     let sites: Vec<SiteId> = match (word(1).as_deref(), target) {
         (Some("site"), Some(s)) if conn.node.remote_sites().contains(&s) => vec![s],
+        // This session's writes are in its own site once acknowledged.
+        (Some("site"), Some(s)) if s == own => return Frame::ok().into(),
         (Some("site"), _) => return Frame::error("ERR no such site in this node's configuration").into(),
         _ => conn.node.remote_sites(),
     };

@@ -439,6 +439,25 @@ fn client_subcommands() {
     // A subcommand's arity is its own, named as Redis 7 names it.
     assert_eq!(expect_err(&mut con, cmd("CLIENT").arg("SETNAME")), "ERR wrong number of arguments for 'client|setname' command");
     assert_eq!(expect_err(&mut con, cmd("client").arg("id").arg("x")), "ERR wrong number of arguments for 'client|id' command");
+    // INFO and LIST in Redis's format; KILL closes another connection.
+    cmd("CLIENT").arg("SETNAME").arg("lister").query::<()>(&mut con).unwrap();
+    let info: String = cmd("CLIENT").arg("INFO").query(&mut con).unwrap();
+    assert!(
+        info.starts_with(&format!("id={id1} addr=127.0.0.1:")) && info.contains(" name=lister ") && info.contains(" cmd=client|info "),
+        "{info}"
+    );
+    let mut victim = c.conn(0);
+    let victim_id: i64 = cmd("CLIENT").arg("ID").query(&mut victim).unwrap();
+    cmd("GET").arg("x").query::<Option<String>>(&mut victim).unwrap();
+    let list: String = cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+    let line = list.lines().find(|l| l.starts_with(&format!("id={victim_id} "))).unwrap_or_else(|| panic!("{list}"));
+    assert!(line.contains(" cmd=get ") && line.contains(" multi=-1 "), "{line}");
+    let only: String = cmd("CLIENT").arg("LIST").arg("ID").arg(victim_id).query(&mut con).unwrap();
+    assert_eq!(only.lines().count(), 1, "{only}");
+    assert_eq!(cmd("CLIENT").arg("KILL").arg("ID").arg(victim_id).query::<i64>(&mut con).unwrap(), 1);
+    assert!(cmd("GET").arg("x").query::<Option<String>>(&mut victim).is_err(), "the killed connection is closed");
+    assert_eq!(expect_err(&mut con, cmd("CLIENT").arg("KILL").arg("1.2.3.4:5")), "ERR No such client");
+    assert_eq!(cmd("CLIENT").arg("KILL").arg("ID").arg(id1).query::<i64>(&mut con).unwrap(), 0, "SKIPME yes by default");
 }
 
 #[test]

@@ -103,7 +103,8 @@ pub(super) fn encode(msg: &Message, out: &mut impl BufMut) -> bool {
 pub(super) fn decode(body: &[u8]) -> Result<Message, Error> {
     let copy;
     let mut r = match body[0] {
-        STABLE_UP_TO => Reader { buf: body, owner: None, at: 1 },
+        // Nothing of these is kept as a slice: no copy of the whole.
+        STABLE_UP_TO | PUT_DONE => Reader { buf: body, owner: None, at: 1 },
         _ => {
             copy = Bytes::copy_from_slice(body);
             Reader { buf: body, owner: Some(&copy), at: 1 }
@@ -134,7 +135,7 @@ pub(super) fn decode(body: &[u8]) -> Result<Message, Error> {
             let seq = r.varint()?;
             let chain_index = r.u8()?;
             let stable_through = r.varint()?;
-            let old = if flags & 4 != 0 { Some(Box::new(r.bytes()?)) } else { None };
+            let old = if flags & 4 != 0 { Some(Box::new(r.copied()?)) } else { None };
             Message::PutDone { op, version, seq, chain_index, stable: flags & 2 != 0, stable_through, old }
         }
         PUT => {
@@ -386,6 +387,14 @@ impl Reader<'_> {
     fn bytes(&mut self) -> Result<Bytes, Error> {
         let n = self.count()?;
         let b = self.owner.ok_or_else(|| bad("bytes"))?.slice(self.at..self.at + n);
+        self.at += n;
+        Ok(b)
+    }
+
+    /// Bytes in an allocation of their own (the message is not copied).
+    fn copied(&mut self) -> Result<Bytes, Error> {
+        let n = self.count()?;
+        let b = Bytes::copy_from_slice(&self.buf[self.at..self.at + n]);
         self.at += n;
         Ok(b)
     }

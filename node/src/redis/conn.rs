@@ -129,7 +129,8 @@ pub struct Conn {
     pub driver: Driver,
     pub proto: Protocol,
     pub authed: bool,
-    pub name: Option<String>,
+    /// What CLIENT LIST shows of it (its name too).
+    pub client: Arc<super::server::Client>,
     /// Since MULTI, until EXEC or DISCARD.
     pub multi: Option<Multi>,
     replies: mpsc::UnboundedReceiver<Message>,
@@ -293,13 +294,26 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
     // backup has noted it (`geo::dr`).
     driver.set_noted(node.config().dr.is_some_and(|p| p.primary == node.config().site));
     let authed = node.config().requirepass.is_none();
+    let client = Arc::new(super::server::Client {
+        id: id & 0xFFFF_FFFF_FFFF,
+        addr: stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+        laddr: stream.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+        fd: std::os::fd::AsRawFd::as_raw_fd(&stream),
+        since: Instant::now(),
+        name: Default::default(),
+        last_ms: Default::default(),
+        cmd: Default::default(),
+        resp: std::sync::atomic::AtomicU8::new(2),
+        kill: Default::default(),
+    });
+    let _listed = server.open(client.clone());
     let mut conn = Conn {
         node: node.clone(),
         server: server.clone(),
         driver,
         proto: Protocol::Resp2,
         authed,
-        name: None,
+        client: client.clone(),
         multi: None,
         replies,
         responses: VecDeque::new(),
@@ -317,7 +331,12 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
                     server.stats.commands.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    match D::execute(&mut conn, args).await {
+                    client.last_ms.store(client.since.elapsed().as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+                    let executed = D::execute(&mut conn, args).await;
+                    if let Call::Ran(row, _) | Call::Rejected(row) = executed.0 {
+                        client.cmd.store(row.0 + 1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    match executed {
                         (call, Outcome::Queue(batch)) => conn.queue(batch, call),
                         (call, Outcome::Reply(frame)) => conn.owed.push_back(Owed::Frame(frame, call)),
                         (call, Outcome::Close(frame)) => {
@@ -364,9 +383,13 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
         crate::runtime::shrink_buffer(&mut input, input_grown);
         // A slow peer slows the clients that feed it.
         node.wait_for_peers().await;
-        match stream.read_buf(&mut input).await {
-            Ok(n) if n > 0 => {}
-            _ => break,
+        tokio::select! {
+            read = stream.read_buf(&mut input) => match read {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            },
+            // CLIENT KILL.
+            () = client.kill.notified() => break,
         }
     }
     node.unregister(id, &tx);

@@ -16,7 +16,7 @@ pub mod conn;
 mod server;
 pub mod stats;
 
-pub use server::Server;
+pub use server::{Client, Server};
 
 use crate::runtime::{Frontend, Handle};
 use stats::Stats;
@@ -28,7 +28,12 @@ use tokio::net::TcpStream;
 impl Server {
     /// The front end of the node behind `node`, and its sampler.
     pub fn start(node: &Handle) -> Arc<Server> {
-        let server = Arc::new(Server { clock: node.clock(), stats: Stats::new(cmd::row_count()), limits: node.config().limits() });
+        let server = Arc::new(Server {
+            clock: node.clock(),
+            stats: Stats::new(cmd::row_count()),
+            limits: node.config().limits(),
+            clients: Default::default(),
+        });
         tokio::spawn(sample_loop(Arc::downgrade(&server)));
         server
     }

@@ -50,6 +50,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
         return Frame::error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time").into();
     }
     conn.proto = proto;
+    conn.client.resp.store(if proto == causeway_resp::Protocol::Resp3 { 3 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
     let s = |x: &str| Frame::Bulk(Bytes::from(x.to_string()));
     Frame::Map(vec![
         (s("server"), s("causeway")),

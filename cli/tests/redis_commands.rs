@@ -249,6 +249,31 @@ fn multi_queues_until_exec() {
     assert_eq!(expect_err(&mut con, cmd("WATCH").arg("k")), "ERR WATCH is not supported: Causeway has no optimistic transactions yet");
 }
 
+/// A client that sends its whole pipeline before it reads a reply (as
+/// redis-py does): 40 000 GETs of a key and a value of 1 000 bytes each are
+/// 40 MB each way, more than the sockets' buffers hold, so the node must
+/// read on while it writes; it once blocked its write on the client's full
+/// buffer while the client blocked its send on the node's, for good.
+#[test]
+fn a_pipeline_sent_whole_before_any_reply_is_read() {
+    use std::io::{Read, Write};
+    let c = Cluster::start_with(Opts::new(1, 1, 1));
+    let key = vec![b'k'; 1000];
+    cmd("SET").arg(&key).arg(vec![b'x'; 1000]).query::<()>(&mut c.conn(0)).unwrap();
+    let mut stream = std::net::TcpStream::connect(c.addr(0)).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let n = 40_000;
+    let mut get = b"*2\r\n$3\r\nGET\r\n$1000\r\n".to_vec();
+    get.extend_from_slice(&key);
+    get.extend_from_slice(b"\r\n");
+    stream.write_all(&get.repeat(n)).expect("the node reads the whole pipeline while its replies wait");
+    let reply = b"$1000\r\n".len() + 1000 + 2;
+    let mut got = vec![0u8; n * reply];
+    stream.read_exact(&mut got).expect("every reply");
+    assert!(got.starts_with(b"$1000\r\nxxx") && got.ends_with(b"xx\r\n"));
+}
+
 /// KEYS, SCAN and RANDOMKEY: read at every partition's head, expired
 /// keys left out; a scan returns every key present for its whole length,
 /// while writers add and delete others.

@@ -344,10 +344,10 @@ impl Supervisor {
 
     /// An operator asks to remove `node` without losing replication (a
     /// node still waiting to be added is just not added).
-    /// Whether `node` is in the site, or joins it: what an operator may
-    /// drain.
+    /// Whether `node` is in the site, failed and may return, or joins it:
+    /// what an operator may drain.
     pub fn knows(&self, current: &Topology, node: NodeId) -> bool {
-        current.nodes.iter().any(|n| n.id == node) || self.joining.iter().any(|n| n.id == node)
+        current.nodes.iter().chain(&current.returning).chain(&self.joining).any(|n| n.id == node)
     }
 
     pub fn drain(&mut self, node: NodeId) {

@@ -57,6 +57,9 @@ use std::collections::{BTreeMap, VecDeque};
 /// Resend unacknowledged updates to the successor after this long without
 /// progress.
 pub const RETRANSMIT_MS: u64 = 200;
+/// A resend waits for the bytes of at most this many unstable updates
+/// (`crate::resend_wait_ms`): counted at every tick while stalled.
+const RESEND_SIZED: usize = 1_024;
 
 /// The longest a joining replica waits before asking for the state again.
 pub const MAX_ASK_MS: u64 = 3_200;
@@ -785,7 +788,7 @@ impl ChainReplica {
         let stalled = now_ms.saturating_sub(self.last_progress_ms);
         if !self.unstable.is_empty()
             && stalled >= RETRANSMIT_MS
-            && stalled >= crate::resend_wait_ms(RETRANSMIT_MS, self.unstable.iter().map(forward_bytes).sum())
+            && stalled >= crate::resend_wait_ms(RETRANSMIT_MS, self.unstable.iter().take(RESEND_SIZED).map(forward_bytes).sum())
         {
             self.last_progress_ms = now_ms;
             self.send_forward(self.unstable.iter().cloned().collect(), out);

@@ -528,8 +528,13 @@ fn large_updates_are_forwarded_and_resent_in_bounded_messages() {
             .collect()
     };
     assert_eq!(forwarded.len(), 3, "one message per write here");
-    // Nothing acknowledged: the head resends everything unstable.
-    head.tick(10 + RETRANSMIT_MS, None, &|_| false, &mut out);
+    // Nothing acknowledged: the head resends everything unstable, once the
+    // first copies could have arrived (32 MB: half a second more).
+    let wait = crate::resend_wait_ms(RETRANSMIT_MS, sizes(&forwarded).iter().sum());
+    assert!(wait >= RETRANSMIT_MS + 400, "{wait}");
+    head.tick(10 + wait - 1, None, &|_| false, &mut out);
+    assert!(take(&mut out, Dest::Node(b)).is_empty(), "not resent while the first copies may be on their way");
+    head.tick(10 + wait, None, &|_| false, &mut out);
     let resent = take(&mut out, Dest::Node(b));
     let resent_sizes = sizes(&resent);
     assert_eq!(resent_sizes.len(), 2, "6 + 6 MB, then 20 MB alone: {resent_sizes:?}");

@@ -403,6 +403,12 @@ impl Driver {
         self.timeout_ms = timeout_ms;
     }
 
+    /// Requests started and not yet handed out (running, waiting or done
+    /// behind one that runs).
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Whether some request has not been answered yet.
     pub fn is_busy(&self) -> bool {
         !self.queue.is_empty()

@@ -18,7 +18,7 @@
 use super::{Consistency, KeyScope, Request, Response, MAX_REDIRECTS, RESEND_MS, RETRY_MS};
 use crate::error::Error;
 use crate::hlc::Timestamp;
-use crate::message::{ClientId, DepOn, Item, Keyspace, Message, NewValue, OpId, Refusal, WriteDep, ACK_AT_TAIL};
+use crate::message::{ClientId, DepOn, Item, Keyspace, Message, OpId, Refusal, WriteDep, ACK_AT_TAIL};
 use crate::ring::{NodeId, PartitionId, Topology};
 use crate::session::{Dep, Session};
 use crate::version::Version;
@@ -292,10 +292,7 @@ impl Op {
     /// longer for a large value (`crate::resend_wait_ms`).
     fn resend_ms(&self) -> u64 {
         let bytes = match &self.request {
-            Request::Put { key, change } => match &change.value {
-                NewValue::Set(v) | NewValue::Append(v) | NewValue::SetRange(_, v) => key.len() + v.len(),
-                _ => key.len(),
-            },
+            Request::Put { key, change } => key.len() + change.payload_len(),
             _ => 0,
         };
         crate::resend_wait_ms(RESEND_MS, bytes)
@@ -418,26 +415,27 @@ impl Op {
                     // Redis answers a cursor it does not know.
                     KeyScope::Cursor(_) => (Vec::new(), 0),
                 };
-                let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
+                // One message per partition and node that lists it: each
+                // answer holds one partition's keys at most.
+                let mut asks: Vec<(NodeId, PartitionId)> = Vec::new();
                 for partition in partitions {
                     if cx.topology.shape.coding.is_some() {
                         // Erasure-coded: every node lists the slots it
                         // serves, as for a count.
-                        for n in &cx.topology.nodes {
-                            by_node.entry(n.id).or_default().push(partition);
-                        }
+                        asks.extend(cx.topology.nodes.iter().map(|n| (n.id, partition)));
                     } else {
-                        by_node.entry(cx.topology.chain(partition).head()).or_default().push(partition);
+                        asks.push((cx.topology.chain(partition).head(), partition));
                     }
                 }
-                if by_node.is_empty() {
+                if asks.is_empty() {
                     p.done = Some(Ok(Response::Keys { keys: Vec::new(), cursor }));
                     return p;
                 }
-                self.phase = Phase::Listing { remaining: by_node.len(), keys: Vec::new(), cursor };
-                for (node, partitions) in by_node {
+                self.phase = Phase::Listing { remaining: asks.len(), keys: Vec::new(), cursor };
+                for (node, partition) in asks {
                     let op = self.next_op(cx);
                     let one = scope == KeyScope::Random;
+                    let partitions = vec![partition];
                     p.send.push((node, Message::ListKeys { op, epoch: cx.topology.epoch, partitions, pattern: pattern.clone(), one }));
                 }
             }

@@ -75,6 +75,15 @@ impl Change {
             }
     }
 
+    /// The bytes the change brings (a SET's value, what APPEND or SETRANGE
+    /// add): what a DR note counts.
+    pub fn payload_len(&self) -> usize {
+        match &self.value {
+            NewValue::Set(v) | NewValue::Append(v) | NewValue::SetRange(_, v) => v.len(),
+            _ => 0,
+        }
+    }
+
     /// The new value, if the change sets one.
     pub fn new_value(&self) -> Option<&Bytes> {
         match &self.value {

@@ -87,7 +87,7 @@ impl Node {
                     keys.swap(0, at);
                     keys.truncate(1);
                 }
-                send(out, Dest::Client(op.client), Message::KeysAre { op, keys });
+                send(out, Dest::Client(op.client), super::listed(op, keys));
                 return None;
             }
             Message::KeyMemory { partition, ref key, .. } => {

@@ -542,7 +542,7 @@ impl Node {
                         return self.not_responsible(op, out);
                     }
                 }
-                send(out, Dest::Client(op.client), Message::KeysAre { op, keys });
+                send(out, Dest::Client(op.client), listed(op, keys));
             }
             Message::Flush { op } => {
                 for r in self.parts.iter_mut().flatten() {
@@ -638,7 +638,7 @@ impl Node {
     fn put(&mut self, partition: PartitionId, mut req: PutRequest, now_ms: u64, out: &mut Outbox) {
         let op = req.op;
         let write = OpId { client: op.client, seq: req.write };
-        let value_len = req.change.new_value().map_or(0, |v| v.len());
+        let value_len = req.change.payload_len();
         if let Some(missing) = self.lost_write(partition, &req.key) {
             // After a failover, over a write of the primary that never
             // arrived: a change that depends on what the key holds cannot
@@ -1090,6 +1090,20 @@ impl Node {
 /// records wait in `log`, else the last one handed out.
 fn ticket(logged: u64, log: &[LogRecord]) -> u64 {
     logged + u64::from(!log.is_empty())
+}
+
+/// At most this many bytes of keys in one answer to `ListKeys` (one
+/// partition's): an answer travels in one message.
+const LIST_BYTES: usize = 64 << 20;
+
+/// The answer to `ListKeys`: the keys, or a refusal past `LIST_BYTES`.
+fn listed(op: OpId, keys: Vec<bytes::Bytes>) -> Message {
+    let bytes: usize = keys.iter().map(|k| k.len() + 8).sum();
+    if bytes > LIST_BYTES {
+        let why = format!("a partition holds more than {} MiB of matching keys: too many to list at once", LIST_BYTES >> 20);
+        return Message::Refused { op, reason: Refusal::Unsupported(why) };
+    }
+    Message::KeysAre { op, keys }
 }
 
 #[cfg(test)]

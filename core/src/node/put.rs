@@ -133,7 +133,7 @@ impl Node {
             .get(partition as usize)
             .and_then(Option::as_ref)
             .is_some_and(|r| !r.is_head() || r.written(req.op.client, req.write).is_some() || r.finished(req.op.client, req.write));
-        if !known && req.change.new_value().is_some() && self.refuses_growth(now_ms) {
+        if !known && (req.change.new_value().is_some() || req.change.value.is_computed()) && self.refuses_growth(now_ms) {
             // Over the memory budget (`memory`): like Redis, writes that add
             // data are refused, deletes go.
             let reason = self.refusal();

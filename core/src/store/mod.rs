@@ -564,7 +564,9 @@ impl PartitionStore {
     /// to `into`; with `one`, at most one, from a random place in the
     /// table (RANDOMKEY).
     pub fn keys(&mut self, pattern: Option<&[u8]>, one: bool, now_ms: u64, into: &mut Vec<Bytes>) {
-        let start = if one { self.chance() as usize } else { 0 };
+        // A random place near the table's start: reaching a place costs a
+        // step per entry before it.
+        let start = if one { self.chance() as usize % self.latest.len().clamp(1, 64) } else { 0 };
         let len = self.latest.len();
         for (v, _) in self.window(start, len) {
             if v.is_live(now_ms) && pattern.is_none_or(|p| glob::matches(p, v.key())) {

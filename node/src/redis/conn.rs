@@ -136,6 +136,9 @@ pub struct Conn {
     replies: mpsc::UnboundedReceiver<Message>,
     /// The driver's responses, in request order, not yet in a reply.
     responses: VecDeque<Result<Response, Error>>,
+    /// Requests not started yet: at most `MAX_QUEUED` run at once (an
+    /// EXEC may bring any number).
+    backlog: VecDeque<(Request, Consistency)>,
     owed: VecDeque<Owed>,
     /// Encoded replies not yet written.
     output: BytesMut,
@@ -183,14 +186,32 @@ impl Conn {
         self.owed.push_back(Owed::Answer { requests: batch.requests.len(), answer: batch.answer, call });
         let now = self.server.clock.now_ms();
         for request in batch.requests {
-            if let Request::Get(key) = &request {
-                if let Some(response) = self.read_here(key, level, now) {
-                    self.responses.push_back(Ok(response));
-                    continue;
-                }
+            if !self.backlog.is_empty() || self.driver.in_flight() >= MAX_QUEUED {
+                // An EXEC of many commands: they start as earlier ones end.
+                self.backlog.push_back((request, level));
+                continue;
             }
-            let progress = self.driver.start_at(request, level, now);
-            self.apply(progress, now);
+            self.start(request, level, now);
+        }
+    }
+
+    fn start(&mut self, request: Request, level: Consistency, now: u64) {
+        if let Request::Get(key) = &request {
+            if let Some(response) = self.read_here(key, level, now) {
+                self.responses.push_back(Ok(response));
+                return;
+            }
+        }
+        let progress = self.driver.start_at(request, level, now);
+        self.apply(progress, now);
+    }
+
+    /// Starts requests held back (`backlog`) while the session has room.
+    fn top_up(&mut self) {
+        let now = self.server.clock.now_ms();
+        while self.driver.in_flight() < MAX_QUEUED {
+            let Some((request, level)) = self.backlog.pop_front() else { return };
+            self.start(request, level, now);
         }
     }
 
@@ -241,6 +262,7 @@ impl Conn {
     /// Waits for a reply or for the driver's next wake-up, and hands either
     /// to the driver.
     async fn wait(&mut self) {
+        self.top_up();
         let Some(wake_ms) = self.driver.next_wake() else { return };
         let sleep = Duration::from_millis(wake_ms.saturating_sub(self.server.clock.now_ms()));
         match tokio::time::timeout(sleep, self.replies.recv()).await {
@@ -262,6 +284,7 @@ impl Conn {
             let progress = self.driver.tick(now);
             self.apply(progress, now);
         }
+        self.top_up();
     }
 }
 
@@ -317,6 +340,7 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
         multi: None,
         replies,
         responses: VecDeque::new(),
+        backlog: VecDeque::new(),
         owed: VecDeque::new(),
         output: BytesMut::with_capacity(16 * 1024),
     };
@@ -351,11 +375,9 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
                     if conn.owed.len() >= MAX_QUEUED {
                         conn.settle().await;
                     }
-                    if conn.output.len() >= MAX_PENDING_OUTPUT {
-                        if stream.write_all(&conn.output).await.is_err() {
-                            break 'serve;
-                        }
-                        conn.output.clear();
+                    // What is read meanwhile is decoded next, in this loop.
+                    if conn.output.len() >= MAX_PENDING_OUTPUT && write_reading(&mut stream, &mut conn.output, &mut input).await.is_err() {
+                        break 'serve;
                     }
                 }
                 Ok(None) => break,
@@ -372,10 +394,13 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
             }
         }
         conn.settle().await;
+        let mut read_ahead = false;
         if !conn.output.is_empty() {
-            if stream.write_all(&conn.output).await.is_err() {
+            let before = input.len();
+            if write_reading(&mut stream, &mut conn.output, &mut input).await.is_err() {
                 break;
             }
+            read_ahead = input.len() > before;
             let grown = crate::runtime::grown(&conn.output);
             conn.output.clear();
             crate::runtime::shrink_buffer(&mut conn.output, grown);
@@ -383,6 +408,11 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
         crate::runtime::shrink_buffer(&mut input, input_grown);
         // A slow peer slows the clients that feed it.
         node.wait_for_peers().await;
+        if read_ahead {
+            // Read while the replies were written: decoded first (the
+            // client may wait for their replies before it sends more).
+            continue;
+        }
         tokio::select! {
             read = stream.read_buf(&mut input) => match read {
                 Ok(n) if n > 0 => {}
@@ -394,6 +424,33 @@ pub async fn serve<D: Dispatch>(node: Handle, server: Arc<Server>, mut stream: T
     }
     node.unregister(id, &tx);
 }
+
+/// Writes `output` whole, reading on meanwhile what the client sends into
+/// `input` (up to `MAX_INPUT`): a client that sends its whole pipeline
+/// before it reads a reply (redis-py does) would otherwise block its send
+/// on this node's full receive buffer while this node blocks its write on
+/// the client's, for good.
+async fn write_reading(stream: &mut TcpStream, output: &mut BytesMut, input: &mut BytesMut) -> std::io::Result<()> {
+    use bytes::Buf;
+    let (mut rd, mut wr) = stream.split();
+    // A client that closed its side still gets its replies (the next read
+    // finds the end).
+    let mut ended = false;
+    while !output.is_empty() {
+        tokio::select! {
+            written = wr.write(output) => match written? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                n => output.advance(n),
+            },
+            read = rd.read_buf(input), if !ended && input.len() < MAX_INPUT => ended = read? == 0,
+        }
+    }
+    Ok(())
+}
+
+/// The most input read ahead while replies wait to be written (Redis's
+/// default `client-query-buffer-limit`).
+const MAX_INPUT: usize = 1 << 30;
 
 /// The Redis error for a request the replicas did not complete.
 pub fn client_error(e: Error) -> Frame {

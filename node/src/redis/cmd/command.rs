@@ -87,7 +87,7 @@ mod tests {
         for c in COMMANDS {
             let (flags, first, _, _) = spec(c.name);
             let data = matches!(c.handler, crate::redis::cmd::Handler::Queue(_)) && !c.name.starts_with("cw.");
-            let keyless = matches!(c.name, "dbsize" | "flushall" | "flushdb" | "keys" | "scan" | "randomkey");
+            let keyless = matches!(c.name, "dbsize" | "flushall" | "flushdb" | "keys" | "scan" | "randomkey" | "unwatch");
             assert!(!data || keyless || first == 1, "{}: where are its keys?", c.name);
             assert!(c.name.starts_with("cw.") || !flags.is_empty(), "{}: no flags", c.name);
         }

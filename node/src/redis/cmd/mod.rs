@@ -178,7 +178,7 @@ pub static COMMANDS: &[Command] = &[
     command!("exec", 1, false, multi::exec),
     command!("discard", 1, false, multi::discard),
     command!("watch", -2, false, multi::watch),
-    command!("unwatch", 1, false, multi::unwatch),
+    data!("unwatch", 1, multi::unwatch),
     command!("cw.consistency", -1, false, cw::consistency::run),
     data!("cw.with", -3, cw::with::parse),
     command!("cw.keyrange", 1, false, cw::keyrange::run),
@@ -249,7 +249,7 @@ async fn check_and_run(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
     }
     let call = Call::Ran(row, Instant::now());
     let clock = conn.server.clock;
-    if let Some(multi) = conn.multi.as_mut().filter(|_| !matches!(cmd.name, "multi" | "exec" | "discard" | "watch" | "unwatch" | "quit")) {
+    if let Some(multi) = conn.multi.as_mut().filter(|_| !matches!(cmd.name, "multi" | "exec" | "discard" | "watch" | "quit")) {
         return match cmd.handler {
             Handler::Queue(parse) if cmd.name != "cw.with" => {
                 multi.queued.push(parse(&args, clock));

@@ -70,6 +70,7 @@ pub async fn watch(conn: &mut Conn, _: Vec<Bytes>) -> Outcome {
     .into()
 }
 
-pub async fn unwatch(_: &mut Conn, _: Vec<Bytes>) -> Outcome {
-    Frame::ok().into()
+/// Nothing to undo; queued inside MULTI, as in Redis.
+pub fn unwatch(_: &[Bytes], _: crate::runtime::Clock) -> Result<Batch, Frame> {
+    Batch::new(smallvec::SmallVec::new(), |_, _| Frame::ok())
 }

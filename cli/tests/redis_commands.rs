@@ -167,6 +167,11 @@ fn string_commands_beyond_get_and_set() {
     assert_eq!(cmd("GETDEL").arg("t").query::<Option<String>>(&mut con).unwrap().as_deref(), Some("y"));
     assert_eq!(cmd("GETDEL").arg("t").query::<Option<String>>(&mut con).unwrap(), None);
     assert_eq!(cmd("EXISTS").arg("t").query::<i64>(&mut con).unwrap(), 0);
+    assert_eq!(cmd("TOUCH").arg("a").arg("b").arg("nosuch").query::<i64>(&mut con).unwrap(), 2);
+    assert_eq!(cmd("OBJECT").arg("ENCODING").arg("b").query::<String>(&mut con).unwrap(), "int");
+    assert_eq!(cmd("OBJECT").arg("ENCODING").arg("new").query::<String>(&mut con).unwrap(), "embstr");
+    assert_eq!(cmd("OBJECT").arg("ENCODING").arg("nosuch").query::<Option<String>>(&mut con).unwrap(), None);
+    assert_eq!(cmd("OBJECT").arg("REFCOUNT").arg("a").query::<i64>(&mut con).unwrap(), 1);
     assert_eq!(cmd("UNLINK").arg("a").arg("b").arg("nosuch").query::<i64>(&mut con).unwrap(), 2);
 }
 

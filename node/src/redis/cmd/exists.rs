@@ -1,7 +1,8 @@
-//! EXISTS key [key ...]
+//! EXISTS key [key ...], TOUCH key [key ...]
 //!
 //! Replies with how many of the keys exist (repeats count again), or with
-//! the first error. Without a key: the arity error.
+//! the first error. Without a key: the arity error. TOUCH is the same read
+//! (it counts as a use of the key where it is served, as any read does).
 
 use super::{count, own, Batch};
 use crate::runtime::Clock;

@@ -37,6 +37,7 @@ mod keys;
 mod memory;
 mod mget;
 mod multi;
+mod object;
 mod ping;
 mod quit;
 mod select;
@@ -143,6 +144,7 @@ pub static COMMANDS: &[Command] = &[
     data!("incrby", 3, incr::parse),
     data!("decrby", 3, incr::parse),
     data!("exists", -2, exists::parse),
+    data!("touch", -2, exists::parse),
     data!("mget", -2, mget::parse),
     data!("setex", 4, setex::parse),
     data!("psetex", 4, setex::parse),
@@ -173,6 +175,7 @@ pub static COMMANDS: &[Command] = &[
     command!("client", -2, false, client::run, client::SUBCOMMANDS),
     command!("config", -2, false, config::run, config::SUBCOMMANDS),
     command!("memory", -2, false, memory::run, memory::SUBCOMMANDS),
+    command!("object", -2, false, object::run, object::SUBCOMMANDS),
     command!("quit", -1, true, quit::run),
     command!("multi", 1, false, multi::multi),
     command!("exec", 1, false, multi::exec),

@@ -212,6 +212,27 @@ fn appends_ranges_and_float_increments() {
     assert_eq!(cmd("STRLEN").arg("log").query::<i64>(&mut c.conn(2)).unwrap(), 600);
 }
 
+/// WAIT: R - 1 once the session's writes are on every replica; every node
+/// then serves them from its own replica.
+#[test]
+fn wait_counts_the_replicas_that_hold_the_writes() {
+    let c = Cluster::three();
+    let mut con = c.conn(0);
+    for i in 0..20 {
+        cmd("SET").arg(format!("w{i}")).arg(i).query::<()>(&mut con).unwrap();
+    }
+    assert_eq!(cmd("WAIT").arg(2).arg(1000).query::<i64>(&mut con).unwrap(), 2);
+    for n in 0..3 {
+        let mut at = c.conn(n);
+        cmd("CW.CONSISTENCY").arg("eventual").query::<()>(&mut at).unwrap();
+        for i in 0..20 {
+            assert_eq!(cmd("GET").arg(format!("w{i}")).query::<Option<i64>>(&mut at).unwrap(), Some(i), "node {n}");
+        }
+    }
+    assert_eq!(expect_err(&mut con, cmd("WAIT").arg(1).arg(-1)), "ERR timeout is negative");
+    assert_eq!(cmd("WAIT").arg(0).arg(0).query::<i64>(&mut c.conn(1)).unwrap(), 2, "nothing to wait for");
+}
+
 /// MULTI/EXEC: nothing runs before EXEC, which answers every reply in its
 /// place (redis-py's and the redis crate's pipelines use it); an unknown
 /// command aborts the transaction; Redis's errors.
@@ -246,6 +267,14 @@ fn multi_queues_until_exec() {
     assert!(matches!(raw.cmd(&[b"NOSUCH"]), Frame::Error(_)));
     assert_eq!(raw.cmd(&[b"EXEC"]), error("EXECABORT Transaction discarded because of previous errors."));
     assert_eq!(cmd("GET").arg("cnt").query::<String>(&mut other).unwrap(), "3", "nothing of the aborted transaction ran");
+    // EXEC with arguments ends the transaction, discarded.
+    assert_eq!(raw.cmd(&[b"MULTI"]), simple("OK"));
+    assert_eq!(raw.cmd(&[b"INCR", b"cnt"]), simple("QUEUED"));
+    assert_eq!(
+        raw.cmd(&[b"EXEC", b"x"]),
+        error("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")
+    );
+    assert_eq!(raw.cmd(&[b"GET", b"cnt"]), Frame::Bulk("3".into()), "out of the transaction, nothing of it ran");
     assert_eq!(expect_err(&mut con, &cmd("EXEC")), "ERR EXEC without MULTI");
     assert_eq!(expect_err(&mut con, &cmd("DISCARD")), "ERR DISCARD without MULTI");
     cmd("MULTI").query::<()>(&mut con).unwrap();
@@ -488,6 +517,9 @@ fn client_subcommands() {
     assert!(cmd("GET").arg("x").query::<Option<String>>(&mut victim).is_err(), "the killed connection is closed");
     assert_eq!(expect_err(&mut con, cmd("CLIENT").arg("KILL").arg("1.2.3.4:5")), "ERR No such client");
     assert_eq!(cmd("CLIENT").arg("KILL").arg("ID").arg(id1).query::<i64>(&mut con).unwrap(), 0, "SKIPME yes by default");
+    assert_eq!(cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub").query::<i64>(&mut con).unwrap(), 0);
+    let _other = c.conn(0);
+    assert!(cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").arg("USER").arg("default").query::<i64>(&mut con).unwrap() >= 1);
 }
 
 #[test]

@@ -71,7 +71,21 @@ pub fn add_float(current: Option<&[u8]>, by: f64) -> Result<Bytes, &'static str>
     if !sum.is_finite() {
         return Err(NAN_OR_INFINITY);
     }
-    Ok(Bytes::from(format!("{}", sum + 0.0)))
+    Ok(Bytes::from(decimal(sum)))
+}
+
+/// A double as INCRBYFLOAT writes it: the shortest decimal that reads
+/// back the same, or 15 significant digits if that needs more (the sum's
+/// binary error then shows: 0.1 + 0.2 is "0.3", as Redis's long double
+/// prints it, not "0.30000000000000004").
+fn decimal(x: f64) -> String {
+    let shortest = format!("{}", x + 0.0);
+    let digits = shortest.trim_start_matches(['-', '0', '.']).chars().filter(char::is_ascii_digit).count();
+    if digits <= 15 {
+        return shortest;
+    }
+    let rounded: f64 = format!("{x:.14e}").parse().expect("a formatted double reads back");
+    format!("{}", rounded + 0.0)
 }
 
 /// `NewValue::SetRange(offset, bytes)` on `current`: the new value, or
@@ -269,6 +283,9 @@ mod tests {
         assert_eq!(decide(&add(0.1), with(b"10.5", Some(9)), 100).unwrap(), Decided { write: Some((b("10.6"), Some(9))), old: b("10.6") });
         assert_eq!(decide(&add(5.0e3), with(b"2.0e2", None), 100).unwrap().old, b("5200"));
         assert_eq!(decide(&add(-1.5), NONE, 100).unwrap().old, b("-1.5"));
+        assert_eq!(decide(&add(0.2), with(b"0.1", None), 100).unwrap().old, b("0.3"));
+        assert_eq!(decide(&add(1.0), with(b"1e20", None), 100).unwrap().old, b("100000000000000000000"));
+        assert_eq!(decide(&add(0.5), with(b"3.14159265358979", None), 100).unwrap().old, b("3.64159265358979"));
         assert_eq!(decide(&add(1.0), with(b"abc", None), 100), Err(NOT_A_FLOAT));
         assert_eq!(decide(&add(1.0), with(b" 1", None), 100), Err(NOT_A_FLOAT));
         assert_eq!(decide(&add(f64::MAX), with(b"1.7976931348623157e308", None), 100), Err(NAN_OR_INFINITY));

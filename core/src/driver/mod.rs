@@ -159,6 +159,9 @@ pub enum Request {
     },
     /// The bytes a key takes at one replica (MEMORY USAGE).
     MemoryUsage(Bytes),
+    /// Wait until every version the session wrote or read unstable is
+    /// stable: on every replica of its chain (WAIT).
+    Stabilize,
     /// Drop every key on every node.
     Flush,
     /// Fetch the current topology.
@@ -220,6 +223,8 @@ pub enum Response {
     /// `MemoryUsage`: `None` if the key is not there.
     Memory(Option<u64>),
     Flushed,
+    /// `Stabilize`: done.
+    Stabilized,
     Topology(Arc<Topology>),
     Resumed,
     /// `Failover`: the keys refused until written again.

@@ -448,6 +448,12 @@ impl Op {
                 }
             }
             Request::Topology => self.refresh(cx, &mut p),
+            Request::Stabilize => {
+                let deps: Vec<(Bytes, Dep)> = cx.session.dependencies().map(|(k, d)| (k.clone(), d.clone())).collect();
+                if !self.stabilize(cx, deps, false, &mut p) {
+                    p.done = Some(Ok(Response::Stabilized));
+                }
+            }
             Request::MemoryUsage(key) => {
                 // At this node's replica if it has one, else at the head
                 // (it holds every key the chain does).
@@ -763,6 +769,7 @@ impl Op {
                     match self.request.clone() {
                         Request::Get(key) if then_read => self.read(cx, &key, false, &mut p),
                         Request::MultiGet(keys) if then_read => self.collect(cx, &keys, None, &mut p),
+                        Request::Stabilize => p.done = Some(Ok(Response::Stabilized)),
                         _ => self.write(cx, &mut p),
                     }
                 }

@@ -8,7 +8,8 @@
 //! track, such as buffer sizes, is 0; `multi` is -1 but for the asking
 //! connection; every client is `normal`). KILL closes connections of this
 //! node, by the old form (`ip:port`, `+OK` or `ERR No such client`) or by
-//! filters (ID, ADDR, LADDR, SKIPME yes|no; the number killed); a killed
+//! filters (ID, ADDR, LADDR, TYPE, USER, SKIPME yes|no; the number
+//! killed); a killed
 //! connection closes when it next waits for input. Another subcommand is `ERR unknown subcommand '...' for
 //! 'client'`, and the wrong number of arguments for one is
 //! `ERR wrong number of arguments for 'client|setname' command`, as Redis 7
@@ -131,7 +132,7 @@ fn kill(conn: &Conn, args: &[Bytes]) -> Frame {
     if !args.len().is_multiple_of(2) {
         return Frame::error("ERR syntax error");
     }
-    let (mut id, mut addr, mut laddr, mut skip_me) = (None, None, None, true);
+    let (mut id, mut addr, mut laddr, mut skip_me, mut none) = (None, None, None, true, false);
     for filter in args.chunks(2) {
         match filter[0].to_ascii_uppercase().as_slice() {
             b"ID" => match text(&filter[1]).parse::<u64>() {
@@ -140,6 +141,13 @@ fn kill(conn: &Conn, args: &[Bytes]) -> Frame {
             },
             b"ADDR" => addr = Some(text(&filter[1])),
             b"LADDR" => laddr = Some(text(&filter[1])),
+            // Every connection is a normal one of the default user.
+            b"TYPE" => match filter[1].to_ascii_lowercase().as_slice() {
+                b"normal" => {}
+                b"master" | b"replica" | b"slave" | b"pubsub" => none = true,
+                other => return Frame::error(format!("ERR Unknown client type '{}'", String::from_utf8_lossy(other))),
+            },
+            b"USER" => none |= filter[1].as_ref() != b"default",
             b"SKIPME" => match filter[1].to_ascii_lowercase().as_slice() {
                 b"yes" => skip_me = true,
                 b"no" => skip_me = false,
@@ -150,7 +158,8 @@ fn kill(conn: &Conn, args: &[Bytes]) -> Frame {
     }
     let mut killed = 0;
     for c in &clients {
-        let chosen = id.is_none_or(|id| c.id == id)
+        let chosen = !none
+            && id.is_none_or(|id| c.id == id)
             && addr.as_ref().is_none_or(|a| &c.addr == a)
             && laddr.as_ref().is_none_or(|a| &c.laddr == a)
             && !(skip_me && c.id == conn.client.id);

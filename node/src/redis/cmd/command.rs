@@ -68,6 +68,7 @@ fn spec(name: &str) -> (&'static [&'static str], i64, i64, i64) {
         "flushall" | "flushdb" => (&["write"], 0, 0, 0),
         "hello" | "auth" => (&["noscript", "loading", "stale", "fast", "no_auth"], 0, 0, 0),
         "ping" | "echo" | "time" | "select" => (ANY, 0, 0, 0),
+        "wait" => (&["noscript"], 0, 0, 0),
         "info" | "command" | "client" | "config" | "memory" | "object" => (&["loading", "stale"], 0, 0, 0),
         "quit" => (&["loading", "stale", "fast", "no_auth"], 0, 0, 0),
         "multi" | "discard" | "unwatch" => (&["noscript", "loading", "stale", "fast", "allow_busy"], 0, 0, 0),

@@ -46,6 +46,7 @@ mod setex;
 mod strings;
 mod time;
 mod ttl;
+mod wait;
 
 use super::conn::{client_error, Answer, Batch, Conn, Dispatch, Outcome, Responses};
 use super::server::Server;
@@ -167,6 +168,7 @@ pub static COMMANDS: &[Command] = &[
     command!("ping", -1, false, ping::run),
     command!("echo", 2, false, echo::run),
     command!("time", 1, false, time::run),
+    command!("wait", 3, false, wait::run),
     command!("hello", -1, true, hello::run),
     command!("auth", -2, true, auth::run),
     command!("select", 2, false, select::run),
@@ -248,6 +250,11 @@ async fn check_and_run(conn: &mut Conn, args: Vec<Bytes>) -> (Call, Outcome) {
     }
     if !arity_ok(sub.map_or(cmd.arity, |s| s.arity), &args) {
         let name = sub.map_or_else(|| cmd.name.to_string(), |s| format!("{}|{}", cmd.name, s.name));
+        if cmd.name == "exec" && conn.multi.take().is_some() {
+            // As Redis: the transaction ends, discarded.
+            let why = format!("EXECABORT Transaction discarded because of: wrong number of arguments for '{name}' command");
+            return (Call::Rejected(row), Frame::error(why).into());
+        }
         return (Call::Rejected(row), wrong_arity(&name).into());
     }
     let call = Call::Ran(row, Instant::now());

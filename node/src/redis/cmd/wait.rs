@@ -22,7 +22,7 @@ pub async fn run(conn: &mut Conn, args: Vec<Bytes>) -> Outcome {
     if timeout < 0 {
         return Frame::error("ERR timeout is negative").into();
     }
-    let shape = conn.node.topology().shape.clone();
+    let shape = conn.node.topology().shape;
     if let Some(coding) = shape.coding {
         return Frame::Integer(coding.parity as i64).into();
     }
